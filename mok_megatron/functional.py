@@ -1,0 +1,57 @@
+"""The PyTorch-facing MoE API: dispatch -> experts -> combine as one differentiable call.
+
+    y = moe_experts(x, ids, probs, w1, w2, group=ep_group, activation="swiglu", recipe=recipe)
+
+Arguments and semantics are those of ``reference.moe_reference`` (without the shared expert,
+which Megatron computes itself). The backend comes from ``recipe.backend``:
+  - ``reference``: plain PyTorch, any device, any torch.distributed backend;
+  - ``cuda``: the compiled kernels over symmetric memory (GPU tensors, NCCL group);
+  - ``auto``: ``cuda`` for GPU tensors and ``reference`` for CPU tensors. A GPU tensor never
+    falls back to the (much slower) reference silently: if the extension is missing, the
+    call fails and says how to build it or to choose ``backend: reference`` explicitly.
+"""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+import torch.distributed as dist
+
+from .config import Recipe
+from .reference import Weights, moe_reference
+
+
+def resolve_backend(recipe: Recipe, device: torch.device) -> str:
+    backend = recipe.backend
+    if backend == "auto":
+        backend = "cuda" if device.type == "cuda" else "reference"
+    if backend == "cuda" and device.type != "cuda":
+        raise ValueError(f"backend 'cuda' needs CUDA tensors, got tensors on {device}")
+    if recipe.precision != "bf16":
+        raise ValueError(
+            f"precision {recipe.precision!r} (recipe {recipe.name!r}) is not implemented by the "
+            f"{backend} backend yet; use the bf16 recipe"
+        )
+    return backend
+
+
+def moe_experts(
+    x: torch.Tensor,
+    ids: torch.Tensor,
+    probs: torch.Tensor,
+    w1: Weights,
+    w2: Weights,
+    *,
+    group: Optional[dist.ProcessGroup] = None,
+    activation: str = "swiglu",
+    recipe: Optional[Recipe] = None,
+) -> torch.Tensor:
+    recipe = recipe or Recipe()
+    backend = resolve_backend(recipe, x.device)
+    if backend == "reference":
+        return moe_reference(x, ids, probs, w1, w2, group=group, activation=activation)
+    from .symm_moe import moe_experts_cuda
+
+    return moe_experts_cuda(x, ids, probs, w1, w2, group=group, activation=activation,
+                            recipe=recipe)

@@ -1,0 +1,202 @@
+"""The MoE layer of shared/DESIGN.md section 3 in plain PyTorch: the oracle for every kernel
+and the backend wherever no kernel runs.
+
+Per rank r of an expert-parallel group of W ranks (W = 1 without a group):
+    x [T_r, H], expert ids [T_r, K] (-1 = unused slot), probs [T_r, K];
+    E = W * E_local experts, expert e lives on rank e // E_local;
+    local weights w1 [E_local, F1, H] (F1 = 2F as [gate | up] for gated activations, else F)
+    and w2 [E_local, H, F], as stacked tensors or as sequences of per-expert tensors.
+    y[t] = sum_k FC2_e(act(FC1_e(x[t])) * p[t, k]),  e = ids[t, k]
+Probs are applied after the activation and before FC2, where Megatron applies them.
+
+Numerics (the contract the kernels are checked against), with "round" meaning a cast to
+x.dtype and all arithmetic in fp32 (fp64 when x is fp64):
+    h = round(x @ w1^T); a = round(act(h) * p); o = round(a @ w2^T);
+    y = round(o[:, 0] + o[:, 1] + ... + o[:, K-1])   (this order, fp32)
+Every reduction has a fixed order (matmuls over whole operands, k-sums as explicit loops,
+scatters to unique indices), so the same inputs give the same bits on every run, on CPU and
+on GPU. Gradients (dx, dprobs, dw1, dw2) come from autograd through the same graph.
+Expert parallelism uses ``all_to_all_single`` on any torch.distributed backend (gloo, NCCL)
+and reads the token counts on the host: that is fine for an oracle, never for a kernel.
+"""
+
+from __future__ import annotations
+
+from typing import Optional, Sequence, Union
+
+import torch
+import torch.distributed as dist
+
+from .activations import get_activation
+from .routing import validate_routing
+
+Weights = Union[torch.Tensor, Sequence[torch.Tensor]]
+
+
+def accumulation_dtype(dtype: torch.dtype) -> torch.dtype:
+    return torch.float64 if dtype == torch.float64 else torch.float32
+
+
+def _matmul_nt(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """round(a @ b^T) with fp32 (or fp64) accumulation."""
+    acc = accumulation_dtype(a.dtype)
+    return (a.to(acc) @ b.to(acc).t()).to(a.dtype)
+
+
+def expert_mlp(
+    x: torch.Tensor,
+    w1: torch.Tensor,
+    w2: torch.Tensor,
+    probs: Optional[torch.Tensor],
+    activation: str = "swiglu",
+) -> torch.Tensor:
+    """One expert on its rows: round(round(act(round(x w1^T)) * p) w2^T)."""
+    act = get_activation(activation)
+    acc = accumulation_dtype(x.dtype)
+    h = _matmul_nt(x, w1)
+    a = act(h.to(acc))
+    if probs is not None:
+        a = a * probs.to(acc).unsqueeze(-1)
+    return _matmul_nt(a.to(x.dtype), w2)
+
+
+def sum_slots(slots: torch.Tensor, out_dtype: torch.dtype) -> torch.Tensor:
+    """[T, K, H] -> [T, H]: slot 0 + slot 1 + ... in that order, in fp32, then rounded."""
+    acc = slots[:, 0].to(accumulation_dtype(out_dtype))
+    for k in range(1, slots.shape[1]):
+        acc = acc + slots[:, k]
+    return acc.to(out_dtype)
+
+
+class _GatherRows(torch.autograd.Function):
+    """rows = x[index // K] for slot indices; the backward sums each token's slot gradients in
+    slot order (not with index_add, whose GPU accumulation order is not fixed)."""
+
+    @staticmethod
+    def forward(ctx, x, slot_index, topk):
+        ctx.save_for_backward(slot_index)
+        ctx.shape = (x.shape[0], topk, x.shape[1])
+        return x.index_select(0, torch.div(slot_index, topk, rounding_mode="floor"))
+
+    @staticmethod
+    def backward(ctx, grad_rows):
+        (slot_index,) = ctx.saved_tensors
+        T, K, H = ctx.shape
+        slots = grad_rows.new_zeros(T * K, H, dtype=accumulation_dtype(grad_rows.dtype))
+        slots[slot_index] = grad_rows.to(slots.dtype)
+        return sum_slots(slots.view(T, K, H), grad_rows.dtype), None, None
+
+
+class _AllToAll(torch.autograd.Function):
+    """all_to_all_single over the first dim with host-known splits; backward is the reverse."""
+
+    @staticmethod
+    def forward(ctx, t, send_splits, recv_splits, group):
+        ctx.splits = (send_splits, recv_splits)
+        ctx.group = group
+        return _all_to_all(t, send_splits, recv_splits, group)
+
+    @staticmethod
+    def backward(ctx, grad):
+        send_splits, recv_splits = ctx.splits
+        return _all_to_all(grad.contiguous(), recv_splits, send_splits, ctx.group), None, None, None
+
+
+def _all_to_all(t, send_splits, recv_splits, group):
+    out = t.new_empty((sum(recv_splits),) + tuple(t.shape[1:]))
+    # 16-bit floats travel as int16 (bit-exact, and supported by every backend).
+    wire = torch.int16 if t.element_size() == 2 and t.is_floating_point() else None
+    src, dst = (t, out) if wire is None else (t.view(wire), out.view(wire))
+    dist.all_to_all_single(dst, src.contiguous(), recv_splits, send_splits, group=group)
+    return out
+
+
+def stack_weights(w: Weights) -> torch.Tensor:
+    if isinstance(w, torch.Tensor):
+        if w.dim() != 3:
+            raise ValueError(f"stacked expert weights must be 3-D, got {tuple(w.shape)}")
+        return w
+    return torch.stack(list(w))
+
+
+def check_weights(x, w1, w2, activation, num_local_experts=None):
+    act = get_activation(activation)
+    if w1.shape[0] != w2.shape[0]:
+        raise ValueError(f"w1 has {w1.shape[0]} experts but w2 has {w2.shape[0]}")
+    if num_local_experts is not None and w1.shape[0] != num_local_experts:
+        raise ValueError(f"expected {num_local_experts} local experts, got {w1.shape[0]}")
+    H = x.shape[1]
+    F = w2.shape[2]
+    if w1.shape[1:] != (act.fc1_rows(F), H):
+        raise ValueError(
+            f"w1 must be [E_local, {act.fc1_rows(F)}, {H}] for {activation} with H={H}, "
+            f"F={F}; got {tuple(w1.shape)}"
+        )
+    if w2.shape[1] != H:
+        raise ValueError(f"w2 must be [E_local, {H}, F]; got {tuple(w2.shape)}")
+    for name, w in (("w1", w1), ("w2", w2)):
+        if w.dtype != x.dtype or w.device != x.device:
+            raise ValueError(
+                f"{name} is {w.dtype} on {w.device} but x is {x.dtype} on {x.device}"
+            )
+
+
+def moe_reference(
+    x: torch.Tensor,
+    ids: torch.Tensor,
+    probs: torch.Tensor,
+    w1: Weights,
+    w2: Weights,
+    *,
+    group: Optional[dist.ProcessGroup] = None,
+    activation: str = "swiglu",
+    shared: Optional[tuple[torch.Tensor, torch.Tensor]] = None,
+) -> torch.Tensor:
+    """The MoE layer forward on this rank (see the module docstring); differentiable."""
+    world = 1 if group is None else dist.get_world_size(group)
+    w1, w2 = stack_weights(w1), stack_weights(w2)
+    num_local = w1.shape[0]
+    validate_routing(x, ids, probs, num_local * world)
+    check_weights(x, w1, w2, activation)
+    T, K = ids.shape
+    H = x.shape[1]
+
+    # Slots (t, k) in flat order t*K + k, grouped by destination rank: stable within a rank.
+    flat_ids = ids.reshape(-1).long()
+    used = flat_ids >= 0
+    dest = torch.where(used, torch.div(flat_ids, num_local, rounding_mode="floor"), world)
+    order = torch.sort(dest, stable=True).indices
+    send_counts = torch.bincount(dest, minlength=world + 1)[:world]
+    slot_index = order[: int(send_counts.sum())]
+
+    rows = _GatherRows.apply(x, slot_index, K)
+    row_probs = probs.reshape(-1)[slot_index]
+    row_expert = (flat_ids[slot_index] % num_local).to(torch.int32)
+
+    if world > 1:
+        recv_counts = torch.empty_like(send_counts)
+        dist.all_to_all_single(recv_counts, send_counts, group=group)
+        send, recv = send_counts.tolist(), recv_counts.tolist()
+        rows = _AllToAll.apply(rows, send, recv, group)
+        row_probs = _AllToAll.apply(row_probs, send, recv, group)
+        row_expert = _all_to_all(row_expert, send, recv, group)
+
+    # Received rows are ordered (source rank, source slot); each expert takes its rows in
+    # that order, and results go back to the rows they came from.
+    out = rows.new_zeros(rows.shape)
+    for e in range(num_local):
+        idx = (row_expert == e).nonzero().squeeze(1)
+        if idx.numel() == 0:
+            continue
+        o = expert_mlp(rows[idx], w1[e], w2[e], row_probs[idx], activation)
+        out = out.index_put((idx,), o)
+
+    if world > 1:
+        out = _AllToAll.apply(out, recv, send, group)
+
+    slots = out.new_zeros(T * K, H, dtype=accumulation_dtype(x.dtype))
+    slots = slots.index_put((slot_index,), out.to(slots.dtype))
+    y = sum_slots(slots.view(T, K, H), x.dtype)
+    if shared is not None:
+        y = y + expert_mlp(x, shared[0], shared[1], None, activation)
+    return y
