@@ -104,10 +104,8 @@ class _AllToAll(torch.autograd.Function):
 
 def _all_to_all(t, send_splits, recv_splits, group):
     out = t.new_empty((sum(recv_splits),) + tuple(t.shape[1:]))
-    # 16-bit floats travel as int16 (bit-exact, and supported by every backend).
-    wire = torch.int16 if t.element_size() == 2 and t.is_floating_point() else None
-    src, dst = (t, out) if wire is None else (t.view(wire), out.view(wire))
-    dist.all_to_all_single(dst, src.contiguous(), recv_splits, send_splits, group=group)
+    # A pure copy, bit-exact in any dtype; gloo and NCCL both take bf16 (gloo rejects int16).
+    dist.all_to_all_single(out, t.contiguous(), recv_splits, send_splits, group=group)
     return out
 
 
@@ -182,12 +180,12 @@ def moe_reference(
         row_expert = _all_to_all(row_expert, send, recv, group)
 
     # Received rows are ordered (source rank, source slot); each expert takes its rows in
-    # that order, and results go back to the rows they came from.
+    # that order, and results go back to the rows they came from. Experts without rows run
+    # too (on zero rows): that keeps every rank's autograd graph the same shape, so each
+    # rank's backward reaches the same all-to-alls even when it received no rows at all.
     out = rows.new_zeros(rows.shape)
     for e in range(num_local):
         idx = (row_expert == e).nonzero().squeeze(1)
-        if idx.numel() == 0:
-            continue
         o = expert_mlp(rows[idx], w1[e], w2[e], row_probs[idx], activation)
         out = out.index_put((idx,), o)
 
