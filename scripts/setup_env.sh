@@ -57,7 +57,7 @@ import torch
 import mok_megatron
 cuda = f"CUDA {torch.version.cuda}" if torch.version.cuda else "CPU only"
 gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
-ext = "built" if importlib.util.find_spec("mok_megatron._C") else "not built (no nvcc/CUDA torch)"
+ext = "built" if importlib.util.find_spec("mok_megatron._C") else "not built"
 print(f"setup_env: ready: torch {torch.__version__} ({cuda}), {gpus} GPU(s) visible, "
       f"mok_megatron {mok_megatron.__version__}, CUDA extension {ext}")
 PY
