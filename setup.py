@@ -13,10 +13,42 @@ import shutil
 from setuptools import find_packages, setup
 
 
+def library_headers_flags(cuda_home):
+    """A toolkit with only the compiler (as on our CI) lacks the CUDA library headers that
+    torch's CUDA headers include (cusparse.h, cublas_v2.h, ...); pip's nvidia-* wheels ship
+    them. Search them after the toolkit's own headers (-isystem), so those still win."""
+    if cuda_home and os.path.exists(os.path.join(cuda_home, "include", "cusparse.h")):
+        return []
+    import site
+
+    for root in site.getsitepackages():
+        for sub in ("nvidia/cu13/include", "nvidia/cusparse/include"):
+            path = os.path.join(root, sub)
+            if os.path.exists(os.path.join(path, "cusparse.h")):
+                return ["-isystem", path]
+    return []
+
+
+def ensure_cuda_home():
+    """torch finds the toolkit through `which nvcc`; where nvcc is a wrapper script outside
+    the toolkit (/usr/local/bin/nvcc on our machines), point CUDA_HOME at the real one."""
+    if os.environ.get("CUDA_HOME") or os.environ.get("CUDA_PATH"):
+        return
+    nvcc = shutil.which("nvcc")
+    guess = os.path.dirname(os.path.dirname(nvcc)) if nvcc else None
+    if guess and os.path.isdir(os.path.join(guess, "lib64")):
+        return
+    for candidate in sorted(glob.glob("/usr/local/cuda*"), reverse=True):
+        if os.path.exists(os.path.join(candidate, "bin", "nvcc")):
+            os.environ["CUDA_HOME"] = candidate
+            return
+
+
 def cuda_extension():
     wanted = os.environ.get("MOK_BUILD_CUDA", "auto")
     if wanted == "0":
         return [], {}
+    ensure_cuda_home()
     try:
         import torch
         from torch.utils.cpp_extension import CUDA_HOME, BuildExtension, CUDAExtension
@@ -31,6 +63,7 @@ def cuda_extension():
         print("mok_megatron: no nvcc or CUDA torch; installing without the CUDA extension")
         return [], {}
     here = os.path.dirname(os.path.abspath(__file__))
+    extra_includes = library_headers_flags(CUDA_HOME)
     sources = sorted(glob.glob(os.path.join("csrc", "**", "*.cu"), recursive=True))
     sources += sorted(glob.glob(os.path.join("csrc", "**", "*.cpp"), recursive=True))
     ext = CUDAExtension(
@@ -38,8 +71,8 @@ def cuda_extension():
         sources=sources,
         include_dirs=[os.path.join(here, "csrc")],
         extra_compile_args={
-            "cxx": ["-O3", "-std=c++17"],
-            "nvcc": [
+            "cxx": ["-O3", "-std=c++17"] + extra_includes,
+            "nvcc": extra_includes + [
                 "-O3",
                 "-std=c++17",
                 "-gencode=arch=compute_90a,code=sm_90a",

@@ -1,0 +1,25 @@
+// The Python module mok_megatron._C: one block per area, each op checked again in
+// mok_megatron/ops.py before it gets here.
+#include <torch/extension.h>
+
+#include "ops.h"
+
+PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
+  m.doc() = "mok_megatron CUDA kernels (sm_90a)";
+
+  // comm: barrier and row movers over symmetric memory
+  m.def("peer_barrier", &mok::peer_barrier);
+  m.def("stall_for_test", &mok::stall_for_test);
+  m.def("pull_rows", &mok::pull_rows);
+  m.def("push_rows", &mok::push_rows);
+  m.def("push_values", &mok::push_values);
+
+  // schedule
+  m.def("route_keys", &mok::route_keys);
+
+  // epilogues
+  m.def("activation_forward", &mok::activation_forward);
+  m.def("activation_backward", &mok::activation_backward);
+  m.def("reduce_slots", &mok::reduce_slots);
+  m.def("gather_slot_values", &mok::gather_slot_values);
+}

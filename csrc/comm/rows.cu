@@ -1,0 +1,132 @@
+// Row movers over NVLink. A row's slot is its flat index
+//   flat = source * max_tokens * topk + token * topk + slot
+// (see schedule/route_keys.cu). Pull-dispatch: the expert owner reads token rows from the
+// source rank's published buffer. Push-combine: the owner writes result rows into the
+// source rank's return buffer at (token, slot), one slot per (token, k), so no two writers
+// ever touch the same bytes and no atomics are needed. Only the first *num_rows rows (a
+// device-side count) are moved: the grid is sized for the worst case and idles past it.
+#include <ATen/cuda/CUDAContext.h>
+#include <torch/extension.h>
+
+#include "common/error.cuh"
+#include "config/kernel_config.cuh"
+#include "ops.h"
+
+namespace mok {
+
+// One warp copies one row of `vecs` 16-byte vectors, several loads in flight per lane.
+__device__ __forceinline__ void copy_row(int4* __restrict__ dst, const int4* __restrict__ src,
+                                         int vecs, int lane) {
+  int v = lane;
+  for (; v + 32 * (kRowVecsInFlight - 1) < vecs; v += 32 * kRowVecsInFlight) {
+    int4 buf[kRowVecsInFlight];
+#pragma unroll
+    for (int j = 0; j < kRowVecsInFlight; ++j) buf[j] = src[v + 32 * j];
+#pragma unroll
+    for (int j = 0; j < kRowVecsInFlight; ++j) dst[v + 32 * j] = buf[j];
+  }
+  for (; v < vecs; v += 32) dst[v] = src[v];
+}
+
+__global__ void pull_rows_kernel(const int64_t* __restrict__ peer_bases, int64_t src_offset,
+                                 const int32_t* __restrict__ row_slot,
+                                 const int32_t* __restrict__ num_rows, int64_t per_rank,
+                                 int topk, int64_t row_bytes, char* __restrict__ out) {
+  const int lane = threadIdx.x % 32;
+  const int64_t warps = (int64_t)gridDim.x * (blockDim.x / 32);
+  const int rows = *num_rows;
+  const int vecs = static_cast<int>(row_bytes / 16);
+  for (int64_t r = blockIdx.x * (int64_t)(blockDim.x / 32) + threadIdx.x / 32; r < rows;
+       r += warps) {
+    const int64_t flat = row_slot[r];
+    const int64_t src = flat / per_rank;
+    const int64_t token = (flat - src * per_rank) / topk;
+    const char* from = reinterpret_cast<const char*>(peer_bases[src] + src_offset) +
+                       token * row_bytes;
+    copy_row(reinterpret_cast<int4*>(out + r * row_bytes),
+             reinterpret_cast<const int4*>(from), vecs, lane);
+  }
+}
+
+__global__ void push_rows_kernel(const int64_t* __restrict__ peer_bases, int64_t dst_offset,
+                                 const int32_t* __restrict__ row_slot,
+                                 const int32_t* __restrict__ num_rows, int64_t per_rank,
+                                 int64_t row_bytes, const char* __restrict__ rows_in) {
+  const int lane = threadIdx.x % 32;
+  const int64_t warps = (int64_t)gridDim.x * (blockDim.x / 32);
+  const int rows = *num_rows;
+  const int vecs = static_cast<int>(row_bytes / 16);
+  for (int64_t r = blockIdx.x * (int64_t)(blockDim.x / 32) + threadIdx.x / 32; r < rows;
+       r += warps) {
+    const int64_t flat = row_slot[r];
+    const int64_t dst = flat / per_rank;
+    char* to = reinterpret_cast<char*>(peer_bases[dst] + dst_offset) +
+               (flat - dst * per_rank) * row_bytes;
+    copy_row(reinterpret_cast<int4*>(to), reinterpret_cast<const int4*>(rows_in + r * row_bytes),
+             vecs, lane);
+  }
+}
+
+__global__ void push_values_kernel(const int64_t* __restrict__ peer_bases, int64_t dst_offset,
+                                   const int32_t* __restrict__ row_slot,
+                                   const int32_t* __restrict__ num_rows, int64_t per_rank,
+                                   const float* __restrict__ values) {
+  const int rows = *num_rows;
+  for (int64_t r = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; r < rows;
+       r += (int64_t)gridDim.x * blockDim.x) {
+    const int64_t flat = row_slot[r];
+    const int64_t dst = flat / per_rank;
+    reinterpret_cast<float*>(peer_bases[dst] + dst_offset)[flat - dst * per_rank] = values[r];
+  }
+}
+
+static int row_blocks() {
+  return at::cuda::getCurrentDeviceProperties()->multiProcessorCount * kBlocksPerSm;
+}
+
+static void check_rows(const at::Tensor& row_slot, const at::Tensor& num_rows,
+                       const at::Tensor& rows) {
+  MOK_HOST_CHECK(row_slot.scalar_type() == at::kInt && num_rows.scalar_type() == at::kInt,
+                 "row_slot and num_rows must be int32");
+  MOK_HOST_CHECK(rows.is_contiguous() && rows.dim() == 2, "rows must be contiguous [cap, H]");
+  MOK_HOST_CHECK(row_slot.numel() >= rows.size(0), "row_slot shorter than the row buffer");
+  MOK_HOST_CHECK((rows.size(1) * rows.element_size()) % kRowBytesAlign == 0,
+                 "row bytes must be a multiple of ", kRowBytesAlign);
+  MOK_HOST_CHECK(reinterpret_cast<uintptr_t>(rows.data_ptr()) % kRowBytesAlign == 0,
+                 "rows must be 16-byte aligned");
+}
+
+void pull_rows(const at::Tensor& peer_bases, int64_t src_offset, const at::Tensor& row_slot,
+               const at::Tensor& num_rows, int64_t max_tokens, int64_t topk, at::Tensor& out) {
+  check_rows(row_slot, num_rows, out);
+  auto stream = at::cuda::getCurrentCUDAStream();
+  pull_rows_kernel<<<row_blocks(), kRowThreads, 0, stream>>>(
+      peer_bases.data_ptr<int64_t>(), src_offset, row_slot.data_ptr<int32_t>(),
+      num_rows.data_ptr<int32_t>(), max_tokens * topk, static_cast<int>(topk),
+      out.size(1) * out.element_size(), static_cast<char*>(out.data_ptr()));
+  MOK_LAUNCH_CHECK();
+}
+
+void push_rows(const at::Tensor& peer_bases, int64_t dst_offset, const at::Tensor& row_slot,
+               const at::Tensor& num_rows, int64_t slots_per_rank, const at::Tensor& rows) {
+  check_rows(row_slot, num_rows, rows);
+  auto stream = at::cuda::getCurrentCUDAStream();
+  push_rows_kernel<<<row_blocks(), kRowThreads, 0, stream>>>(
+      peer_bases.data_ptr<int64_t>(), dst_offset, row_slot.data_ptr<int32_t>(),
+      num_rows.data_ptr<int32_t>(), slots_per_rank, rows.size(1) * rows.element_size(),
+      static_cast<const char*>(rows.data_ptr()));
+  MOK_LAUNCH_CHECK();
+}
+
+void push_values(const at::Tensor& peer_bases, int64_t dst_offset, const at::Tensor& row_slot,
+                 const at::Tensor& num_rows, int64_t slots_per_rank, const at::Tensor& values) {
+  MOK_HOST_CHECK(values.scalar_type() == at::kFloat && values.is_contiguous(),
+                 "values must be contiguous fp32");
+  auto stream = at::cuda::getCurrentCUDAStream();
+  push_values_kernel<<<row_blocks(), kRowThreads, 0, stream>>>(
+      peer_bases.data_ptr<int64_t>(), dst_offset, row_slot.data_ptr<int32_t>(),
+      num_rows.data_ptr<int32_t>(), slots_per_rank, values.data_ptr<float>());
+  MOK_LAUNCH_CHECK();
+}
+
+}  // namespace mok

@@ -1,0 +1,42 @@
+// Host launchers of the v1 GPU path, one group per job. Every launcher runs on the current
+// CUDA stream and never synchronizes with the host; sizes that only the GPU knows (how many
+// rows an expert received) are read by the kernels from device memory.
+#pragma once
+
+#include <torch/extension.h>
+
+namespace mok {
+
+// comm/barrier.cu
+void peer_barrier(const at::Tensor& peer_bases, int64_t flags_offset, at::Tensor& epochs,
+                  int64_t channel, int64_t rank, int64_t world, int64_t timeout_ns,
+                  int64_t stage);
+void stall_for_test(at::Tensor& flag, int64_t rank, int64_t timeout_ns);
+
+// schedule/route_keys.cu
+void route_keys(const at::Tensor& peer_bases, int64_t ids_offset, int64_t probs_offset,
+                int64_t count_offset, int64_t world, int64_t max_tokens, int64_t topk,
+                int64_t expert_begin, const at::Tensor& expert_position, at::Tensor& keys,
+                at::Tensor& probs_out);
+
+// comm/rows.cu
+void pull_rows(const at::Tensor& peer_bases, int64_t src_offset, const at::Tensor& row_slot,
+               const at::Tensor& num_rows, int64_t max_tokens, int64_t topk, at::Tensor& out);
+void push_rows(const at::Tensor& peer_bases, int64_t dst_offset, const at::Tensor& row_slot,
+               const at::Tensor& num_rows, int64_t slots_per_rank, const at::Tensor& rows);
+void push_values(const at::Tensor& peer_bases, int64_t dst_offset, const at::Tensor& row_slot,
+                 const at::Tensor& num_rows, int64_t slots_per_rank, const at::Tensor& values);
+
+// epilogue/activation.cu
+void activation_forward(const at::Tensor& h, const at::Tensor& row_prob,
+                        const at::Tensor& num_rows, int64_t activation, at::Tensor& out);
+void activation_backward(const at::Tensor& h, const at::Tensor& grad_out,
+                         const at::Tensor& row_prob, const at::Tensor& num_rows,
+                         int64_t activation, at::Tensor& grad_h, at::Tensor& act_out,
+                         at::Tensor& grad_prob);
+
+// epilogue/reduce_slots.cu
+void reduce_slots(const at::Tensor& slots, const at::Tensor& ids, at::Tensor& out);
+void gather_slot_values(const at::Tensor& values, const at::Tensor& ids, at::Tensor& out);
+
+}  // namespace mok
