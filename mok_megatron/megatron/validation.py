@@ -1,0 +1,248 @@
+"""The support matrix of the ``mok`` dispatcher, checked when Megatron builds its
+``TransformerConfig`` (that is, at configuration time, before any model exists).
+
+Every setting ``mok`` does not implement is refused with a ``MokConfigError`` that names the
+setting (as a config field and as its command-line flag) and says what to do instead. All
+problems of one config are reported together. Settings that only tune Megatron's own
+communication overlap are refused too, with the reason that ``mok`` does not need them.
+"""
+
+from __future__ import annotations
+
+import importlib
+import os
+import socket
+from typing import Iterator, Optional
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+
+from ..config import Recipe
+
+MOK = "mok"
+_ALTERNATIVE = "or use --moe-token-dispatcher-type alltoall (or flex)"
+
+_HYBRIDEP_INSTALL = (
+    "build DeepEP's hybrid-ep branch from source (https://github.com/deepseek-ai/DeepEP, branch "
+    "hybrid-ep, docs/README_Hybrid-EP.md; intranode builds need no NVSHMEM) into this environment"
+)
+
+
+class MokConfigError(ValueError):
+    """A Megatron setting that the ``mok`` dispatcher does not support."""
+
+
+def uses_mok(config) -> bool:
+    """True where the config selects our megakernel, in either spelling: the dispatcher type
+    ``mok`` (Megatron-Core 0.19) or ``moe_megakernel_backend: mok`` (newer Megatron)."""
+    return (
+        config.moe_token_dispatcher_type == MOK
+        or getattr(config, "moe_megakernel_backend", None) == MOK
+    )
+
+
+def activation_name(config) -> str:
+    """Name (in ``mok_megatron.activations``) of the expert activation the config describes."""
+    from megatron.core.activations import squared_relu
+
+    func, gated = config.activation_func, config.gated_linear_unit
+    names = {
+        (F.silu, True): "swiglu",
+        (F.gelu, True): "geglu",
+        (F.silu, False): "silu",
+        (F.gelu, False): "gelu",
+        (F.relu, False): "relu",
+        (squared_relu, False): "squared_relu",
+    }
+    name = names.get((func, gated))
+    if name is None:
+        raise MokConfigError(
+            f"activation_func={getattr(func, '__name__', func)} with gated_linear_unit={gated} "
+            f"is not implemented by mok (supported: --swiglu, geglu, gelu, relu, silu, "
+            f"--squared-relu); {_ALTERNATIVE}"
+        )
+    return name
+
+
+def check_config(config, recipe: Recipe) -> None:
+    """Raise ``MokConfigError`` listing every unsupported setting of a ``mok`` config."""
+    problems = list(_problems(config, recipe))
+    if problems:
+        lines = "\n".join(f"  - {p}" for p in problems)
+        raise MokConfigError(f"--moe-token-dispatcher-type mok cannot run this config:\n{lines}")
+
+
+def _problems(config, recipe: Recipe) -> Iterator[str]:
+    etp = config.expert_tensor_parallel_size or config.tensor_model_parallel_size
+    if etp > 1:
+        yield (
+            f"expert_tensor_parallel_size={etp} (--expert-tensor-parallel-size; it defaults to "
+            f"--tensor-model-parallel-size): mok runs whole experts on each EP rank; set "
+            f"--expert-tensor-parallel-size 1, {_ALTERNATIVE}"
+        )
+    gpus_per_node = _gpus_per_node()
+    ep = config.expert_model_parallel_size
+    if _may_use_kernels(recipe) and gpus_per_node is not None and ep > gpus_per_node:
+        yield (
+            f"expert_model_parallel_size={ep} (--expert-model-parallel-size) spans more GPUs than "
+            f"one node has ({gpus_per_node}): mok's kernels need the EP group inside one NVLink "
+            f"domain; use --moe-token-dispatcher-type alltoall or flex for EP across nodes"
+        )
+    not_needed = {
+        "moe_shared_expert_overlap": "--moe-shared-expert-overlap",
+        "overlap_moe_expert_parallel_comm": "--overlap-moe-expert-parallel-comm",
+        "delay_wgrad_compute": "--delay-wgrad-compute",
+        "overlap_dispatch_backward_with_experts_wgrad":
+            "--overlap-dispatch-backward-with-experts-wgrad",
+    }
+    for name, flag in not_needed.items():
+        if getattr(config, name, False):
+            yield (
+                f"{name} ({flag}) is not needed: mok's kernel overlaps token communication with "
+                f"the expert GEMMs itself, and the shared expert runs on Megatron's own path; "
+                f"remove {flag}"
+            )
+    if config.moe_router_padding_for_quantization:
+        yield (
+            "moe_router_padding_for_quantization (--moe-router-padding-for-quantization) is not "
+            "needed: mok's kernel sizes its own expert tiles; remove the flag"
+        )
+    if config.add_bias_linear:
+        yield (
+            "add_bias_linear=True (Megatron's default): mok's experts have no bias; pass "
+            f"--disable-bias-linear, {_ALTERNATIVE}"
+        )
+    if config.moe_apply_probs_on_input:
+        yield (
+            "moe_apply_probs_on_input (--moe-apply-probs-on-input): mok applies the router "
+            f"probabilities after the activation, as Megatron does by default; remove the flag, "
+            f"{_ALTERNATIVE}"
+        )
+    if config.moe_latent_size:
+        yield f"moe_latent_size (--moe-latent-size) is not implemented by mok; {_ALTERNATIVE}"
+    yield from _activation_problems(config)
+    if config.moe_mlp_glu_interleave_size is not None:
+        yield (
+            "moe_mlp_glu_interleave_size (--moe-mlp-glu-interleave-size): mok reads FC1 as "
+            f"[gate | up] halves; remove the flag, {_ALTERNATIVE}"
+        )
+    if config.moe_single_grouped_weight:
+        yield (
+            "moe_single_grouped_weight (--moe-single-grouped-weight) is not implemented by mok; "
+            f"remove the flag, {_ALTERNATIVE}"
+        )
+    # The routed experts' precision comes from the mok recipe, Megatron's fp8 flags reach the
+    # rest of the model: they must agree, or switching from alltoall would change the experts.
+    if config.fp8 and recipe.precision != "mxfp8":
+        yield (
+            f"fp8={config.fp8!r} (--fp8-format) with the {recipe.name!r} mok recipe would run the "
+            f"routed experts in {recipe.precision}; pass --mok-recipe mxfp8, or drop --fp8-format"
+        )
+    if config.fp4:
+        yield f"fp4 (--fp4-format) is not implemented by mok; {_ALTERNATIVE}"
+    if config.moe_pad_expert_input_to_capacity:
+        yield (
+            "moe_pad_expert_input_to_capacity (--moe-pad-expert-input-to-capacity): mok needs no "
+            "padded expert inputs (--moe-expert-capacity-factor alone, which drops tokens, "
+            f"works); remove the flag, {_ALTERNATIVE}"
+        )
+    if config.cuda_graph_impl != "none":
+        yield (
+            f"cuda_graph_impl={config.cuda_graph_impl!r} (--cuda-graph-impl): CUDA graphs are not "
+            f"implemented with mok; use --cuda-graph-impl none, {_ALTERNATIVE}"
+        )
+    if config.transformer_impl == "inference_optimized":
+        yield (
+            "transformer_impl='inference_optimized' (--transformer-impl): mok is a training "
+            "dispatcher; use --transformer-impl transformer_engine or local"
+        )
+    if "moe_act" in (config.recompute_modules or []):
+        yield (
+            "recompute_modules 'moe_act' (--recompute-modules): the experts' activation is inside "
+            "mok's fused call; recompute the whole layer with 'moe' instead"
+        )
+    offloaded = {"expert_fc1", "moe_act", "fused_group_mlp"} & set(config.offload_modules or [])
+    if config.fine_grained_activation_offloading and offloaded:
+        yield (
+            f"offload_modules {sorted(offloaded)} (--offload-modules): these expert activations "
+            "live inside mok's fused call; offload other modules only"
+        )
+
+
+def _activation_problems(config) -> Iterator[str]:
+    from megatron.core.fusions.fused_bias_geglu import quick_gelu
+
+    if config.activation_func is quick_gelu:
+        yield f"quick_gelu / --quick-geglu is not implemented by mok; {_ALTERNATIVE}"
+        return
+    if config.activation_func_clamp_value is not None:
+        yield (
+            "activation_func_clamp_value (--activation-func-clamp-value) is not implemented by "
+            f"mok; {_ALTERNATIVE}"
+        )
+    if config.glu_linear_offset != 0.0:
+        yield f"glu_linear_offset (--glu-linear-offset) is not implemented by mok; {_ALTERNATIVE}"
+    try:
+        name = activation_name(config)
+    except MokConfigError as e:
+        yield str(e)
+        return
+    # Megatron's fused GEGLU and TE's GELU use the tanh approximation; mok computes exact GELU.
+    if name in ("gelu", "geglu") and (config.bias_activation_fusion
+                                      or config.use_te_activation_func):
+        yield (
+            f"{name} with bias_activation_fusion / use_te_activation_func (--bias-gelu-fusion, "
+            "--use-te-activation-func) computes tanh-approximated GELU, mok computes exact GELU; "
+            "pass --no-bias-gelu-fusion and leave --use-te-activation-func off"
+        )
+
+
+def check_hybridep_available(config) -> None:
+    """``flex`` + HybridEP needs ``deep_ep.HybridEPBuffer``: say how to get it before Megatron
+    builds a model, rather than at the first MoE layer."""
+    backend = (config.moe_token_dispatcher_type, config.moe_flex_dispatcher_backend)
+    if backend != ("flex", "hybridep"):
+        return
+    try:
+        found = hasattr(importlib.import_module("deep_ep"), "HybridEPBuffer")
+    except ImportError:
+        found = False
+    if not found:
+        raise MokConfigError(
+            "--moe-flex-dispatcher-backend hybridep needs deep_ep.HybridEPBuffer, which is not "
+            f"importable: {_HYBRIDEP_INSTALL}; or use --moe-token-dispatcher-type alltoall"
+        )
+
+
+def _may_use_kernels(recipe: Recipe) -> bool:
+    """Whether this run may take the CUDA path (the reference backend runs anywhere)."""
+    return recipe.backend == "cuda" or (recipe.backend == "auto" and torch.cuda.is_available())
+
+
+def _gpus_per_node() -> Optional[int]:
+    # torchrun (and torch.distributed.launch) set LOCAL_WORLD_SIZE; without it the EP group's
+    # hosts are checked when the first MoE layer is built (check_ep_group_in_one_node).
+    value = os.environ.get("LOCAL_WORLD_SIZE")
+    return int(value) if value else None
+
+
+_CHECKED_GROUPS: set[int] = set()
+
+
+def check_ep_group_in_one_node(ep_group, recipe: Recipe) -> None:
+    """Refuse an EP group whose ranks run on more than one host (CUDA path only). Runs one
+    all-gather of host names per EP group, when its first MoE layer is built."""
+    if ep_group is None or dist.get_world_size(ep_group) == 1 or not _may_use_kernels(recipe):
+        return
+    if id(ep_group) in _CHECKED_GROUPS:
+        return
+    hosts: list[Optional[str]] = [None] * dist.get_world_size(ep_group)
+    dist.all_gather_object(hosts, socket.gethostname(), group=ep_group)
+    if len(set(hosts)) > 1:
+        raise MokConfigError(
+            f"the expert-parallel group spans hosts {sorted(set(hosts))} "
+            f"(--expert-model-parallel-size {len(hosts)}): mok's kernels need the EP group inside "
+            f"one NVLink domain; use --moe-token-dispatcher-type alltoall or flex across nodes"
+        )
+    _CHECKED_GROUPS.add(id(ep_group))

@@ -1,0 +1,168 @@
+"""Megatron's MoELayer on CPU over gloo, for the tests of the ``mok`` adapter.
+
+Megatron's MoE code calls a few CUDA-only functions even for CPU tensors: its router places
+buffers on ``torch.cuda.current_device()``, the alltoall dispatcher copies split sizes on a CUDA
+stream, and the checkpoint writer synchronizes the device. ``patch_megatron_for_cpu`` replaces
+them in a test worker only; the adapter itself calls none of them.
+
+``run_distributed(world_size, fn, *args)`` runs ``fn(*args)`` on ``world_size`` spawned gloo
+ranks with ``mok`` registered and Megatron's model-parallel state set up for EP=world_size, and
+returns each rank's result.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import socket
+import tempfile
+
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+import torch.nn.functional as F
+
+HIDDEN = 16
+FFN = 8
+NUM_EXPERTS = 4
+TOPK = 2
+TOKENS = (6, 2)  # [sequence, batch] per rank
+
+# Each case: TransformerConfig overrides on top of base_config(); together they cover a gated
+# and a non-gated activation, the shared expert, the aux-loss and z-loss routers, the fp32
+# router, bf16 parameters and token dropping.
+CASES = {
+    "swiglu_shared_auxloss": dict(
+        gated_linear_unit=True,
+        activation_func=F.silu,
+        moe_shared_expert_intermediate_size=FFN,
+        moe_router_load_balancing_type="aux_loss",
+        moe_aux_loss_coeff=1e-2,
+    ),
+    "gelu_zloss_fp32router": dict(
+        moe_router_load_balancing_type="seq_aux_loss",
+        moe_aux_loss_coeff=1e-2,
+        moe_z_loss_coeff=1e-3,
+        moe_router_dtype="fp32",
+    ),
+    "squared_relu_bf16_capacity": dict(
+        activation_func="squared_relu",
+        bf16=True,
+        params_dtype=torch.bfloat16,
+        moe_router_dtype="fp32",
+        moe_shared_expert_intermediate_size=FFN,
+        moe_expert_capacity_factor=1.0,
+    ),
+}
+
+
+class _NoStream:
+    def __init__(self, *args, **kwargs):
+        pass
+
+    def wait_stream(self, *args):
+        pass
+
+    def wait_event(self, *args):
+        pass
+
+    def synchronize(self):
+        pass
+
+    def record_event(self, *args):
+        return self
+
+    def __eq__(self, other):
+        return isinstance(other, _NoStream)
+
+    __hash__ = object.__hash__
+
+
+def patch_megatron_for_cpu() -> None:
+    from megatron.core.dist_checkpointing.strategies import filesystem_async
+    from megatron.core.transformer.moe import token_dispatcher
+
+    torch.cuda.current_device = lambda: torch.device("cpu")
+    torch.cuda.Stream = _NoStream
+    torch.cuda.current_stream = lambda *args, **kwargs: _NoStream()
+    torch.cuda.stream = lambda *args, **kwargs: contextlib.nullcontext()
+    torch.cuda.synchronize = lambda *args, **kwargs: None
+
+    # On GPU the split sizes come back from the device as numpy arrays; CPU tensors stay
+    # tensors, which all_to_all_single does not take.
+    def to_host(tensor, as_numpy=False, record_stream=False):
+        return tensor.numpy() if as_numpy and torch.is_tensor(tensor) else tensor
+
+    token_dispatcher.maybe_move_tensor_to_cpu = to_host
+    # Its writer logs memory use through psutil, which this environment may lack.
+    filesystem_async._process_memory = lambda: 0
+
+
+def base_config(dispatcher: str, world_size: int, **overrides):
+    from megatron.core.activations import squared_relu
+    from megatron.core.transformer.transformer_config import TransformerConfig
+
+    if overrides.get("activation_func") == "squared_relu":
+        overrides["activation_func"] = squared_relu
+    values = dict(
+        num_layers=1,
+        hidden_size=HIDDEN,
+        num_attention_heads=2,
+        num_moe_experts=NUM_EXPERTS,
+        moe_router_topk=TOPK,
+        moe_ffn_hidden_size=FFN,
+        moe_token_dispatcher_type=dispatcher,
+        expert_model_parallel_size=world_size,
+        activation_func=F.gelu,
+        add_bias_linear=False,
+        bias_activation_fusion=False,
+        use_cpu_initialization=True,
+    )
+    values.update(overrides)
+    return TransformerConfig(**values)
+
+
+def build_moe_layer(dispatcher: str, seed: int, megakernel_backend=None, **overrides):
+    """Megatron's MoELayer from its own local (no-TE) spec: SequentialMLP experts.
+    ``megakernel_backend`` sets newer Megatron's ``moe_megakernel_backend`` spelling."""
+    from megatron.core.models.gpt.moe_module_specs import get_moe_module_spec
+
+    config = base_config(dispatcher, dist.get_world_size(), **overrides)
+    if megakernel_backend is not None:
+        config.moe_megakernel_backend = megakernel_backend
+    spec = get_moe_module_spec(use_te=False, num_experts=NUM_EXPERTS, moe_grouped_gemm=False)
+    torch.manual_seed(seed)
+    return spec(config=config)
+
+
+def layer_tensors(layer) -> dict[str, torch.Tensor]:
+    return {k: v for k, v in layer.state_dict().items() if torch.is_tensor(v)}
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _entry(rank, world_size, port, out_dir, fn, args):
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    dist.init_process_group("gloo", rank=rank, world_size=world_size)
+    try:
+        from megatron.core import parallel_state
+
+        from mok_megatron.megatron import register
+
+        patch_megatron_for_cpu()
+        register()
+        parallel_state.initialize_model_parallel(expert_model_parallel_size=world_size)
+        torch.save(fn(*args), os.path.join(out_dir, f"rank{rank}.pt"))
+    finally:
+        dist.destroy_process_group()
+
+
+def run_distributed(world_size: int, fn, *args) -> list:
+    with tempfile.TemporaryDirectory() as out_dir:
+        mp.spawn(_entry, args=(world_size, _free_port(), out_dir, fn, args), nprocs=world_size)
+        return [torch.load(os.path.join(out_dir, f"rank{r}.pt"), weights_only=False)
+                for r in range(world_size)]

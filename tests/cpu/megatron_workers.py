@@ -1,0 +1,105 @@
+"""What each gloo rank runs for the Megatron adapter tests (see megatron_harness.run_distributed).
+Workers return plain tensors and dicts; the tests compare them in the pytest process."""
+
+from __future__ import annotations
+
+import os
+
+import torch
+import torch.distributed as dist
+
+from megatron_harness import CASES, HIDDEN, TOKENS, build_moe_layer, layer_tensors
+
+PREFIX = "decoder.layers.0.mlp."
+
+
+def _forward_backward(layer, x, dy) -> dict:
+    layer.zero_grad(set_to_none=True)
+    x = x.clone().requires_grad_(True)
+    y, bias = layer(x)
+    assert bias is None
+    y.backward(dy)
+    return {
+        "y": y.detach(),
+        "dx": x.grad,
+        "grads": {n: p.grad.clone() for n, p in layer.named_parameters()},
+    }
+
+
+def parity(case_names: list[str]) -> dict:
+    """The same MoE layer (same weights, same input and output gradient on each rank) under
+    alltoall and under mok (twice, for determinism; and once more spelled as newer Megatron's
+    ``moe_megakernel_backend: mok`` on an alltoall config)."""
+    results = {}
+    for name in case_names:
+        overrides = CASES[name]
+        alltoall = build_moe_layer("alltoall", seed=1234, **overrides)
+        mok = build_moe_layer("mok", seed=4321, **overrides)
+        mok.load_state_dict(alltoall.state_dict())  # strict: the same names and shapes
+        spelled = build_moe_layer("alltoall", seed=4321, megakernel_backend="mok", **overrides)
+        spelled.load_state_dict(alltoall.state_dict())
+        dtype = overrides.get("params_dtype", torch.float32)
+        generator = torch.Generator().manual_seed(100 + dist.get_rank())
+        x = torch.randn(*TOKENS, HIDDEN, generator=generator).to(dtype)
+        dy = torch.randn(*TOKENS, HIDDEN, generator=generator).to(dtype)
+        results[name] = {
+            "alltoall": _forward_backward(alltoall, x, dy),
+            "mok": _forward_backward(mok, x, dy),
+            "mok_again": _forward_backward(mok, x, dy),
+            "megakernel_spelling": _forward_backward(spelled, x, dy),
+            "dispatchers": (type(mok.token_dispatcher).__name__,
+                            type(spelled.token_dispatcher).__name__),
+            "experts": (type(alltoall.experts).__name__, type(mok.experts).__name__),
+            "experts_config_dispatcher": mok.experts.config.moe_token_dispatcher_type,
+        }
+    return results
+
+
+def _sharded_metadata(layer) -> dict:
+    """Everything distributed checkpointing keys on, per entry of the sharded state dict."""
+    from megatron.core.dist_checkpointing.mapping import ShardedTensor
+
+    meta = {}
+    for name, item in layer.sharded_state_dict(prefix=PREFIX).items():
+        if isinstance(item, ShardedTensor):
+            meta[name] = (item.key, tuple(item.global_shape), tuple(item.global_offset),
+                          tuple(item.axis_fragmentations), item.dtype)
+        else:
+            meta[name] = (type(item).__name__, getattr(item, "key", None))
+    return meta
+
+
+def _save(layer, directory: str) -> None:
+    from megatron.core import dist_checkpointing
+
+    if dist.get_rank() == 0:
+        os.makedirs(directory)
+    dist.barrier()
+    dist_checkpointing.save(layer.sharded_state_dict(prefix=PREFIX), directory)
+
+
+def _load(layer, directory: str) -> None:
+    from megatron.core import dist_checkpointing
+
+    loaded = dist_checkpointing.load(layer.sharded_state_dict(prefix=PREFIX), directory)
+    layer.load_state_dict({k[len(PREFIX):]: v for k, v in loaded.items()})
+
+
+def checkpoint_round_trip(root: str) -> dict:
+    """alltoall --torch_dist--> mok --torch_dist--> alltoall, each layer built from its own seed
+    so that only the checkpoint can make their tensors equal."""
+    case = CASES["swiglu_shared_auxloss"]
+    original = build_moe_layer("alltoall", seed=1, **case)
+    mok = build_moe_layer("mok", seed=2, **case)
+    back = build_moe_layer("alltoall", seed=3, **case)
+    metadata = {"alltoall": _sharded_metadata(original), "mok": _sharded_metadata(mok)}
+    _save(original, os.path.join(root, "from_alltoall"))
+    _load(mok, os.path.join(root, "from_alltoall"))
+    _save(mok, os.path.join(root, "from_mok"))
+    _load(back, os.path.join(root, "from_mok"))
+    return {
+        "metadata": metadata,
+        "original": layer_tensors(original),
+        "mok": layer_tensors(mok),
+        "back": layer_tensors(back),
+    }
