@@ -1,0 +1,134 @@
+"""Thin, checked wrappers over the compiled extension ``mok_megatron._C``.
+
+Every op runs on the current CUDA stream and never synchronizes with the host. Checks here
+cost no device time (shapes, dtypes, devices); the C++ side checks again.
+"""
+
+from __future__ import annotations
+
+import enum
+import functools
+
+import torch
+
+# Mirrors csrc/config/kernel_config.cuh.
+MAX_RANKS = 8
+NUM_BARRIER_CHANNELS = 4
+
+
+class Stage(enum.IntEnum):
+    """Where a rank waits on its peers (csrc/common/stages.cuh); timeouts name it."""
+
+    FORWARD_PUBLISHED = 0
+    FORWARD_COMBINED = 1
+    BACKWARD_PUBLISHED = 2
+    BACKWARD_COMBINED = 3
+    TEST = 4
+
+
+# Mirrors csrc/epilogue/activation.cu (ActivationId).
+ACTIVATION_IDS = {"swiglu": 0, "geglu": 1, "silu": 2, "gelu": 3, "relu": 4, "squared_relu": 5}
+
+
+@functools.cache
+def extension():
+    """The compiled extension, or an error that says why it is missing and what to do."""
+    try:
+        from . import _C
+    except ImportError as err:
+        raise RuntimeError(
+            "mok_megatron's CUDA extension is not built (import failed: "
+            f"{err}). Build it on a machine with nvcc and a CUDA build of torch: "
+            "`pip install --no-build-isolation -e .` (MOK_BUILD_CUDA=1 makes a missing "
+            "toolkit an error), or choose `backend: reference` in the recipe to run the "
+            "plain-PyTorch path explicitly."
+        ) from err
+    return _C
+
+
+def is_available() -> bool:
+    try:
+        extension()
+    except RuntimeError:
+        return False
+    return torch.cuda.is_available()
+
+
+def _check(cond: bool, msg: str) -> None:
+    if not cond:
+        raise ValueError(f"mok_megatron.ops: {msg}")
+
+
+def _cuda(name: str, t: torch.Tensor, dtype: torch.dtype) -> None:
+    _check(t.is_cuda, f"{name} must be a CUDA tensor, got {t.device}")
+    _check(t.dtype == dtype, f"{name} must be {dtype}, got {t.dtype}")
+    _check(t.is_contiguous(), f"{name} must be contiguous")
+
+
+def peer_barrier(peer_bases, flags_offset, epochs, channel, rank, world, timeout_ns, stage):
+    _cuda("peer_bases", peer_bases, torch.int64)
+    _cuda("epochs", epochs, torch.int32)
+    _check(1 <= world <= MAX_RANKS, f"EP size {world} outside [1, {MAX_RANKS}]")
+    extension().peer_barrier(
+        peer_bases, flags_offset, epochs, channel, rank, world, timeout_ns, int(stage)
+    )
+
+
+def stall_for_test(flag: torch.Tensor, rank: int, timeout_ns: int) -> None:
+    _cuda("flag", flag, torch.int32)
+    extension().stall_for_test(flag, rank, timeout_ns)
+
+
+def route_keys(peer_bases, ids_offset, probs_offset, count_offset, world, max_tokens, topk,
+               expert_begin, expert_position, keys, probs_out):
+    _cuda("expert_position", expert_position, torch.int32)
+    _cuda("keys", keys, torch.int64)
+    _cuda("probs_out", probs_out, torch.float32)
+    extension().route_keys(peer_bases, ids_offset, probs_offset, count_offset, world,
+                           max_tokens, topk, expert_begin, expert_position, keys, probs_out)
+
+
+def pull_rows(peer_bases, src_offset, row_slot, num_rows, max_tokens, topk, out):
+    _cuda("row_slot", row_slot, torch.int32)
+    _cuda("out", out, out.dtype)
+    extension().pull_rows(peer_bases, src_offset, row_slot, num_rows, max_tokens, topk, out)
+
+
+def push_rows(peer_bases, dst_offset, row_slot, num_rows, slots_per_rank, rows):
+    _cuda("row_slot", row_slot, torch.int32)
+    _cuda("rows", rows, rows.dtype)
+    extension().push_rows(peer_bases, dst_offset, row_slot, num_rows, slots_per_rank, rows)
+
+
+def push_values(peer_bases, dst_offset, row_slot, num_rows, slots_per_rank, values):
+    _cuda("values", values, torch.float32)
+    extension().push_values(peer_bases, dst_offset, row_slot, num_rows, slots_per_rank, values)
+
+
+def activation_forward(h, row_prob, num_rows, activation: str, out):
+    _cuda("h", h, torch.bfloat16)
+    _cuda("row_prob", row_prob, torch.float32)
+    _cuda("out", out, torch.bfloat16)
+    extension().activation_forward(h, row_prob, num_rows, ACTIVATION_IDS[activation], out)
+
+
+def activation_backward(h, grad_out, row_prob, num_rows, activation: str, grad_h, act_out,
+                        grad_prob):
+    _cuda("grad_out", grad_out, torch.bfloat16)
+    _cuda("grad_prob", grad_prob, torch.float32)
+    extension().activation_backward(h, grad_out, row_prob, num_rows,
+                                    ACTIVATION_IDS[activation], grad_h, act_out, grad_prob)
+
+
+def reduce_slots(slots, ids, out):
+    _cuda("slots", slots, torch.bfloat16)
+    _cuda("ids", ids, torch.int32)
+    _cuda("out", out, torch.bfloat16)
+    extension().reduce_slots(slots, ids, out)
+
+
+def gather_slot_values(values, ids, out):
+    _cuda("values", values, torch.float32)
+    _cuda("ids", ids, torch.int32)
+    _cuda("out", out, torch.float32)
+    extension().gather_slot_values(values, ids, out)

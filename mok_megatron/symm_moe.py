@@ -1,0 +1,215 @@
+"""GPU path v1: dispatch -> experts -> combine over symmetric memory, as separate kernels.
+
+No host synchronization anywhere in forward or backward: the per-expert row counts exist only
+on the GPU, the grouped GEMMs (``torch._grouped_mm``) take device-side offsets, and the row
+movers and epilogues read the row count from device memory. Per call, on each rank:
+
+forward   publish x, ids, probs, T into the workspace | barrier
+          schedule: routing keys from every rank's routing, sorted -> per-expert row lists
+          pull x rows from their source ranks | FC1 | act * p | FC2
+          push result rows to (source rank, token, k) slots | barrier
+          fixed-order k-sum of our own slots -> y
+backward  publish dY | barrier | pull dY rows | dA = dY W2 | act backward (dh, dp)
+          dX rows = dh W1, pushed with dp to the source slots | dW1, dW2 | barrier
+          fixed-order k-sum -> dx; slot dprobs -> dprobs
+
+Row buffers are sized for the worst case (every slot of every rank routed here), so any
+skew fits; only the rows that exist are computed and moved.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Optional
+
+import torch
+import torch.distributed as dist
+
+from . import ops
+from .activations import get_activation
+from .config import Recipe
+from .expert_weights import stack_experts
+from .routing import validate_routing
+from .workspace import Workspace, WorkspaceLayout, get_workspace
+
+
+@dataclass
+class _Plan:
+    ws: Workspace
+    activation: str
+    num_local: int
+    w1: torch.Tensor  # [E_local, F1, H] stacked view, rows ordered by expert position
+    w2: torch.Tensor  # [E_local, H, F]
+    w1_order: list
+    w2_order: list
+    n_w1: int  # how many autograd inputs are w1 (1 if stacked, else E_local)
+    position: torch.Tensor  # int32 [E_local] on the device: expert -> its row in the views
+
+
+_positions: dict[tuple, torch.Tensor] = {}
+
+
+def _expert_position(order: list, device: torch.device) -> torch.Tensor:
+    """Cached, so a call never copies from the host (CUDA-graph capture forbids it)."""
+    key = (tuple(order), device)
+    if key not in _positions:
+        position = [0] * len(order)
+        for j, e in enumerate(order):
+            position[e] = j
+        _positions[key] = torch.tensor(position, dtype=torch.int32, device=device)
+    return _positions[key]
+
+
+def _schedule(ws: Workspace, topk: int, num_local: int, position: torch.Tensor):
+    """Rows this rank owns, in (expert position, source rank, token, k) order."""
+    max_tokens = ws.layout.max_tokens
+    n = ws.world * max_tokens * topk
+    keys = torch.empty(n, dtype=torch.int64, device=ws.device)
+    probs = torch.empty(n, dtype=torch.float32, device=ws.device)
+    o = ws.offsets
+    ops.route_keys(ws.peer_bases, o["ids"], o["probs"], o["count"], ws.world, max_tokens, topk,
+                   ws.rank * num_local, position, keys, probs)
+    sorted_keys = torch.sort(keys).values
+    bounds = torch.arange(num_local + 1, device=ws.device, dtype=torch.int64) * n
+    offsets = torch.searchsorted(sorted_keys, bounds).to(torch.int32)
+    row_slot = torch.remainder(sorted_keys, n).to(torch.int32)
+    row_prob = probs[row_slot.long()]
+    return offsets, row_slot, row_prob
+
+
+def _grouped(a: torch.Tensor, b: torch.Tensor, offs: torch.Tensor) -> torch.Tensor:
+    return torch._grouped_mm(a, b, offs=offs)
+
+
+class _SymmMoE(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, ids, probs, plan: _Plan, *weights):
+        ws = plan.ws
+        T, H = x.shape
+        K = ids.shape[1]
+        ids32 = ids.to(torch.int32).contiguous()
+        ws.count().fill_(T)
+        ws.tokens(T).copy_(x)
+        ws.ids(T, K).copy_(ids32)
+        ws.probs(T, K).copy_(probs)
+        ws.barrier(ops.Stage.FORWARD_PUBLISHED)
+
+        offsets, row_slot, row_prob = _schedule(ws, K, plan.num_local, plan.position)
+        num_rows = offsets[plan.num_local:]
+        offs = offsets[1:]
+        cap = row_slot.numel()
+        max_tokens = ws.layout.max_tokens
+
+        rows = torch.empty(cap, H, dtype=torch.bfloat16, device=x.device)
+        ops.pull_rows(ws.peer_bases, ws.offsets["tokens"], row_slot, num_rows, max_tokens, K,
+                      rows)
+        h = _grouped(rows, plan.w1.transpose(1, 2), offs)
+        ffn = plan.w2.shape[2]
+        act = torch.empty(cap, ffn, dtype=torch.bfloat16, device=x.device)
+        ops.activation_forward(h, row_prob, num_rows, plan.activation, act)
+        out_rows = _grouped(act, plan.w2.transpose(1, 2), offs)
+        ops.push_rows(ws.peer_bases, ws.offsets["slots"], row_slot, num_rows, max_tokens * K,
+                      out_rows)
+        ws.barrier(ops.Stage.FORWARD_COMBINED)
+
+        y = torch.empty(T, H, dtype=x.dtype, device=x.device)
+        ops.reduce_slots(ws.slots(T, K), ids32, y)
+        ctx.plan = plan
+        ctx.probs_dtype = probs.dtype
+        ctx.save_for_backward(ids32, rows, h, offsets, row_slot, row_prob)
+        return y
+
+    @staticmethod
+    def backward(ctx, dy):
+        plan = ctx.plan
+        ws = plan.ws
+        ids32, rows, h, offsets, row_slot, row_prob = ctx.saved_tensors
+        T, K = ids32.shape
+        num_rows = offsets[plan.num_local:]
+        offs = offsets[1:]
+        cap, H = rows.shape
+        max_tokens = ws.layout.max_tokens
+        ws.tokens(T).copy_(dy)
+        ws.barrier(ops.Stage.BACKWARD_PUBLISHED)
+
+        dout = torch.empty(cap, H, dtype=torch.bfloat16, device=dy.device)
+        ops.pull_rows(ws.peer_bases, ws.offsets["tokens"], row_slot, num_rows, max_tokens, K,
+                      dout)
+        dact = _grouped(dout, plan.w2, offs)
+        dh = torch.empty_like(h)
+        act = torch.empty_like(dact)
+        drow_prob = torch.empty(cap, dtype=torch.float32, device=dy.device)
+        ops.activation_backward(h, dact, row_prob, num_rows, plan.activation, dh, act,
+                                drow_prob)
+        drows = _grouped(dh, plan.w1, offs)
+        ops.push_rows(ws.peer_bases, ws.offsets["slots"], row_slot, num_rows, max_tokens * K,
+                      drows)
+        ops.push_values(ws.peer_bases, ws.offsets["slot_values"], row_slot, num_rows,
+                        max_tokens * K, drow_prob)
+        # Weight gradients while the peers finish their pushes.
+        dw2 = _grouped(dout.t(), act, offs)
+        dw1 = _grouped(dh.t(), rows, offs)
+        ws.barrier(ops.Stage.BACKWARD_COMBINED)
+
+        dx = torch.empty(T, H, dtype=dy.dtype, device=dy.device)
+        ops.reduce_slots(ws.slots(T, K), ids32, dx)
+        dprobs = torch.empty(T, K, dtype=torch.float32, device=dy.device)
+        ops.gather_slot_values(ws.slot_values(T, K), ids32, dprobs)
+        return (dx, None, dprobs.to(ctx.probs_dtype), None,
+                *_split(dw1, plan.w1_order, plan.n_w1), *_split(dw2, plan.w2_order, plan.n_w1))
+
+
+def _split(dw: torch.Tensor, order: list, n_inputs: int):
+    """Stacked gradient -> the autograd inputs it belongs to (one stacked, or per expert)."""
+    if n_inputs == 1:
+        return (dw,)
+    grads = [None] * len(order)
+    for j, e in enumerate(order):
+        grads[e] = dw[j]
+    return tuple(grads)
+
+
+def _check(x, ids, probs, w1, w2, activation, world, recipe):
+    if x.dtype != torch.bfloat16:
+        raise ValueError(f"the cuda backend runs bf16 activations; x is {x.dtype}")
+    if activation not in ops.ACTIVATION_IDS:
+        raise ValueError(f"activation {activation!r} is not implemented by the cuda backend")
+    H = x.shape[1]
+    F = w2.shape[2]
+    if H % 8 or F % 8:
+        raise ValueError(f"the cuda backend needs H and F to be multiples of 8; got H={H}, F={F}")
+    if w1.dtype != torch.bfloat16 or w2.dtype != torch.bfloat16:
+        raise ValueError(f"expert weights must be bf16; got {w1.dtype} and {w2.dtype}")
+    act = get_activation(activation)
+    if w1.shape[1:] != (act.fc1_rows(F), H) or w2.shape[1] != H or w1.shape[0] != w2.shape[0]:
+        raise ValueError(
+            f"expert weights must be w1 [E_local, {act.fc1_rows(F)}, {H}] and w2 [E_local, {H}, "
+            f"{F}]; got {tuple(w1.shape)} and {tuple(w2.shape)}")
+    limit = recipe.kernel.max_tokens_per_rank
+    if x.shape[0] > limit:
+        raise ValueError(
+            f"{x.shape[0]} tokens on this rank exceed the workspace bound "
+            f"kernel.max_tokens_per_rank={limit} of recipe {recipe.name!r}; raise it")
+    if world > ops.MAX_RANKS:
+        raise ValueError(f"EP={world}: the cuda backend supports at most {ops.MAX_RANKS} GPUs")
+
+
+def moe_experts_cuda(x, ids, probs, w1, w2, *, group: Optional[dist.ProcessGroup],
+                     activation: str, recipe: Recipe) -> torch.Tensor:
+    world = 1 if group is None else dist.get_world_size(group)
+    w1_stack, w1_order = stack_experts(w1, "w1")
+    w2_stack, w2_order = stack_experts(w2, "w2")
+    if w1_order != w2_order and not isinstance(w1, torch.Tensor):
+        # Both views must list experts in one order; fall back to a copy of w2 in w1's order.
+        w2_stack = torch.stack([list(w2)[e].detach() for e in w1_order])
+        w2_order = w1_order
+    validate_routing(x, ids, probs, w1_stack.shape[0] * world,
+                     check_values=recipe.kernel.check_inputs)
+    _check(x, ids, probs, w1_stack, w2_stack, activation, world, recipe)
+    layout = WorkspaceLayout(recipe.kernel.max_tokens_per_rank, ids.shape[1], x.shape[1])
+    ws = get_workspace(group, x.device, layout, recipe.kernel.spin_timeout_ms)
+    stacked = isinstance(w1, torch.Tensor)
+    plan = _Plan(ws, activation, w1_stack.shape[0], w1_stack, w2_stack, w1_order, w2_order,
+                 1 if stacked else len(w1_order), _expert_position(w1_order, x.device))
+    w_inputs = (w1, w2) if stacked else (*w1, *w2)
+    return _SymmMoE.apply(x.contiguous(), ids, probs, plan, *w_inputs)

@@ -1,0 +1,180 @@
+"""The symmetric-memory workspace of an expert-parallel group.
+
+One buffer per (EP group, device), allocated once through
+``torch.distributed._symmetric_memory`` (ordinary peer mappings over NVLink; multicast is
+never used) and reused by every MoE layer and step. Every rank holds the same layout, so a
+peer's region is its base pointer plus the same offset:
+
+    flags        [channels, MAX_RANKS] u32   barrier epochs written by peers
+    count        int32                       tokens this rank published (T_r)
+    ids, probs   [max_tokens, topk]          routing this rank published
+    tokens       [max_tokens, H] bf16        x (forward) or dY (backward), pulled by owners
+    slots        [max_tokens * topk, H] bf16 owner results pushed back, one per (token, k)
+    slot_values  [max_tokens * topk] fp32    owner dprobs pushed back, one per (token, k)
+
+Sizing is for the worst case - every token of every rank may route to one rank - so no
+routing skew can overflow it; ``max_tokens`` is the recipe's ``max_tokens_per_rank``.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from typing import Optional
+
+import torch
+import torch.distributed as dist
+
+from . import ops
+
+log = logging.getLogger(__name__)
+
+_ALIGN = 256
+
+
+def _align(n: int) -> int:
+    return (n + _ALIGN - 1) // _ALIGN * _ALIGN
+
+
+@dataclass(frozen=True)
+class WorkspaceLayout:
+    max_tokens: int
+    topk: int
+    hidden: int
+
+    def offsets(self) -> dict[str, int]:
+        sizes = {
+            "flags": ops.NUM_BARRIER_CHANNELS * ops.MAX_RANKS * 4,
+            "count": 4,
+            "ids": self.max_tokens * self.topk * 4,
+            "probs": self.max_tokens * self.topk * 4,
+            "tokens": self.max_tokens * self.hidden * 2,
+            "slots": self.max_tokens * self.topk * self.hidden * 2,
+            "slot_values": self.max_tokens * self.topk * 4,
+        }
+        out, at = {}, 0
+        for name, size in sizes.items():
+            out[name] = at
+            at += _align(size)
+        out["end"] = at
+        return out
+
+    @property
+    def nbytes(self) -> int:
+        return self.offsets()["end"]
+
+    def matches(self, other: "WorkspaceLayout") -> bool:
+        return (self.max_tokens, self.topk, self.hidden) == (
+            other.max_tokens, other.topk, other.hidden)
+
+
+class Workspace:
+    """Symmetric buffers + barrier state for one EP group on one device."""
+
+    def __init__(self, group: Optional[dist.ProcessGroup], device: torch.device,
+                 layout: WorkspaceLayout, timeout_ms: int):
+        self.group = group
+        self.device = device
+        self.layout = layout
+        self.world = 1 if group is None else dist.get_world_size(group)
+        self.rank = 0 if group is None else dist.get_rank(group)
+        if self.world > ops.MAX_RANKS:
+            raise ValueError(
+                f"EP group of {self.world} ranks: the mok kernels support at most "
+                f"{ops.MAX_RANKS} GPUs in one NVLink domain")
+        self.timeout_ns = int(timeout_ms) * 1_000_000
+        self.offsets = layout.offsets()
+        nbytes = layout.nbytes
+        if self.world == 1:
+            self.buffer = torch.empty(nbytes, dtype=torch.uint8, device=device)
+            self.buffer[: self.offsets["count"]].zero_()
+            self._handle = None
+            bases = [self.buffer.data_ptr()]
+        else:
+            import torch.distributed._symmetric_memory as symm_mem
+
+            self.buffer = symm_mem.empty(nbytes, dtype=torch.uint8, device=device)
+            self.buffer[: self.offsets["count"]].zero_()
+            # Peers may signal as soon as the rendezvous returns: the zeroed flags must be in
+            # memory before then.
+            torch.cuda.synchronize(device)
+            symm_mem.enable_symm_mem_for_group(group.group_name)
+            self._handle = symm_mem.rendezvous(self.buffer, group)
+            bases = list(self._handle.buffer_ptrs)
+        self.peer_bases = torch.tensor(bases, dtype=torch.int64, device=device)
+        self.epochs = torch.zeros(ops.NUM_BARRIER_CHANNELS, dtype=torch.int32, device=device)
+        log.info("mok workspace: %d ranks, %.1f MiB per GPU (max_tokens=%d, topk=%d, H=%d)",
+                 self.world, nbytes / 2**20, layout.max_tokens, layout.topk, layout.hidden)
+
+    @property
+    def nbytes(self) -> int:
+        return self.layout.nbytes
+
+    def _view(self, region: str, shape, dtype) -> torch.Tensor:
+        start = self.offsets[region]
+        count = 1
+        for s in shape:
+            count *= s
+        nbytes = count * torch.empty((), dtype=dtype).element_size()
+        return self.buffer[start:start + nbytes].view(dtype).view(shape)
+
+    def count(self) -> torch.Tensor:
+        return self._view("count", (1,), torch.int32)
+
+    def ids(self, tokens: int, topk: int) -> torch.Tensor:
+        return self._view("ids", (tokens, topk), torch.int32)
+
+    def probs(self, tokens: int, topk: int) -> torch.Tensor:
+        return self._view("probs", (tokens, topk), torch.float32)
+
+    def tokens(self, tokens: int) -> torch.Tensor:
+        return self._view("tokens", (tokens, self.layout.hidden), torch.bfloat16)
+
+    def slots(self, tokens: int, topk: int) -> torch.Tensor:
+        return self._view("slots", (tokens * topk, self.layout.hidden), torch.bfloat16)
+
+    def slot_values(self, tokens: int, topk: int) -> torch.Tensor:
+        return self._view("slot_values", (tokens * topk,), torch.float32)
+
+    def barrier(self, stage: ops.Stage, channel: int = 0) -> None:
+        ops.peer_barrier(self.peer_bases, self.offsets["flags"], self.epochs, channel,
+                         self.rank, self.world, self.timeout_ns, stage)
+
+
+_workspaces: dict[tuple, Workspace] = {}
+
+
+def _key(group: Optional[dist.ProcessGroup], device: torch.device) -> tuple:
+    return (None if group is None else group.group_name, device)
+
+
+def get_workspace(group: Optional[dist.ProcessGroup], device: torch.device,
+                  layout: WorkspaceLayout, timeout_ms: int) -> Workspace:
+    """The group's workspace, created on first use (a collective: every rank of the group
+    reaches it in the same call, since layouts depend only on shapes shared by all ranks)."""
+    key = _key(group, device)
+    ws = _workspaces.get(key)
+    if ws is not None and ws.layout.matches(layout) and ws.timeout_ns == timeout_ms * 1_000_000:
+        return ws
+    if ws is not None:
+        release_workspace(group, device)
+    ws = Workspace(group, device, layout, timeout_ms)
+    _workspaces[key] = ws
+    return ws
+
+
+def release_workspace(group: Optional[dist.ProcessGroup], device: torch.device) -> None:
+    """Free the group's workspace. A collective: every rank synchronizes and meets the others
+    first, so no peer still reads or writes the buffers when they go."""
+    ws = _workspaces.pop(_key(group, device), None)
+    if ws is not None:
+        torch.cuda.synchronize(device)
+        if ws.world > 1:
+            dist.barrier(group)
+        ws._handle = None
+        ws.buffer = None
+
+
+def workspace_bytes(group: Optional[dist.ProcessGroup], device: torch.device) -> int:
+    ws = _workspaces.get(_key(group, device))
+    return 0 if ws is None else ws.nbytes

@@ -1,0 +1,400 @@
+"""Side-by-side MoE layer benchmark: one torchrun process group, one run, the same weights and
+routing through (a) mok (functional.moe_experts, CUDA backend), (b) Megatron's own alltoall
+dispatcher (MoEAlltoAllTokenDispatcher) around grouped-GEMM experts - TEGroupedMLP-style
+torch._grouped_mm over the same stacked weights (never a per-expert loop) - and (c) flex +
+HybridEP / DeepEP where importable (reported as skipped otherwise).
+
+    NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 \
+    torchrun --nproc-per-node 2 scripts/bench_moe.py --models qwen3_30b_a3b_like \
+        --tokens 2048 4096 8192 --out benchmarks/results/h200x2
+
+Each model runs with its full expert count and as its EP64-equivalent. Outputs are checked
+against each other before timing. Times: CUDA events after warm-up, per iteration the max
+over ranks, then the median over iterations; "bwd" is (fwd+bwd) - fwd. The roofline has
+three terms (shared/DESIGN.md section 4), each with peaks measured in this run: tensor cores
+(FLOPs / grouped-GEMM rate), HBM (weights read once + weight grads written + expert
+activations, / copy bandwidth), NVLink (rows that cross GPUs per direction, / peer-copy
+bandwidth). The largest binds; "roof" is that floor over the measured time. The routed
+experts only: the shared expert is a dense MLP identical for every dispatcher.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import platform
+import subprocess
+import sys
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+
+from mok_megatron.config import KernelKnobs, Recipe, load_model  # noqa: E402
+from mok_megatron.functional import moe_experts  # noqa: E402
+
+
+def log0(*a):
+    if dist.get_rank() == 0:
+        print(*a, flush=True)
+
+
+# ------------------------------------------------------------------------------ peaks
+
+
+def _time(fn, iters=10, warmup=3) -> float:
+    for _ in range(warmup):
+        fn()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    for _ in range(iters):
+        fn()
+    end.record()
+    torch.cuda.synchronize()
+    return start.elapsed_time(end) / iters / 1e3
+
+
+def measure_peaks(world: int) -> dict:
+    """bf16 grouped-GEMM rate, HBM copy rate (read+write), one-way peer copy rate."""
+    dev = torch.device("cuda")
+    groups, rows, k, n = 8, 8192, 7168, 4096
+    a = torch.randn(groups * rows, k, device=dev, dtype=torch.bfloat16)
+    b = torch.randn(groups, n, k, device=dev, dtype=torch.bfloat16)
+    offs = torch.arange(1, groups + 1, device=dev, dtype=torch.int32) * rows
+    t = _time(lambda: torch._grouped_mm(a, b.transpose(1, 2), offs=offs))
+    gemm = 2 * groups * rows * k * n / t
+    del a, b
+    src = torch.randn(2**30, device=dev, dtype=torch.bfloat16)
+    dst = torch.empty_like(src)
+    hbm = 2 * src.numel() * 2 / _time(lambda: dst.copy_(src))
+    del src, dst
+    link = float("nan")
+    if world > 1:
+        import torch.distributed._symmetric_memory as symm_mem
+
+        nbytes = 512 * 2**20
+        buf = symm_mem.empty(nbytes, dtype=torch.uint8, device=dev)
+        symm_mem.enable_symm_mem_for_group(dist.group.WORLD.group_name)
+        handle = symm_mem.rendezvous(buf, dist.group.WORLD)
+        peer = (dist.get_rank() + 1) % world
+        remote = handle.get_buffer(peer, (nbytes,), torch.uint8)
+        local = torch.randint(0, 255, (nbytes,), device=dev, dtype=torch.uint8)
+        dist.barrier()
+        link = nbytes / _time(lambda: remote.copy_(local))
+        dist.barrier()
+        del handle, buf
+    vals = torch.tensor([gemm, hbm, link], device=dev, dtype=torch.float64)
+    dist.all_reduce(vals, op=dist.ReduceOp.MIN)
+    return {"grouped_gemm_flops": vals[0].item(), "hbm_bytes_per_s": vals[1].item(),
+            "nvlink_bytes_per_s": vals[2].item()}
+
+
+# ------------------------------------------------------------------------------ problem
+
+
+def make_problem(model, num_experts: int, tokens: int, seed: int):
+    world, rank = dist.get_world_size(), dist.get_rank()
+    dev = torch.device("cuda")
+    H, Fh, K = model.hidden_size, model.moe_ffn_hidden_size, model.topk
+    local = num_experts // world
+    g = torch.Generator(device=dev).manual_seed(seed * 1000 + rank)
+    x = torch.randn(tokens, H, device=dev, dtype=torch.bfloat16, generator=g)
+    scores = torch.rand(tokens, num_experts, device=dev, generator=g)
+    ids = scores.topk(K, dim=1).indices.to(torch.int32)
+    probs = torch.softmax(torch.randn(tokens, K, device=dev, generator=g), dim=1)
+    gw = torch.Generator(device=dev).manual_seed(seed * 1000 + 500 + rank)
+    w1 = (torch.randn(local, 2 * Fh, H, device=dev, dtype=torch.bfloat16, generator=gw)
+          * H**-0.5).requires_grad_()
+    w2 = (torch.randn(local, H, Fh, device=dev, dtype=torch.bfloat16, generator=gw)
+          * Fh**-0.5).requires_grad_()
+    dy = torch.randn(tokens, H, device=dev, dtype=torch.bfloat16, generator=g)
+    return x, ids, probs, w1, w2, dy
+
+
+def row_counts(ids: torch.Tensor, num_experts: int) -> tuple[int, int]:
+    """(rows this rank's experts compute, of them the ones from other ranks): max over ranks."""
+    world, rank = dist.get_world_size(), dist.get_rank()
+    local = num_experts // world
+    dest = ids.long() // local
+    sent = torch.bincount(dest.flatten(), minlength=world)
+    recv = torch.empty_like(sent)
+    dist.all_to_all_single(recv, sent)
+    rows = recv.sum()
+    remote = rows - recv[rank]
+    both = torch.stack([rows, remote, sent.sum() - sent[rank]])
+    dist.all_reduce(both, op=dist.ReduceOp.MAX)
+    return int(both[0]), int(max(both[1], both[2]))
+
+
+# ------------------------------------------------------------------------------ paths
+
+
+def mok_path(group, tokens):
+    recipe = Recipe(name="bench", backend="cuda",
+                    kernel=KernelKnobs(max_tokens_per_rank=max(tokens, 1)))
+
+    def run(x, ids, probs, w1, w2):
+        return moe_experts(x, ids, probs, w1, w2, group=group, recipe=recipe)
+
+    return run
+
+
+class MegatronAlltoAll:
+    """Megatron-Core's MoEAlltoAllTokenDispatcher (its own permute, all-to-all with host-read
+    splits, sort by expert, and the reverse) around grouped-GEMM SwiGLU experts with probs
+    applied after the activation, as TEGroupedMLP does."""
+
+    def __init__(self, model, num_experts: int):
+        from megatron.core.process_groups_config import ProcessGroupCollection
+        from megatron.core.transformer.moe.token_dispatcher import MoEAlltoAllTokenDispatcher
+        from megatron.core.transformer.transformer_config import TransformerConfig
+
+        world, rank = dist.get_world_size(), dist.get_rank()
+        local = num_experts // world
+        config = TransformerConfig(
+            num_layers=1, hidden_size=model.hidden_size, num_attention_heads=8,
+            num_moe_experts=num_experts, moe_router_topk=model.topk,
+            moe_ffn_hidden_size=model.moe_ffn_hidden_size, moe_token_dispatcher_type="alltoall",
+            expert_model_parallel_size=world, add_bias_linear=False, bf16=True,
+            params_dtype=torch.bfloat16, gated_linear_unit=True, activation_func=F.silu,
+            moe_grouped_gemm=True, moe_permute_fusion=False)
+        pgs = ProcessGroupCollection.use_mpu_process_groups()
+        self.num_experts = num_experts
+        self.dispatcher = MoEAlltoAllTokenDispatcher(
+            local, list(range(rank * local, (rank + 1) * local)), config=config,
+            pg_collection=pgs)
+
+    def __call__(self, x, ids, probs, w1, w2):
+        d = self.dispatcher
+        T = x.shape[0]
+        routing_map = torch.zeros(T, self.num_experts, dtype=torch.bool, device=x.device)
+        routing_map.scatter_(1, ids.long(), True)
+        dense = torch.zeros(T, self.num_experts, dtype=probs.dtype, device=x.device)
+        dense = dense.scatter(1, ids.long(), probs)
+        hidden, p = d.dispatch_preprocess(x, routing_map, dense)
+        hidden, p = d.token_dispatch(hidden, p)
+        hidden, tokens_per_expert, permuted_probs = d.dispatch_postprocess(hidden, p)
+        offs = torch.cumsum(tokens_per_expert.to(x.device), 0).to(torch.int32)
+        h = torch._grouped_mm(hidden, w1.transpose(1, 2), offs=offs)
+        gate, up = h.chunk(2, dim=-1)
+        act = (F.silu(gate.float()) * up.float() * permuted_probs.unsqueeze(-1)).to(h.dtype)
+        out = torch._grouped_mm(act, w2.transpose(1, 2), offs=offs)
+        out = d.combine_preprocess(out)
+        out = d.token_combine(out)
+        return d.combine_postprocess(out)
+
+
+def optional_baselines() -> dict[str, str]:
+    """flex + HybridEP / DeepEP: run only where the packages import; else say why not."""
+    status = {}
+    for name, module, attr in (("flex+hybridep", "deep_ep", "HybridEPBuffer"),
+                               ("flex+deepep", "deep_ep", "Buffer")):
+        try:
+            mod = __import__(module)
+            getattr(mod, attr)
+            status[name] = "importable, not yet wired into this benchmark"
+        except (ImportError, AttributeError) as err:
+            status[name] = f"skipped: {err}"
+    return status
+
+
+# ------------------------------------------------------------------------------ timing
+
+
+def timed(fn, iters: int, warmup: int) -> float:
+    """Median over iterations of the max over ranks, seconds."""
+    for _ in range(warmup):
+        fn()
+    times = []
+    for _ in range(iters):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        dist.barrier()
+        torch.cuda.synchronize()
+        start.record()
+        fn()
+        end.record()
+        torch.cuda.synchronize()
+        times.append(start.elapsed_time(end) / 1e3)
+    t = torch.tensor(times, device="cuda", dtype=torch.float64)
+    dist.all_reduce(t, op=dist.ReduceOp.MAX)
+    return t.median().item()
+
+
+def roofline(model, rows, remote_rows, local_experts, peaks, backward: bool) -> dict:
+    H, Fh = model.hidden_size, model.moe_ffn_hidden_size
+    flops = 6 * rows * H * Fh * (3 if backward else 1)
+    weight_bytes = local_experts * 3 * H * Fh * 2
+    act_bytes = rows * (2 * H + 4 * Fh + 2 * Fh) * 2
+    hbm = weight_bytes * (2 if backward else 1) + act_bytes * (2 if backward else 1)
+    if backward:
+        hbm += weight_bytes  # forward reads the weights too
+    link = 2 * remote_rows * H * 2 * (2 if backward else 1)
+    terms = {"tensor": flops / peaks["grouped_gemm_flops"],
+             "hbm": hbm / peaks["hbm_bytes_per_s"],
+             "nvlink": (link / peaks["nvlink_bytes_per_s"]) if remote_rows else 0.0}
+    binding = max(terms, key=terms.get)
+    return {"flops": flops, "terms_s": terms, "binding": binding, "floor_s": terms[binding]}
+
+
+def rel_l2(a, b) -> float:
+    return ((a.double() - b.double()).norm() / b.double().norm().clamp_min(1e-30)).item()
+
+
+def run_case(model, variant, tokens, peaks, args, group):
+    world = dist.get_world_size()
+    spec = model if variant == "full" else model.ep64_equivalent(world)
+    E = spec.num_experts
+    x, ids, probs, w1, w2, dy = make_problem(model, E, tokens, args.seed)
+    rows, remote = row_counts(ids, E)
+    paths = {"mok": mok_path(group, tokens), "alltoall": MegatronAlltoAll(model, E)}
+    leaves = [x.requires_grad_(), probs.requires_grad_(), w1, w2]
+
+    outs = {}
+    for name, fn in paths.items():
+        for t in leaves:
+            t.grad = None
+        y = fn(x, ids, probs, w1, w2)
+        y.backward(dy)
+        outs[name] = [y.detach()] + [t.grad.clone() for t in leaves]
+    check = {f: rel_l2(a, b) for f, a, b in zip(("y", "dx", "dprobs", "dw1", "dw2"),
+                                                outs["mok"], outs["alltoall"])}
+    worst = torch.tensor(max(check.values()), device="cuda")
+    dist.all_reduce(worst, op=dist.ReduceOp.MAX)
+    if worst.item() > 2e-2:
+        raise RuntimeError(f"{spec.name} T={tokens}: mok and alltoall disagree: {check}")
+    del outs
+
+    result = {"model": model.name, "variant": variant, "experts": E, "tokens_per_gpu": tokens,
+              "rows_max": rows, "remote_rows_max": remote, "check_rel_l2": check, "paths": {}}
+    for name, fn in paths.items():
+        def fwd():
+            with torch.no_grad():
+                fn(x, ids, probs, w1, w2)
+
+        def both():
+            for t in leaves:
+                t.grad = None
+            fn(x, ids, probs, w1, w2).backward(dy)
+
+        tf = timed(fwd, args.iters, args.warmup)
+        tb = timed(both, args.iters, args.warmup)
+        result["paths"][name] = {"fwd_s": tf, "both_s": tb, "bwd_s": tb - tf}
+    for direction, backward, key in (("fwd", False, "fwd_s"), ("both", True, "both_s")):
+        roof = roofline(model, rows, remote, E // world, peaks, backward)
+        result[f"roofline_{direction}"] = roof
+        for name in paths:
+            t = result["paths"][name][key]
+            result["paths"][name][f"tflops_{direction}"] = roof["flops"] / t / 1e12
+            result["paths"][name][f"roof_{direction}"] = roof["floor_s"] / t
+    base = result["paths"]["alltoall"]
+    mok = result["paths"]["mok"]
+    result["speedup_vs_alltoall"] = {k: base[k] / mok[k] for k in ("fwd_s", "bwd_s", "both_s")}
+    return result
+
+
+def print_row(r):
+    m, b = r["paths"]["mok"], r["paths"]["alltoall"]
+    rf, rb = r["roofline_fwd"], r["roofline_both"]
+    log0(f"{r['model']:<20} {r['variant']:<5} E={r['experts']:<4} T={r['tokens_per_gpu']:<5} "
+         f"fwd mok {m['fwd_s']*1e3:7.2f} ms ({m['tflops_fwd']:5.0f} TF/s, "
+         f"{m['roof_fwd']*100:3.0f}% roof[{rf['binding']}]) a2a {b['fwd_s']*1e3:7.2f} ms "
+         f"x{r['speedup_vs_alltoall']['fwd_s']:.2f} | fwd+bwd mok {m['both_s']*1e3:7.2f} ms "
+         f"({m['roof_both']*100:3.0f}% roof[{rb['binding']}]) a2a {b['both_s']*1e3:7.2f} ms "
+         f"x{r['speedup_vs_alltoall']['both_s']:.2f}")
+
+
+def chart(results, path: Path):
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    labels = [f"{r['model']}\n{r['variant']} T={r['tokens_per_gpu']}" for r in results]
+    fig, axes = plt.subplots(2, 1, figsize=(max(8, len(results) * 1.1), 8))
+    for ax, key, title in ((axes[0], "fwd_s", "forward"), (axes[1], "both_s", "forward+backward")):
+        xs = range(len(results))
+        width = 0.4
+        for i, (name, color) in enumerate((("mok", "tab:red"), ("alltoall", "tab:blue"))):
+            ax.bar([x + (i - 0.5) * width for x in xs],
+                   [r["paths"][name][key] * 1e3 for r in results], width, label=name, color=color)
+        floor_key = "roofline_fwd" if key == "fwd_s" else "roofline_both"
+        ax.scatter(list(xs), [r[floor_key]["floor_s"] * 1e3 for r in results], color="black",
+                   marker="_", s=400, label="roofline floor", zorder=3)
+        ax.set_ylabel("ms (max over ranks, median)")
+        ax.set_title(title)
+        ax.set_xticks(list(xs))
+        ax.set_xticklabels(labels, fontsize=7)
+        ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--models", nargs="+", default=["qwen3_30b_a3b_like", "deepseek_v3_like",
+                                                   "mok_bench"])
+    p.add_argument("--tokens", nargs="+", type=int, default=None,
+                   help="tokens per GPU (default: each model's bench.tokens_per_gpu)")
+    p.add_argument("--variants", nargs="+", default=["full", "ep64"], choices=["full", "ep64"])
+    p.add_argument("--iters", type=int, default=10)
+    p.add_argument("--warmup", type=int, default=3)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--out", type=Path, default=None)
+    args = p.parse_args(argv)
+
+    for var, val in (("NCCL_NVLS_ENABLE", "0"), ("TORCH_SYMM_MEM_DISABLE_MULTICAST", "1"),
+                     ("NVSHMEM_DISABLE_NVLS", "1")):
+        if os.environ.get(var) != val:
+            raise SystemExit(f"set {var}={val}: NVLink multicast must stay off")
+    torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
+    dist.init_process_group("nccl")
+    from megatron.core import parallel_state
+
+    world = dist.get_world_size()
+    parallel_state.initialize_model_parallel(expert_model_parallel_size=world)
+    group = parallel_state.get_expert_model_parallel_group()
+
+    peaks = measure_peaks(world)
+    log0(f"peaks: grouped GEMM {peaks['grouped_gemm_flops']/1e12:.0f} TFLOP/s, HBM "
+         f"{peaks['hbm_bytes_per_s']/1e12:.2f} TB/s (read+write), peer copy "
+         f"{peaks['nvlink_bytes_per_s']/1e9:.0f} GB/s one-way")
+    others = optional_baselines()
+    log0("baseline (b): Megatron MoEAlltoAllTokenDispatcher + torch._grouped_mm experts "
+         "(Transformer Engine not used)")
+    for name, status in others.items():
+        log0(f"baseline {name}: {status}")
+
+    results = []
+    for name in args.models:
+        model = load_model(name)
+        for variant in args.variants:
+            for tokens in args.tokens or model.bench.tokens_per_gpu:
+                r = run_case(model, variant, tokens, peaks, args, group)
+                print_row(r)
+                results.append(r)
+                torch.cuda.empty_cache()
+
+    if dist.get_rank() == 0 and args.out is not None:
+        args.out.mkdir(parents=True, exist_ok=True)
+        commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO,
+                                capture_output=True, text=True).stdout.strip()
+        meta = {"date": datetime.datetime.now(datetime.timezone.utc).isoformat(),
+                "gpu": torch.cuda.get_device_name(), "gpus": world, "commit": commit,
+                "torch": torch.__version__, "host": platform.node(),
+                "command": " ".join(["torchrun", f"--nproc-per-node {world}"] + sys.argv),
+                "peaks": peaks, "baselines": others}
+        (args.out / "results.json").write_text(json.dumps({"meta": meta, "results": results},
+                                                          indent=1))
+        chart(results, args.out / "chart.png")
+    dist.barrier()
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()

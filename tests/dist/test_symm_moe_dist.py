@@ -1,0 +1,60 @@
+"""The CUDA backend across GPUs: run under torchrun, one process per GPU, e.g.
+
+    torchrun --nproc-per-node 2 -m pytest tests/dist/test_symm_moe_dist.py
+
+Every rank runs the same tests in the same order (each call is a collective)."""
+
+import os
+
+import pytest
+import torch
+import torch.distributed as dist
+
+import gpu_checks
+from mok_megatron.testing import ProblemSpec
+
+pytestmark = pytest.mark.dist
+
+
+@pytest.fixture(scope="module")
+def group():
+    if not dist.is_initialized():
+        torch.cuda.set_device(int(os.environ["LOCAL_RANK"]))
+        dist.init_process_group("nccl")
+    return dist.group.WORLD
+
+
+def _spec(name, world, tokens=None, **kw):
+    base = dict(num_experts=4 * world, hidden=512, ffn=256, topk=4, dtype=torch.bfloat16,
+                probs_dtype=torch.float32)
+    base.update(kw)
+    return ProblemSpec(name, tokens or tuple(384 + 64 * r for r in range(world)), **base)
+
+
+def _specs(world):
+    return [
+        _spec("uniform", world),
+        _spec("zipf", world, routing="zipf", topk=6, seed=1),
+        _spec("hot", world, routing="hot", seed=2),
+        _spec("ragged_and_empty_rank", world, tokens=tuple(0 if r == world - 1 else 300 + 7 * r
+                                                           for r in range(world)), seed=3),
+        _spec("unused_slots", world, routing="no_last_expert", unused_fraction=0.25, seed=4),
+        _spec("geglu_k1", world, activation="geglu", topk=1, seed=5),
+    ]
+
+
+@pytest.mark.parametrize("index", range(6))
+def test_matches_reference_and_is_deterministic(group, index):
+    spec = _specs(dist.get_world_size(group))[index]
+    errors = gpu_checks.check_against_reference(spec, dist.get_rank(group), group)
+    print(spec.name, dist.get_rank(group), {k: f"{v:.2e}" for k, v in errors.items()})
+
+
+def test_weight_lists_match_stacked(group):
+    gpu_checks.check_weight_lists(_specs(dist.get_world_size(group))[0], dist.get_rank(group),
+                                  group)
+
+
+def test_cuda_graph_replay(group):
+    gpu_checks.check_cuda_graph(_specs(dist.get_world_size(group))[1], dist.get_rank(group),
+                                group)
