@@ -92,7 +92,7 @@ setup(
     description="Fused MoE dispatch + experts + combine for Megatron-Core on Hopper",
     license="Apache-2.0",
     packages=find_packages(include=["mok_megatron", "mok_megatron.*"]),
-    package_data={"mok_megatron": ["configs/**/*.yaml"]},
+    package_data={"mok_megatron.megatron": ["*.pth"]},
     python_requires=">=3.12",
     install_requires=[
         "torch>=2.11",
