@@ -98,7 +98,6 @@ class Workspace:
             # Peers may signal as soon as the rendezvous returns: the zeroed flags must be in
             # memory before then.
             torch.cuda.synchronize(device)
-            symm_mem.enable_symm_mem_for_group(group.group_name)
             self._handle = symm_mem.rendezvous(self.buffer, group)
             bases = list(self._handle.buffer_ptrs)
         self.peer_bases = torch.tensor(bases, dtype=torch.int64, device=device)

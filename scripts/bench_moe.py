@@ -80,7 +80,6 @@ def measure_peaks(world: int) -> dict:
 
         nbytes = 512 * 2**20
         buf = symm_mem.empty(nbytes, dtype=torch.uint8, device=dev)
-        symm_mem.enable_symm_mem_for_group(dist.group.WORLD.group_name)
         handle = symm_mem.rendezvous(buf, dist.group.WORLD)
         peer = (dist.get_rank() + 1) % world
         remote = handle.get_buffer(peer, (nbytes,), torch.uint8)
