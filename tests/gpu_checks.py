@@ -16,9 +16,9 @@ from mok_megatron.functional import moe_experts
 from mok_megatron.testing import ProblemSpec, compare, run_layer
 
 # The kernels round at the same points as the reference (h, act*p, each expert output, y), so
-# the two differ only by summation order inside the GEMMs: observed well under 1e-2. Against
+# the two differ only by summation order inside the GEMMs: observed ~1e-4 (2026-12-01). Against
 # the float64 oracle both land at 3-5e-3 (mok_megatron/testing.py).
-KERNEL_VS_REFERENCE = 1e-2
+KERNEL_VS_REFERENCE = 2e-3
 NAMES = ("y", "dx", "dprobs", "dw1", "dw2")
 
 

@@ -75,10 +75,11 @@ def install_pth(tmp_path) -> Path:
     return site_dir
 
 
-def test_launcher_runs_the_script_unchanged(probe, tmp_path):
+@pytest.mark.parametrize("module", ["mok_megatron.launch", "mok_megatron.megatron.launch"])
+def test_launcher_runs_the_script_unchanged(probe, tmp_path, module):
     cwd = tmp_path / "elsewhere"
     cwd.mkdir()
-    proc = run(["-m", "mok_megatron.megatron.launch", str(probe), *ARGS], cwd, autoload=False)
+    proc = run(["-m", module, str(probe), *ARGS], cwd, autoload=False)
     assert result_line(proc) == f"RESULT __main__ mok bf16 True {ARGS}"
 
 
