@@ -169,7 +169,7 @@ def _split(dw: torch.Tensor, order: list, n_inputs: int):
     return tuple(grads)
 
 
-def _check(x, ids, probs, w1, w2, activation, world, recipe):
+def _check(x, w1, w2, activation, world, recipe):
     if x.dtype != torch.bfloat16:
         raise ValueError(f"the cuda backend runs bf16 activations; x is {x.dtype}")
     if activation not in ops.ACTIVATION_IDS:
@@ -205,7 +205,7 @@ def moe_experts_cuda(x, ids, probs, w1, w2, *, group: Optional[dist.ProcessGroup
         w2_order = w1_order
     validate_routing(x, ids, probs, w1_stack.shape[0] * world,
                      check_values=recipe.kernel.check_inputs)
-    _check(x, ids, probs, w1_stack, w2_stack, activation, world, recipe)
+    _check(x, w1_stack, w2_stack, activation, world, recipe)
     layout = WorkspaceLayout(recipe.kernel.max_tokens_per_rank, ids.shape[1], x.shape[1])
     ws = get_workspace(group, x.device, layout, recipe.kernel.spin_timeout_ms)
     stacked = isinstance(w1, torch.Tensor)

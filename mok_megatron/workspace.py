@@ -19,6 +19,7 @@ routing skew can overflow it; ``max_tokens`` is the recipe's ``max_tokens_per_ra
 from __future__ import annotations
 
 import logging
+import math
 from dataclasses import dataclass
 from typing import Optional
 
@@ -111,10 +112,7 @@ class Workspace:
 
     def _view(self, region: str, shape, dtype) -> torch.Tensor:
         start = self.offsets[region]
-        count = 1
-        for s in shape:
-            count *= s
-        nbytes = count * torch.empty((), dtype=dtype).element_size()
+        nbytes = math.prod(shape) * dtype.itemsize
         return self.buffer[start:start + nbytes].view(dtype).view(shape)
 
     def count(self) -> torch.Tensor:
