@@ -1,16 +1,17 @@
-"""Local expert weights as one stacked [E_local, rows, cols] view for the grouped GEMMs.
+"""Local expert weights as stacked [E_local, rows, cols] views for the grouped GEMMs.
 
-Megatron keeps one Parameter per expert. When those Parameters already sit in one storage at
-a uniform stride (as in a contiguous parameter buffer, in either order) the stacked view costs
-nothing: ``position[e]`` says where expert e sits in it, and the schedule orders rows by that
-position. Otherwise the weights are stacked by a copy each call, and a one-time warning says
-how many bytes that moves, so the cost is never silent.
+Callers pass either two stacked tensors or two sequences of per-expert tensors (Megatron keeps
+one Parameter per expert). When the per-expert tensors already sit in one storage at a uniform
+stride (as in a contiguous parameter buffer, in either order) the stacked view costs nothing:
+``order[j]`` names the expert in row j, and the schedule orders rows by that position.
+Otherwise they are stacked by a copy each call, and a one-time warning says how many bytes that
+moves, so the cost is never silent. FC1 and FC2 always share one order.
 """
 
 from __future__ import annotations
 
 import logging
-from typing import Sequence
+from typing import Optional, Sequence
 
 import torch
 
@@ -19,6 +20,7 @@ _warned: set[tuple] = set()
 
 
 def _uniform_view(ws: Sequence[torch.Tensor]):
+    """(view, order) if the tensors are one storage at a uniform stride, else None."""
     first = ws[0]
     if not all(w.shape == first.shape and w.dtype == first.dtype and w.device == first.device
                and w.is_contiguous() for w in ws):
@@ -36,18 +38,28 @@ def _uniform_view(ws: Sequence[torch.Tensor]):
     return view, order
 
 
-def stack_experts(ws, name: str):
-    """-> (stacked [E, r, c] tensor, order) with stacked[j] == ws[order[j]]."""
-    if isinstance(ws, torch.Tensor):
-        return ws, list(range(ws.shape[0]))
-    ws = list(ws)
-    found = _uniform_view(ws)
-    if found is not None:
-        return found
+def _stack_copy(ws: Sequence[torch.Tensor], order: list[int], name: str) -> torch.Tensor:
     key = (name, len(ws), tuple(ws[0].shape))
     if key not in _warned:
         _warned.add(key)
         nbytes = sum(w.numel() * w.element_size() for w in ws)
         log.warning("mok: %s of %d experts are not one uniformly strided storage; stacking them "
                     "copies %.1f MiB per call", name, len(ws), nbytes / 2**20)
-    return torch.stack([w.detach() for w in ws]), list(range(len(ws)))
+    return torch.stack([ws[e].detach() for e in order])
+
+
+def stack_expert_pair(w1, w2) -> tuple[torch.Tensor, torch.Tensor, Optional[list[int]]]:
+    """-> (w1 [E, F1, H], w2 [E, H, F], order): stacked views (or copies) with row j holding
+    expert order[j]; order is None when the inputs were stacked tensors already."""
+    if isinstance(w1, torch.Tensor) != isinstance(w2, torch.Tensor):
+        raise ValueError("w1 and w2 must both be stacked tensors or both sequences of "
+                         "per-expert tensors")
+    if isinstance(w1, torch.Tensor):
+        return w1, w2, None
+    w1, w2 = list(w1), list(w2)
+    views = [_uniform_view(w1), _uniform_view(w2)]
+    found = [v for v in views if v is not None]
+    order = found[0][1] if found else list(range(len(w1)))
+    stacks = [v[0] if v is not None and v[1] == order else _stack_copy(ws, order, name)
+              for v, ws, name in zip(views, (w1, w2), ("w1", "w2"))]
+    return stacks[0], stacks[1], order

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import enum
 import functools
+from typing import Optional
 
 import torch
 
@@ -46,22 +47,14 @@ def extension():
     return _C
 
 
-def is_available() -> bool:
-    try:
-        extension()
-    except RuntimeError:
-        return False
-    return torch.cuda.is_available()
-
-
 def _check(cond: bool, msg: str) -> None:
     if not cond:
         raise ValueError(f"mok_megatron.ops: {msg}")
 
 
-def _cuda(name: str, t: torch.Tensor, dtype: torch.dtype) -> None:
+def _cuda(name: str, t: torch.Tensor, dtype: Optional[torch.dtype] = None) -> None:
     _check(t.is_cuda, f"{name} must be a CUDA tensor, got {t.device}")
-    _check(t.dtype == dtype, f"{name} must be {dtype}, got {t.dtype}")
+    _check(dtype is None or t.dtype == dtype, f"{name} must be {dtype}, got {t.dtype}")
     _check(t.is_contiguous(), f"{name} must be contiguous")
 
 
@@ -90,13 +83,13 @@ def route_keys(peer_bases, ids_offset, probs_offset, count_offset, world, max_to
 
 def pull_rows(peer_bases, src_offset, row_slot, num_rows, max_tokens, topk, out):
     _cuda("row_slot", row_slot, torch.int32)
-    _cuda("out", out, out.dtype)
+    _cuda("out", out)
     extension().pull_rows(peer_bases, src_offset, row_slot, num_rows, max_tokens, topk, out)
 
 
 def push_rows(peer_bases, dst_offset, row_slot, num_rows, slots_per_rank, rows):
     _cuda("row_slot", row_slot, torch.int32)
-    _cuda("rows", rows, rows.dtype)
+    _cuda("rows", rows)
     extension().push_rows(peer_bases, dst_offset, row_slot, num_rows, slots_per_rank, rows)
 
 

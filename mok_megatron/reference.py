@@ -117,12 +117,10 @@ def stack_weights(w: Weights) -> torch.Tensor:
     return torch.stack(list(w))
 
 
-def check_weights(x, w1, w2, activation, num_local_experts=None):
+def check_weights(x, w1, w2, activation):
     act = get_activation(activation)
     if w1.shape[0] != w2.shape[0]:
         raise ValueError(f"w1 has {w1.shape[0]} experts but w2 has {w2.shape[0]}")
-    if num_local_experts is not None and w1.shape[0] != num_local_experts:
-        raise ValueError(f"expected {num_local_experts} local experts, got {w1.shape[0]}")
     H = x.shape[1]
     F = w2.shape[2]
     if w1.shape[1:] != (act.fc1_rows(F), H):

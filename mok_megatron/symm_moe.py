@@ -26,9 +26,9 @@ import torch
 import torch.distributed as dist
 
 from . import ops
-from .activations import get_activation
 from .config import Recipe
-from .expert_weights import stack_experts
+from .expert_weights import stack_expert_pair
+from .reference import check_weights
 from .routing import validate_routing
 from .workspace import Workspace, WorkspaceLayout, get_workspace
 
@@ -38,11 +38,9 @@ class _Plan:
     ws: Workspace
     activation: str
     num_local: int
-    w1: torch.Tensor  # [E_local, F1, H] stacked view, rows ordered by expert position
+    w1: torch.Tensor  # [E_local, F1, H] stacked view, row j = expert order[j]
     w2: torch.Tensor  # [E_local, H, F]
-    w1_order: list
-    w2_order: list
-    n_w1: int  # how many autograd inputs are w1 (1 if stacked, else E_local)
+    order: Optional[list]  # None: the weights came as stacked tensors (identity order)
     position: torch.Tensor  # int32 [E_local] on the device: expert -> its row in the views
 
 
@@ -156,12 +154,12 @@ class _SymmMoE(torch.autograd.Function):
         dprobs = torch.empty(T, K, dtype=torch.float32, device=dy.device)
         ops.gather_slot_values(ws.slot_values(T, K), ids32, dprobs)
         return (dx, None, dprobs.to(ctx.probs_dtype), None,
-                *_split(dw1, plan.w1_order, plan.n_w1), *_split(dw2, plan.w2_order, plan.n_w1))
+                *_split(dw1, plan.order), *_split(dw2, plan.order))
 
 
-def _split(dw: torch.Tensor, order: list, n_inputs: int):
+def _split(dw: torch.Tensor, order: Optional[list]):
     """Stacked gradient -> the autograd inputs it belongs to (one stacked, or per expert)."""
-    if n_inputs == 1:
+    if order is None:
         return (dw,)
     grads = [None] * len(order)
     for j, e in enumerate(order):
@@ -170,21 +168,15 @@ def _split(dw: torch.Tensor, order: list, n_inputs: int):
 
 
 def _check(x, w1, w2, activation, world, recipe):
+    """What the kernels need beyond the shapes every backend checks (reference.check_weights)."""
+    check_weights(x, w1, w2, activation)
     if x.dtype != torch.bfloat16:
-        raise ValueError(f"the cuda backend runs bf16 activations; x is {x.dtype}")
+        raise ValueError(f"the cuda backend runs bf16 activations and weights; x is {x.dtype}")
     if activation not in ops.ACTIVATION_IDS:
         raise ValueError(f"activation {activation!r} is not implemented by the cuda backend")
-    H = x.shape[1]
-    F = w2.shape[2]
+    H, F = x.shape[1], w2.shape[2]
     if H % 8 or F % 8:
         raise ValueError(f"the cuda backend needs H and F to be multiples of 8; got H={H}, F={F}")
-    if w1.dtype != torch.bfloat16 or w2.dtype != torch.bfloat16:
-        raise ValueError(f"expert weights must be bf16; got {w1.dtype} and {w2.dtype}")
-    act = get_activation(activation)
-    if w1.shape[1:] != (act.fc1_rows(F), H) or w2.shape[1] != H or w1.shape[0] != w2.shape[0]:
-        raise ValueError(
-            f"expert weights must be w1 [E_local, {act.fc1_rows(F)}, {H}] and w2 [E_local, {H}, "
-            f"{F}]; got {tuple(w1.shape)} and {tuple(w2.shape)}")
     limit = recipe.kernel.max_tokens_per_rank
     if x.shape[0] > limit:
         raise ValueError(
@@ -197,19 +189,14 @@ def _check(x, w1, w2, activation, world, recipe):
 def moe_experts_cuda(x, ids, probs, w1, w2, *, group: Optional[dist.ProcessGroup],
                      activation: str, recipe: Recipe) -> torch.Tensor:
     world = 1 if group is None else dist.get_world_size(group)
-    w1_stack, w1_order = stack_experts(w1, "w1")
-    w2_stack, w2_order = stack_experts(w2, "w2")
-    if w1_order != w2_order and not isinstance(w1, torch.Tensor):
-        # Both views must list experts in one order; fall back to a copy of w2 in w1's order.
-        w2_stack = torch.stack([list(w2)[e].detach() for e in w1_order])
-        w2_order = w1_order
+    w1_stack, w2_stack, order = stack_expert_pair(w1, w2)
     validate_routing(x, ids, probs, w1_stack.shape[0] * world,
                      check_values=recipe.kernel.check_inputs)
     _check(x, w1_stack, w2_stack, activation, world, recipe)
     layout = WorkspaceLayout(recipe.kernel.max_tokens_per_rank, ids.shape[1], x.shape[1])
     ws = get_workspace(group, x.device, layout, recipe.kernel.spin_timeout_ms)
-    stacked = isinstance(w1, torch.Tensor)
-    plan = _Plan(ws, activation, w1_stack.shape[0], w1_stack, w2_stack, w1_order, w2_order,
-                 1 if stacked else len(w1_order), _expert_position(w1_order, x.device))
-    w_inputs = (w1, w2) if stacked else (*w1, *w2)
+    num_local = w1_stack.shape[0]
+    position = _expert_position(order or list(range(num_local)), x.device)
+    plan = _Plan(ws, activation, num_local, w1_stack, w2_stack, order, position)
+    w_inputs = (w1, w2) if order is None else (*w1, *w2)
     return _SymmMoE.apply(x.contiguous(), ids, probs, plan, *w_inputs)

@@ -106,10 +106,6 @@ class Workspace:
         log.info("mok workspace: %d ranks, %.1f MiB per GPU (max_tokens=%d, topk=%d, H=%d)",
                  self.world, nbytes / 2**20, layout.max_tokens, layout.topk, layout.hidden)
 
-    @property
-    def nbytes(self) -> int:
-        return self.layout.nbytes
-
     def _view(self, region: str, shape, dtype) -> torch.Tensor:
         start = self.offsets[region]
         nbytes = math.prod(shape) * dtype.itemsize
@@ -174,4 +170,4 @@ def release_workspace(group: Optional[dist.ProcessGroup], device: torch.device) 
 
 def workspace_bytes(group: Optional[dist.ProcessGroup], device: torch.device) -> int:
     ws = _workspaces.get(_key(group, device))
-    return 0 if ws is None else ws.nbytes
+    return 0 if ws is None else ws.layout.nbytes

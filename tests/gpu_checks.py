@@ -40,15 +40,15 @@ def poison(device: torch.device) -> None:
 
 
 def run_cuda(problem, rank: int, group: Optional[dist.ProcessGroup], max_tokens: int,
-             backend: str = "cuda", weights_as_list: bool = False) -> dict:
+             backend: str = "cuda", weight_layout: Optional[str] = None) -> dict:
     device = torch.device("cuda", torch.cuda.current_device())
     inputs = problem.local(rank, device)
     rec = recipe(max_tokens, backend)
     poison(device)
 
     def layer(x, ids, probs, w1, w2):
-        if weights_as_list:
-            w1, w2 = list(w1.unbind(0)), list(w2.unbind(0))
+        if weight_layout is not None:
+            w1, w2 = per_expert(w1, weight_layout), per_expert(w2, weight_layout)
         return moe_experts(x, ids, probs, w1, w2, group=group,
                            activation=problem.spec.activation, recipe=rec)
 
@@ -76,15 +76,31 @@ def check_against_reference(spec: ProblemSpec, rank: int,
     return errors
 
 
+def per_expert(w: torch.Tensor, layout: str) -> list[torch.Tensor]:
+    """Stacked [E, r, c] -> one differentiable tensor per expert, laid out as Megatron may:
+    views of one storage in expert order ("views") or in reverse order ("reversed_views", as a
+    parameter buffer filled back to front), or separate storages ("separate")."""
+    E = w.shape[0]
+    if layout == "views":
+        return list(w.unbind(0))
+    if layout == "reversed_views":
+        flipped = w.flip(0)
+        return [flipped[E - 1 - e] for e in range(E)]
+    if layout == "separate":
+        return [t.clone() for t in w.unbind(0)]
+    raise ValueError(f"unknown weight layout {layout!r}")
+
+
 def check_weight_lists(spec: ProblemSpec, rank: int, group) -> None:
-    """Per-expert weight Parameters (Megatron's layout) give the same bits as stacked ones,
-    both when they are views of one storage and when they are separate tensors."""
+    """Per-expert weight Parameters (Megatron's layout) give the same bits as stacked ones, as
+    zero-copy views in either order and as separate tensors (stacked by a copy)."""
     problem = spec.build()
     max_tokens = max(spec.tokens_per_rank)
     stacked = run_cuda(problem, rank, group, max_tokens)
-    views = run_cuda(problem, rank, group, max_tokens, weights_as_list=True)
-    for name in NAMES:
-        assert torch.equal(stacked[name], views[name]), f"{name}: list-of-views differs"
+    for layout in ("views", "reversed_views", "separate"):
+        listed = run_cuda(problem, rank, group, max_tokens, weight_layout=layout)
+        for name in NAMES:
+            assert torch.equal(stacked[name], listed[name]), f"{name}: {layout} differs"
 
 
 def check_cuda_graph(spec: ProblemSpec, rank: int, group) -> None:

@@ -28,10 +28,15 @@ __device__ __forceinline__ void copy_row(int4* __restrict__ dst, const int4* __r
   for (; v < vecs; v += 32) dst[v] = src[v];
 }
 
-__global__ void pull_rows_kernel(const int64_t* __restrict__ peer_bases, int64_t src_offset,
+// Moves rows between this GPU's row buffer (row r) and a peer's region. The peer-side row
+// of flat index f is (f mod per_rank) / slots_per_remote_row: pull reads the token row
+// (topk slots share one token), push writes the slot row (one per slot).
+template <bool kPull>
+__global__ void move_rows_kernel(const int64_t* __restrict__ peer_bases, int64_t peer_offset,
                                  const int32_t* __restrict__ row_slot,
                                  const int32_t* __restrict__ num_rows, int64_t per_rank,
-                                 int topk, int64_t row_bytes, char* __restrict__ out) {
+                                 int slots_per_remote_row, int64_t row_bytes,
+                                 char* __restrict__ local) {
   const int lane = threadIdx.x % 32;
   const int64_t warps = (int64_t)gridDim.x * (blockDim.x / 32);
   const int rows = *num_rows;
@@ -39,31 +44,15 @@ __global__ void pull_rows_kernel(const int64_t* __restrict__ peer_bases, int64_t
   for (int64_t r = blockIdx.x * (int64_t)(blockDim.x / 32) + threadIdx.x / 32; r < rows;
        r += warps) {
     const int64_t flat = row_slot[r];
-    const int64_t src = flat / per_rank;
-    const int64_t token = (flat - src * per_rank) / topk;
-    const char* from = reinterpret_cast<const char*>(peer_bases[src] + src_offset) +
-                       token * row_bytes;
-    copy_row(reinterpret_cast<int4*>(out + r * row_bytes),
-             reinterpret_cast<const int4*>(from), vecs, lane);
-  }
-}
-
-__global__ void push_rows_kernel(const int64_t* __restrict__ peer_bases, int64_t dst_offset,
-                                 const int32_t* __restrict__ row_slot,
-                                 const int32_t* __restrict__ num_rows, int64_t per_rank,
-                                 int64_t row_bytes, const char* __restrict__ rows_in) {
-  const int lane = threadIdx.x % 32;
-  const int64_t warps = (int64_t)gridDim.x * (blockDim.x / 32);
-  const int rows = *num_rows;
-  const int vecs = static_cast<int>(row_bytes / 16);
-  for (int64_t r = blockIdx.x * (int64_t)(blockDim.x / 32) + threadIdx.x / 32; r < rows;
-       r += warps) {
-    const int64_t flat = row_slot[r];
-    const int64_t dst = flat / per_rank;
-    char* to = reinterpret_cast<char*>(peer_bases[dst] + dst_offset) +
-               (flat - dst * per_rank) * row_bytes;
-    copy_row(reinterpret_cast<int4*>(to), reinterpret_cast<const int4*>(rows_in + r * row_bytes),
-             vecs, lane);
+    const int64_t peer = flat / per_rank;
+    char* remote = reinterpret_cast<char*>(peer_bases[peer] + peer_offset) +
+                   (flat - peer * per_rank) / slots_per_remote_row * row_bytes;
+    int4* mine = reinterpret_cast<int4*>(local + r * row_bytes);
+    if constexpr (kPull) {
+      copy_row(mine, reinterpret_cast<const int4*>(remote), vecs, lane);
+    } else {
+      copy_row(reinterpret_cast<int4*>(remote), mine, vecs, lane);
+    }
   }
 }
 
@@ -100,7 +89,7 @@ void pull_rows(const at::Tensor& peer_bases, int64_t src_offset, const at::Tenso
                const at::Tensor& num_rows, int64_t max_tokens, int64_t topk, at::Tensor& out) {
   check_rows(row_slot, num_rows, out);
   auto stream = at::cuda::getCurrentCUDAStream();
-  pull_rows_kernel<<<row_blocks(), kRowThreads, 0, stream>>>(
+  move_rows_kernel<true><<<row_blocks(), kRowThreads, 0, stream>>>(
       peer_bases.data_ptr<int64_t>(), src_offset, row_slot.data_ptr<int32_t>(),
       num_rows.data_ptr<int32_t>(), max_tokens * topk, static_cast<int>(topk),
       out.size(1) * out.element_size(), static_cast<char*>(out.data_ptr()));
@@ -111,10 +100,11 @@ void push_rows(const at::Tensor& peer_bases, int64_t dst_offset, const at::Tenso
                const at::Tensor& num_rows, int64_t slots_per_rank, const at::Tensor& rows) {
   check_rows(row_slot, num_rows, rows);
   auto stream = at::cuda::getCurrentCUDAStream();
-  push_rows_kernel<<<row_blocks(), kRowThreads, 0, stream>>>(
+  // The kernel only reads `rows` when pushing; its pointer type serves both directions.
+  move_rows_kernel<false><<<row_blocks(), kRowThreads, 0, stream>>>(
       peer_bases.data_ptr<int64_t>(), dst_offset, row_slot.data_ptr<int32_t>(),
-      num_rows.data_ptr<int32_t>(), slots_per_rank, rows.size(1) * rows.element_size(),
-      static_cast<const char*>(rows.data_ptr()));
+      num_rows.data_ptr<int32_t>(), slots_per_rank, 1, rows.size(1) * rows.element_size(),
+      static_cast<char*>(const_cast<void*>(rows.data_ptr())));
   MOK_LAUNCH_CHECK();
 }
 
