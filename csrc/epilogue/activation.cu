@@ -10,35 +10,10 @@
 #include "common/error.cuh"
 #include "common/vec.cuh"
 #include "config/kernel_config.cuh"
+#include "epilogue/activation_math.cuh"
 #include "ops.h"
 
 namespace mok {
-
-// Mirrored in mok_megatron/ops.py (ACTIVATION_IDS).
-enum ActivationId : int { kSwiglu = 0, kGeglu = 1, kSilu = 2, kGelu = 3, kRelu = 4, kSquaredRelu = 5 };
-
-__host__ __device__ constexpr bool is_gated(int act) { return act == kSwiglu || act == kGeglu; }
-
-struct ActValue {
-  float f;   // act(x)
-  float df;  // act'(x)
-};
-
-template <int kAct>
-__device__ __forceinline__ ActValue act_eval(float x) {
-  if constexpr (kAct == kSwiglu || kAct == kSilu) {
-    const float s = 1.f / (1.f + __expf(-x));
-    return {x * s, s * (1.f + x * (1.f - s))};
-  } else if constexpr (kAct == kGeglu || kAct == kGelu) {
-    const float cdf = 0.5f * (1.f + erff(x * 0.70710678118654752f));
-    return {x * cdf, cdf + x * __expf(-0.5f * x * x) * 0.39894228040143268f};
-  } else if constexpr (kAct == kRelu) {
-    return {fmaxf(x, 0.f), x > 0.f ? 1.f : 0.f};
-  } else {
-    const float r = fmaxf(x, 0.f);
-    return {r * r, 2.f * r};
-  }
-}
 
 template <int kAct>
 __global__ void activation_forward_kernel(const __nv_bfloat16* __restrict__ h,

@@ -13,8 +13,10 @@ returns each rank's result.
 from __future__ import annotations
 
 import contextlib
+import faulthandler
 import os
 import socket
+import sys
 import tempfile
 
 import torch
@@ -146,6 +148,14 @@ def _free_port() -> int:
 
 
 def _entry(rank, world_size, port, out_dir, fn, args):
+    # A crash in C++ (SIGABRT, SIGSEGV) leaves no Python traceback; faulthandler writes one to
+    # a file that run_distributed puts into its error.
+    fault_log = open(os.path.join(out_dir, f"rank{rank}.fault"), "w")
+    faulthandler.enable(fault_log, all_threads=True)
+    # Megatron wraps some router/loss helpers in torch.compile; compiling them with inductor
+    # on a cold cache costs minutes on a 2-core CI machine and tests nothing of ours. Eager.
+    os.environ["TORCHDYNAMO_DISABLE"] = "1"
+    torch._dynamo.config.disable = True
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     dist.init_process_group("gloo", rank=rank, world_size=world_size)
     try:
@@ -159,10 +169,25 @@ def _entry(rank, world_size, port, out_dir, fn, args):
         torch.save(fn(*args), os.path.join(out_dir, f"rank{rank}.pt"))
     finally:
         dist.destroy_process_group()
+    # The result is on disk. Leave without interpreter teardown: on some machines a library's
+    # atexit/thread cleanup aborted there after everything had passed (seen on CI only).
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
 
 
 def run_distributed(world_size: int, fn, *args) -> list:
     with tempfile.TemporaryDirectory() as out_dir:
-        mp.spawn(_entry, args=(world_size, _free_port(), out_dir, fn, args), nprocs=world_size)
+        try:
+            mp.spawn(_entry, args=(world_size, _free_port(), out_dir, fn, args),
+                     nprocs=world_size)
+        except mp.ProcessExitedException as exc:
+            dumps = []
+            for r in range(world_size):
+                path = os.path.join(out_dir, f"rank{r}.fault")
+                text = open(path).read().strip() if os.path.exists(path) else ""
+                done = os.path.exists(os.path.join(out_dir, f"rank{r}.pt"))
+                dumps.append(f"--- rank {r} (result written: {done}) ---\n{text or '(no dump)'}")
+            raise RuntimeError(f"{exc}\n" + "\n".join(dumps)) from exc
         return [torch.load(os.path.join(out_dir, f"rank{r}.pt"), weights_only=False)
                 for r in range(world_size)]
