@@ -22,4 +22,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("activation_backward", &mok::activation_backward);
   m.def("reduce_slots", &mok::reduce_slots);
   m.def("gather_slot_values", &mok::gather_slot_values);
+
+  // grouped GEMM tile engine
+  m.def("grouped_gemm", &mok::grouped_gemm);
+  m.def("grouped_gemm_timeout_report", &mok::grouped_gemm_timeout_report);
 }

@@ -1,4 +1,4 @@
-// Kernel constants of the v1 (separate-kernel) GPU path, in one place. The Python side
+// Kernel constants of the GPU path (v1 kernels and the sm90 GEMM tile engine), in one place. The Python side
 // mirrors the ones it needs (mok_megatron/ops.py: MAX_RANKS).
 #pragma once
 
@@ -26,5 +26,23 @@ constexpr int kNumBarrierChannels = 4;
 
 static_assert(kRowThreads % 32 == 0, "row movers use whole warps");
 static_assert(kMaxRanks <= 32, "a barrier uses one thread per rank inside one warp");
+
+// Grouped GEMM tile engine (gemm/grouped_gemm.cu; sm90 TMA + wgmma, warp-specialized).
+// A CTA tile is kGemmBlockM rows x kGemmBlockN columns: one producer warpgroup issues TMA,
+// kGemmConsumers warpgroups each own 64 rows and run m64n256k16 MMAs. With a gated activation
+// (SwiGLU/GeGLU) the 256 columns are 128 gate + the matching 128 up columns, so the epilogue
+// has both halves of every output column in the same thread.
+constexpr int kGemmConsumers = 2;
+constexpr int kGemmBlockM = 64 * kGemmConsumers;
+constexpr int kGemmBlockN = 256;
+constexpr int kGemmBlockK = 64;  // one 128-byte swizzle row of bf16
+constexpr int kGemmStages = 4;   // 4 x 48 KiB of shared memory
+constexpr int kGemmThreads = 128 * (1 + kGemmConsumers);
+constexpr int kGemmProducerRegs = 40;
+constexpr int kGemmConsumerRegs = 232;
+constexpr int kGemmMaxExperts = 1024;  // local experts one launch can schedule
+
+static_assert(kGemmProducerRegs * 128 + kGemmConsumerRegs * 128 * kGemmConsumers <= 65536,
+              "register budget of one CTA per SM");
 
 }  // namespace mok

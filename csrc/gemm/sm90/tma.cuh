@@ -52,16 +52,21 @@ __device__ __forceinline__ bool mbar_try_wait(uint64_t* bar, uint32_t parity) {
   return done != 0;
 }
 
-// Bounded wait: a pipeline that never fills (a bad descriptor, a lost TMA) reports who was
-// waiting for what and traps instead of hanging the GPU.
+// Bounded wait: a pipeline that never fills (a bad descriptor, a lost TMA) traps instead of
+// hanging the GPU, after leaving {role, block, tile, stage} in `report` (host-mapped memory
+// the host reads after the trap). No printf: a printf is a function call, and ptxas then
+// serializes every wgmma of the kernel.
 __device__ __forceinline__ void mbar_wait(uint64_t* bar, uint32_t parity, uint64_t timeout_ns,
-                                          const char* role, int tile, int stage) {
+                                          int role, int tile, int stage, int* report) {
   if (mbar_try_wait(bar, parity)) return;
   const uint64_t start = globaltimer_ns();
   while (!mbar_try_wait(bar, parity)) {
     if (globaltimer_ns() - start > timeout_ns) {
-      printf("mok_megatron: GEMM %s timed out: block %d thread %d tile %d stage %d parity %u\n",
-             role, blockIdx.x, threadIdx.x, tile, stage, parity);
+      report[0] = role;
+      report[1] = blockIdx.x;
+      report[2] = tile;
+      report[3] = stage;
+      __threadfence_system();
       __trap();
     }
   }

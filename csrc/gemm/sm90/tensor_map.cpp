@@ -1,0 +1,49 @@
+#include "gemm/sm90/tensor_map.h"
+
+#include <cuda_runtime.h>
+#include <cudaTypedefs.h>
+
+#include "common/error.cuh"
+
+namespace mok::sm90 {
+namespace {
+
+// The driver entry point through the runtime, so the extension needs no -lcuda.
+PFN_cuTensorMapEncodeTiled_v12000 encode_tiled() {
+  static PFN_cuTensorMapEncodeTiled_v12000 fn = [] {
+    void* ptr = nullptr;
+    cudaDriverEntryPointQueryResult status;
+    MOK_CUDA_CHECK(cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &ptr, 12000,
+                                                    cudaEnableDefault, &status));
+    MOK_HOST_CHECK(status == cudaDriverEntryPointSuccess && ptr != nullptr,
+                   "the CUDA driver has no cuTensorMapEncodeTiled (driver too old for TMA)");
+    return reinterpret_cast<PFN_cuTensorMapEncodeTiled_v12000>(ptr);
+  }();
+  return fn;
+}
+
+}  // namespace
+
+CUtensorMap make_bf16_tensor_map_4d(const void* base, const std::array<uint64_t, 4>& dims,
+                                    const std::array<uint64_t, 3>& strides_bytes,
+                                    const std::array<uint32_t, 4>& box) {
+  MOK_HOST_CHECK(reinterpret_cast<uintptr_t>(base) % 16 == 0,
+                 "TMA needs a 16-byte aligned base address");
+  for (uint64_t s : strides_bytes) {
+    MOK_HOST_CHECK(s % 16 == 0 && s < (uint64_t(1) << 40),
+                   "TMA needs strides that are multiples of 16 bytes, got ", s);
+  }
+  MOK_HOST_CHECK(box[0] * 2 == 128, "the innermost TMA box must be one 128-byte row");
+  CUtensorMap map;
+  const cuuint32_t elem_strides[4] = {1, 1, 1, 1};
+  const CUresult res = encode_tiled()(
+      &map, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 4, const_cast<void*>(base), dims.data(),
+      strides_bytes.data(), box.data(), elem_strides, CU_TENSOR_MAP_INTERLEAVE_NONE,
+      CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+      CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+  MOK_HOST_CHECK(res == CUDA_SUCCESS, "cuTensorMapEncodeTiled failed (CUresult ", int(res),
+                 ") for dims [", dims[0], ", ", dims[1], ", ", dims[2], ", ", dims[3], "]");
+  return map;
+}
+
+}  // namespace mok::sm90

@@ -1,0 +1,145 @@
+"""Benchmark the sm90 grouped GEMM tile engine against torch._grouped_mm on one GPU (EP=1, no
+communication), on the per-GPU expert work of the model shapes.
+
+For each model, variant and token count: rows = tokens x topk routed uniformly at random over
+the local experts (``full``: E / --ep experts per GPU, ``ep64``: the EP64-equivalent count).
+FC1: ours with SwiGLU x prob fused (also writing h, as training needs) vs torch._grouped_mm
+followed by v1's activation kernel. FC2: ours (plain) vs torch._grouped_mm. Every timed pair is
+also compared for results (rel-L2). JSON to --out.
+
+    python scripts/bench_gemm.py --out benchmarks/results/h200_gemm/gemm_engine.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import sys
+from datetime import date
+from pathlib import Path
+
+import torch
+
+from mok_megatron import ops
+from mok_megatron.config import load_model
+
+
+def time_ms(fn, iters: int, warmup: int) -> float:
+    """Median of per-iteration CUDA-event times, milliseconds."""
+    for _ in range(warmup):
+        fn()
+    times = []
+    for _ in range(iters):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        fn()
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end))
+    return sorted(times)[len(times) // 2]
+
+
+def rel_l2(a, b) -> float:
+    return ((a.double() - b.double()).norm() / b.double().norm()).item()
+
+
+def run_case(model, local: int, tokens: int, iters: int, warmup: int, seed: int) -> dict:
+    H, F, K = model.hidden_size, model.moe_ffn_hidden_size, model.topk
+    g = torch.Generator(device="cuda").manual_seed(seed)
+    rows = tokens * K
+    expert = torch.randint(0, local, (rows,), device="cuda", generator=g)
+    counts = torch.bincount(expert, minlength=local)
+    offsets = torch.zeros(local + 1, dtype=torch.int32, device="cuda")
+    offsets[1:] = counts.cumsum(0)
+    x = torch.randn(rows, H, device="cuda", generator=g).bfloat16()
+    w1 = (torch.randn(local, 2 * F, H, device="cuda", generator=g) * H**-0.5).bfloat16()
+    w2 = (torch.randn(local, H, F, device="cuda", generator=g) * F**-0.5).bfloat16()
+    prob = torch.rand(rows, device="cuda", generator=g)
+    num_rows = offsets[-1:].clone()
+
+    act_ours = torch.empty(rows, F, device="cuda", dtype=torch.bfloat16)
+    h_ours = torch.empty(rows, 2 * F, device="cuda", dtype=torch.bfloat16)
+    act_torch = torch.empty_like(act_ours)
+    y_ours = torch.empty(rows, H, device="cuda", dtype=torch.bfloat16)
+
+    def fc1_ours():
+        ops.grouped_gemm(x, w1, offsets, act_ours, activation="swiglu", row_prob=prob,
+                         h_out=h_ours)
+
+    def fc1_torch():
+        h = torch._grouped_mm(x, w1.transpose(1, 2), offs=offsets[1:])
+        ops.activation_forward(h, prob, num_rows, "swiglu", act_torch)
+        return h
+
+    def fc2_ours():
+        ops.grouped_gemm(act_torch, w2, offsets, y_ours)
+
+    def fc2_torch():
+        return torch._grouped_mm(act_torch, w2.transpose(1, 2), offs=offsets[1:])
+
+    fc1_ours()
+    h_torch = fc1_torch()
+    fc2_ours()
+    y_torch = fc2_torch()
+    errors = {"h": rel_l2(h_ours, h_torch), "act": rel_l2(act_ours, act_torch),
+              "fc2": rel_l2(y_ours, y_torch)}
+    t = {name: time_ms(fn, iters, warmup) for name, fn in
+         (("fc1_ours", fc1_ours), ("fc1_torch", fc1_torch), ("fc2_ours", fc2_ours),
+          ("fc2_torch", fc2_torch))}
+    flops1, flops2 = 2 * rows * H * 2 * F, 2 * rows * F * H
+    bytes1 = w1.numel() * 2 + x.numel() * 2 + rows * 3 * F * 2
+    bytes2 = w2.numel() * 2 + rows * F * 2 + rows * H * 2
+    return {
+        "local_experts": local, "tokens": tokens, "rows": rows,
+        "rows_per_expert_max": int(counts.max()), "errors": errors, "ms": t,
+        "tflops": {"fc1_ours": flops1 / t["fc1_ours"] / 1e9,
+                   "fc1_torch": flops1 / t["fc1_torch"] / 1e9,
+                   "fc2_ours": flops2 / t["fc2_ours"] / 1e9,
+                   "fc2_torch": flops2 / t["fc2_torch"] / 1e9},
+        "hbm_bytes": {"fc1": bytes1, "fc2": bytes2},
+        "speedup": {"fc1": t["fc1_torch"] / t["fc1_ours"], "fc2": t["fc2_torch"] / t["fc2_ours"]},
+    }
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--models", nargs="+",
+                   default=["qwen3_30b_a3b_like", "deepseek_v3_like", "mok_bench"])
+    p.add_argument("--variants", nargs="+", default=["full", "ep64"], choices=["full", "ep64"])
+    p.add_argument("--ep", type=int, default=4, help="EP size whose per-GPU work `full` is")
+    p.add_argument("--tokens", nargs="+", type=int, default=[2048, 8192])
+    p.add_argument("--iters", type=int, default=20)
+    p.add_argument("--warmup", type=int, default=3)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--out", type=Path, default=None)
+    args = p.parse_args(argv)
+
+    results = []
+    for name in args.models:
+        model = load_model(name)
+        for variant in args.variants:
+            local = (model.num_experts // args.ep if variant == "full"
+                     else model.bench.ep64_experts_per_gpu)
+            for tokens in args.tokens:
+                r = run_case(model, local, tokens, args.iters, args.warmup, args.seed)
+                r.update(model=name, variant=variant)
+                results.append(r)
+                print(f"{name:20s} {variant:4s} E={local:3d} T={tokens:5d} | "
+                      f"FC1 ours {r['ms']['fc1_ours']:7.3f} ms ({r['tflops']['fc1_ours']:5.0f} TF)"
+                      f" torch {r['ms']['fc1_torch']:7.3f} x{r['speedup']['fc1']:.2f} | "
+                      f"FC2 ours {r['ms']['fc2_ours']:7.3f} ms ({r['tflops']['fc2_ours']:5.0f} TF)"
+                      f" torch {r['ms']['fc2_torch']:7.3f} x{r['speedup']['fc2']:.2f} | "
+                      f"err h {r['errors']['h']:.1e} act {r['errors']['act']:.1e} "
+                      f"fc2 {r['errors']['fc2']:.1e}", flush=True)
+                torch.cuda.empty_cache()
+                if args.out:
+                    args.out.parent.mkdir(parents=True, exist_ok=True)
+                    args.out.write_text(json.dumps({
+                        "date": date.today().isoformat(), "command": " ".join(sys.argv),
+                        "gpu": torch.cuda.get_device_name(), "torch": torch.__version__,
+                        "host": platform.node(), "results": results}, indent=1))
+
+
+if __name__ == "__main__":
+    main()
