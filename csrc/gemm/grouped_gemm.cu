@@ -90,34 +90,8 @@ __device__ void build_tile_table(SharedStorage& s, const int32_t* offsets, int n
   }
 }
 
-__device__ __forceinline__ uint32_t pack_bf16(float a, float b) {
-  __nv_bfloat162 v = __floats2bfloat162_rn(a, b);
-  return *reinterpret_cast<uint32_t*>(&v);
-}
-
-// In the wgmma fragment the four lanes of a quad each hold 2 columns of the same row for
-// every 8-column chunk. For 4 consecutive chunks, transposing the 4x4 words across the quad
-// gives lane q all 8 columns of chunk q: one 16-byte store instead of four 4-byte ones, and
-// each warp store covers whole 64-byte row segments.
-__device__ __forceinline__ uint4 quad_transpose(const uint32_t (&w)[4], int lane) {
-  const int q = lane & 3;
-  const unsigned quad_mask = 0xFu << (lane & ~3);
-  uint32_t got[4];  // got[i]: word q of lane (q + i) & 3
-#pragma unroll
-  for (int i = 0; i < 4; ++i) {
-    const int s = (q - i) & 3;
-    const uint32_t send = s == 0 ? w[0] : s == 1 ? w[1] : s == 2 ? w[2] : w[3];
-    got[i] = __shfl_sync(quad_mask, send, (lane & ~3) | ((q + i) & 3));
-  }
-  auto word = [&](int t) {
-    const int i = (t - q) & 3;
-    return i == 0 ? got[0] : i == 1 ? got[1] : i == 2 ? got[2] : got[3];
-  };
-  return make_uint4(word(0), word(1), word(2), word(3));
-}
-
-__device__ __forceinline__ void store16(__nv_bfloat16* dst, const uint4& v) {
-  *reinterpret_cast<uint4*>(dst) = v;
+__device__ __forceinline__ void store_pair(__nv_bfloat16* out, float a, float b) {
+  *reinterpret_cast<__nv_bfloat162*>(out) = __floats2bfloat162_rn(a, b);
 }
 
 __device__ __forceinline__ float round_bf16(float x) {
@@ -138,43 +112,37 @@ __device__ __forceinline__ void epilogue(const float (&d)[kAccRegs], int tile_ro
                                          __nv_bfloat16* __restrict__ out, int64_t out_stride,
                                          __nv_bfloat16* __restrict__ h_out, int64_t h_stride) {
   constexpr bool kGated = kAct != kPlain && is_gated(kAct);
-  constexpr int kChunks = (kGated ? kGemmBlockN / 2 : kGemmBlockN) / 8;  // of the output
+  constexpr int kCols = kGated ? kGemmBlockN / 2 : kGemmBlockN;
   const int t = threadIdx.x % 128;
   const int warp = t / 32, lane = t % 32;
 #pragma unroll
   for (int i = 0; i < 2; ++i) {
     const int r = 64 * consumer + 16 * warp + lane / 4 + 8 * i;
-    if (r >= rows_left) continue;  // the same row for the whole quad
+    if (r >= rows_left) continue;
     const int64_t row = tile_row0 + r;
     const float p = kAct == kPlain ? 1.f : row_prob[row];
 #pragma unroll
-    for (int j0 = 0; j0 < kChunks; j0 += 4) {
-      uint32_t act[4], gate[4], up[4];
+    for (int j = 0; j < kCols / 8; ++j) {
+      const int col = col0 + 8 * j + 2 * (lane % 4);
+      if (col >= n_out) continue;
+      float v[2];
 #pragma unroll
-      for (int c = 0; c < 4; ++c) {
-        const int lin = 4 * (j0 + c) + 2 * i;
-        const int lup = lin + 4 * kChunks;  // the matching up column (gated only)
-        float v[2];
-#pragma unroll
-        for (int e = 0; e < 2; ++e) {
-          const float h = round_bf16(d[lin + e]);
-          if constexpr (kGated) v[e] = activate<kAct>(h) * round_bf16(d[lup + e]) * p;
-          else v[e] = activate<kAct>(h) * p;
-        }
-        act[c] = pack_bf16(v[0], v[1]);
-        gate[c] = pack_bf16(d[lin], d[lin + 1]);
-        if constexpr (kGated) up[c] = pack_bf16(d[lup], d[lup + 1]);
-      }
-      const int col = col0 + 8 * (j0 + (lane & 3));
-      const bool in_range = col < n_out;  // n_out % 8 == 0: chunks are all in or all out
-      const uint4 act_row = quad_transpose(act, lane);
-      if (in_range) store16(out + row * out_stride + col, act_row);
-      if (h_out != nullptr) {
-        const uint4 gate_row = quad_transpose(gate, lane);
-        if (in_range) store16(h_out + row * h_stride + col, gate_row);
+      for (int c = 0; c < 2; ++c) {
+        const float h = round_bf16(d[4 * j + 2 * i + c]);
         if constexpr (kGated) {
-          const uint4 up_row = quad_transpose(up, lane);
-          if (in_range) store16(h_out + row * h_stride + n_out + col, up_row);
+          const float u = round_bf16(d[4 * (j + kCols / 8) + 2 * i + c]);
+          v[c] = activate<kAct>(h) * u * p;
+        } else {
+          v[c] = activate<kAct>(h) * p;
+        }
+      }
+      store_pair(out + row * out_stride + col, v[0], v[1]);
+      if (h_out != nullptr) {
+        const int lin = 4 * j + 2 * i;
+        store_pair(h_out + row * h_stride + col, d[lin], d[lin + 1]);
+        if constexpr (kGated) {
+          const int lup = 4 * (j + kCols / 8) + 2 * i;
+          store_pair(h_out + row * h_stride + n_out + col, d[lup], d[lup + 1]);
         }
       }
     }
@@ -357,9 +325,6 @@ void grouped_gemm(const at::Tensor& a, const at::Tensor& w, const at::Tensor& of
   MOK_HOST_CHECK(n_out % 8 == 0, "grouped_gemm: N_out must be a multiple of 8");
   MOK_HOST_CHECK(out.size(0) >= a.size(0) && out.size(1) == n_out,
                  "grouped_gemm: out must be [>= rows, ", n_out, "]");
-  // The epilogue writes 16-byte row segments.
-  MOK_HOST_CHECK(reinterpret_cast<uintptr_t>(out.data_ptr()) % 16 == 0 && out.stride(0) % 8 == 0,
-                 "grouped_gemm: out needs a 16-byte aligned base and row stride");
   MOK_HOST_CHECK(activation == kPlain || (row_prob && row_prob->is_cuda() &&
                                           row_prob->scalar_type() == at::kFloat &&
                                           row_prob->is_contiguous() &&
@@ -373,9 +338,6 @@ void grouped_gemm(const at::Tensor& a, const at::Tensor& w, const at::Tensor& of
                        h_out->dim() == 2 && h_out->stride(1) == 1 &&
                        h_out->size(0) >= a.size(0) && h_out->size(1) == w.size(1),
                    "grouped_gemm: h_out must be bf16 [>= rows, N] with contiguous rows");
-    MOK_HOST_CHECK(reinterpret_cast<uintptr_t>(h_out->data_ptr()) % 16 == 0 &&
-                       h_out->stride(0) % 8 == 0,
-                   "grouped_gemm: h_out needs a 16-byte aligned base and row stride");
     h_ptr = reinterpret_cast<__nv_bfloat16*>(h_out->data_ptr());
     h_stride = h_out->stride(0);
   }
