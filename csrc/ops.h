@@ -43,7 +43,7 @@ void gather_slot_values(const at::Tensor& values, const at::Tensor& ids, at::Ten
 // with row_prob folded in; h_out (optional) receives the bf16 pre-activation.
 void grouped_gemm(const at::Tensor& a, const at::Tensor& w, const at::Tensor& offsets,
                   const c10::optional<at::Tensor>& row_prob, int64_t activation, at::Tensor& out,
-                  const c10::optional<at::Tensor>& h_out, int64_t timeout_ns, bool staged);
+                  const c10::optional<at::Tensor>& h_out, int64_t timeout_ns);
 // {role (0 producer, 1 MMA), block, tile, stage} of the last GEMM wait that timed out, or -1s.
 std::vector<int64_t> grouped_gemm_timeout_report();
 

@@ -129,17 +129,14 @@ def gather_slot_values(values, ids, out):
 
 def grouped_gemm(a: torch.Tensor, w: torch.Tensor, offsets: torch.Tensor, out: torch.Tensor, *,
                  activation: Optional[str] = None, row_prob: Optional[torch.Tensor] = None,
-                 h_out: Optional[torch.Tensor] = None, timeout_ns: int = 10**10,
-                 staged_store: bool = True) -> None:
+                 h_out: Optional[torch.Tensor] = None, timeout_ns: int = 10**10) -> None:
     """The sm90 grouped GEMM tile engine: ``out[rows of e] = epilogue(a[rows of e] @ w[e].T)``,
     expert ``e`` owning rows ``offsets[e]:offsets[e+1]`` (int32, on the device).
 
     ``activation=None`` stores the product (FC2). Otherwise ``w`` is FC1 (``[E, 2F, H]`` as
     [gate | up] for gated activations) and ``out = act(h) * row_prob`` with ``h`` rounded to
     bf16 as the reference does; ``h_out`` (``[rows, N]``) also receives ``h`` for backward.
-    Rows of ``out`` outside ``offsets[0]:offsets[-1]`` are not written. ``staged_store``
-    stores full 64-row blocks of ``out`` through shared memory and TMA (overlapping the next
-    tile's MMAs, one pipeline stage fewer); off, every thread stores from registers."""
+    Rows of ``out`` outside ``offsets[0]:offsets[-1]`` are not written."""
     _check(a.is_cuda and w.is_cuda and out.is_cuda, "a, w and out must be CUDA tensors")
     for name, t in (("a", a), ("w", w), ("out", out)):
         _check(t.dtype == torch.bfloat16, f"{name} must be bfloat16, got {t.dtype}")
@@ -150,8 +147,7 @@ def grouped_gemm(a: torch.Tensor, w: torch.Tensor, offsets: torch.Tensor, out: t
         _check(row_prob is not None, "an activation epilogue needs row_prob")
         _cuda("row_prob", row_prob, torch.float32)
     act_id = -1 if activation is None else ACTIVATION_IDS[activation]
-    extension().grouped_gemm(a, w, offsets, row_prob, act_id, out, h_out, timeout_ns,
-                             staged_store)
+    extension().grouped_gemm(a, w, offsets, row_prob, act_id, out, h_out, timeout_ns)
 
 
 def grouped_gemm_timeout_report() -> Optional[dict]:

@@ -4,8 +4,7 @@ communication), on the per-GPU expert work of the model shapes.
 For each model, variant and token count: rows = tokens x topk routed uniformly at random over
 the local experts (``full``: E / --ep experts per GPU, ``ep64``: the EP64-equivalent count).
 FC1: ours with SwiGLU x prob fused (also writing h, as training needs) vs torch._grouped_mm
-followed by v1's activation kernel. FC2: ours (plain) vs torch._grouped_mm. "ours" uses the
-staged (shared memory + TMA) store; "direct" the per-thread register stores. Every timed pair is
+followed by v1's activation kernel. FC2: ours (plain) vs torch._grouped_mm. Every timed pair is
 also compared for results (rel-L2). JSON to --out.
 
     python scripts/bench_gemm.py --out benchmarks/results/h200_gemm/gemm_engine.json
@@ -60,7 +59,6 @@ def run_case(model, local: int, tokens: int, iters: int, warmup: int, seed: int)
     num_rows = offsets[-1:].clone()
 
     act_ours = torch.empty(rows, F, device="cuda", dtype=torch.bfloat16)
-    act_direct = torch.empty(rows, F, device="cuda", dtype=torch.bfloat16)
     h_ours = torch.empty(rows, 2 * F, device="cuda", dtype=torch.bfloat16)
     act_torch = torch.empty_like(act_ours)
     y_ours = torch.empty(rows, H, device="cuda", dtype=torch.bfloat16)
@@ -68,13 +66,6 @@ def run_case(model, local: int, tokens: int, iters: int, warmup: int, seed: int)
     def fc1_ours():
         ops.grouped_gemm(x, w1, offsets, act_ours, activation="swiglu", row_prob=prob,
                          h_out=h_ours)
-
-    def fc1_direct():
-        ops.grouped_gemm(x, w1, offsets, act_direct, activation="swiglu", row_prob=prob,
-                         h_out=h_ours, staged_store=False)
-
-    def fc2_direct():
-        ops.grouped_gemm(act_torch, w2, offsets, y_ours, staged_store=False)
 
     def fc1_torch():
         h = torch._grouped_mm(x, w1.transpose(1, 2), offs=offsets[1:])
@@ -90,17 +81,12 @@ def run_case(model, local: int, tokens: int, iters: int, warmup: int, seed: int)
     fc1_ours()
     h_torch = fc1_torch()
     fc2_ours()
-    y_staged = y_ours.clone()
     y_torch = fc2_torch()
     errors = {"h": rel_l2(h_ours, h_torch), "act": rel_l2(act_ours, act_torch),
               "fc2": rel_l2(y_ours, y_torch)}
-    fc1_direct()
-    fc2_direct()
-    errors["direct_equals_staged"] = bool(torch.equal(act_direct, act_ours) and
-                                          torch.equal(y_ours, y_staged))
     t = {name: time_ms(fn, iters, warmup) for name, fn in
-         (("fc1_ours", fc1_ours), ("fc1_direct", fc1_direct), ("fc1_torch", fc1_torch),
-          ("fc2_ours", fc2_ours), ("fc2_direct", fc2_direct), ("fc2_torch", fc2_torch))}
+         (("fc1_ours", fc1_ours), ("fc1_torch", fc1_torch), ("fc2_ours", fc2_ours),
+          ("fc2_torch", fc2_torch))}
     flops1, flops2 = 2 * rows * H * 2 * F, 2 * rows * F * H
     bytes1 = w1.numel() * 2 + x.numel() * 2 + rows * 3 * F * 2
     bytes2 = w2.numel() * 2 + rows * F * 2 + rows * H * 2
@@ -112,9 +98,7 @@ def run_case(model, local: int, tokens: int, iters: int, warmup: int, seed: int)
                    "fc2_ours": flops2 / t["fc2_ours"] / 1e9,
                    "fc2_torch": flops2 / t["fc2_torch"] / 1e9},
         "hbm_bytes": {"fc1": bytes1, "fc2": bytes2},
-        "speedup": {"fc1": t["fc1_torch"] / t["fc1_ours"], "fc2": t["fc2_torch"] / t["fc2_ours"],
-                    "fc1_direct": t["fc1_torch"] / t["fc1_direct"],
-                    "fc2_direct": t["fc2_torch"] / t["fc2_direct"]},
+        "speedup": {"fc1": t["fc1_torch"] / t["fc1_ours"], "fc2": t["fc2_torch"] / t["fc2_ours"]},
     }
 
 
@@ -145,8 +129,7 @@ def main(argv=None):
                       f"FC1 ours {r['ms']['fc1_ours']:7.3f} ms ({r['tflops']['fc1_ours']:5.0f} TF)"
                       f" torch {r['ms']['fc1_torch']:7.3f} x{r['speedup']['fc1']:.2f} | "
                       f"FC2 ours {r['ms']['fc2_ours']:7.3f} ms ({r['tflops']['fc2_ours']:5.0f} TF)"
-                      f" torch {r['ms']['fc2_torch']:7.3f} x{r['speedup']['fc2']:.2f} | direct x"
-                      f"{r['speedup']['fc1_direct']:.2f}/{r['speedup']['fc2_direct']:.2f} | "
+                      f" torch {r['ms']['fc2_torch']:7.3f} x{r['speedup']['fc2']:.2f} | "
                       f"err h {r['errors']['h']:.1e} act {r['errors']['act']:.1e} "
                       f"fc2 {r['errors']['fc2']:.1e}", flush=True)
                 torch.cuda.empty_cache()

@@ -38,30 +38,21 @@ constexpr int kBTileBytes = kGemmBlockN * kGemmBlockK * 2;
 constexpr int kStageBytes = kATileBytes + kBTileBytes;
 constexpr int kAccRegs = kGemmBlockN / 2;  // m64 x n256 fp32 over 128 threads
 
-// kStaged: each consumer warpgroup rounds its 64 x 256 output into a swizzled shared buffer
-// and one thread stores it with TMA, so the next tile's MMAs start while the store drains;
-// the buffers cost one pipeline stage. Otherwise threads store from registers.
-template <bool kStaged>
 struct SharedStorage {
-  static constexpr int kStages = kStaged ? kGemmStages - 1 : kGemmStages;
-  static constexpr int kOutBytes = kStaged ? 64 * kGemmBlockN * 2 : 0;
-  uint8_t a[kStages][kATileBytes];  // each 1024-aligned: the swizzle atom
-  uint8_t b[kStages][kBTileBytes];
-  uint8_t out[kGemmConsumers][kOutBytes > 0 ? kOutBytes : 1];
-  uint64_t full[kStages];
-  uint64_t empty[kStages];
+  uint8_t a[kGemmStages][kATileBytes];  // each 1024-aligned: the swizzle atom
+  uint8_t b[kGemmStages][kBTileBytes];
+  uint64_t full[kGemmStages];
+  uint64_t empty[kGemmStages];
   int32_t row_begin[kGemmMaxExperts + 1];
   int32_t tile_begin[kGemmMaxExperts + 1];
 };
-template <bool kStaged>
-constexpr size_t shared_bytes() { return sizeof(SharedStorage<kStaged>) + 1024; }  // + align
+constexpr size_t kSharedBytes = sizeof(SharedStorage) + 1024;  // + alignment slack
 
 struct TileCoord {
   int expert, m_block, n_block;
 };
 
-template <class Storage>
-__device__ __forceinline__ TileCoord decode_tile(const Storage& s, int num_experts,
+__device__ __forceinline__ TileCoord decode_tile(const SharedStorage& s, int num_experts,
                                                  int n_blocks, int tile) {
   int lo = 0, hi = num_experts;  // last e with tile_begin[e] <= tile
   while (hi - lo > 1) {
@@ -73,8 +64,7 @@ __device__ __forceinline__ TileCoord decode_tile(const Storage& s, int num_exper
 }
 
 // Warp 0 loads the row offsets and turns them into tile offsets (warp-wide prefix sums).
-template <class Storage>
-__device__ void build_tile_table(Storage& s, const int32_t* offsets, int num_experts,
+__device__ void build_tile_table(SharedStorage& s, const int32_t* offsets, int num_experts,
                                  int n_blocks) {
   const int lane = threadIdx.x % 32;
   int carry = 0;
@@ -114,126 +104,6 @@ __device__ __forceinline__ float activate(float h) {
   else return act_eval<kAct>(h).f;
 }
 
-// The epilogue's value for accumulator pair (chunk j, row half i): the two output columns
-// 8j + 2(l%4) + {0, 1} of the thread's row.
-template <int kAct>
-__device__ __forceinline__ float2 output_pair(const float (&d)[kAccRegs], int j, int i, float p) {
-  constexpr bool kGated = kAct != kPlain && is_gated(kAct);
-  constexpr int kCols = kGated ? kGemmBlockN / 2 : kGemmBlockN;
-  float v[2];
-#pragma unroll
-  for (int c = 0; c < 2; ++c) {
-    const float h = round_bf16(d[4 * j + 2 * i + c]);
-    if constexpr (kGated) {
-      const float u = round_bf16(d[4 * (j + kCols / 8) + 2 * i + c]);
-      v[c] = activate<kAct>(h) * u * p;
-    } else {
-      v[c] = activate<kAct>(h) * p;
-    }
-  }
-  return make_float2(v[0], v[1]);
-}
-
-// One round of the staged epilogue: this warpgroup's 64 rows x kCols columns of `value(j, i)`
-// (bf16 pairs, the accumulator fragment's columns) go into `buf` as boxes of 64 rows x 64
-// columns in TMA's 128-byte swizzle (16-byte chunk c of row r at chunk c ^ (r % 8): the 8
-// rows one warp store touches land in 8 different chunks, no bank conflicts). Full 64-row
-// blocks then leave by TMA (asynchronously: the warpgroup goes on to its next tile); an
-// expert's last, partial block is copied out by all threads, since TMA clips only at the
-// tensor's edges and the rows below belong to the next expert.
-// dst is viewed as [rows, halves, n_out] (h of a gated activation: [gate | up]).
-template <int kCols, class Value>
-__device__ __forceinline__ void store_round(uint8_t* buf, const CUtensorMap* map, int half,
-                                            int row0, int rows_valid, int col0, int n_out,
-                                            __nv_bfloat16* __restrict__ dst, int64_t dst_stride,
-                                            int consumer, bool leader, Value value) {
-  constexpr int kBoxBytes = 64 * 128;
-  const int t = threadIdx.x % 128;
-  const int warp = t / 32, lane = t % 32;
-  if (leader) sm90::tma_store_wait_read_all();  // the previous store has left buf
-  sm90::named_barrier_sync(1 + consumer, 128);
-  // Column chunk j of row r sits at box j / 8, chunk (j % 8) ^ (r % 8); rows r and r + 8
-  // share r % 8. So 8 per-thread base addresses (one per j % 8) plus immediate offsets cover
-  // every store, which keeps the address arithmetic out of the registers the MMAs need.
-  const int r0 = 16 * warp + lane / 4;
-  uint8_t* row_base = buf + r0 * 128 + (lane % 4) * 4;
-#pragma unroll
-  for (int jj = 0; jj < 8; ++jj) {
-    uint8_t* base = row_base + ((jj ^ (r0 % 8)) * 16);
-#pragma unroll
-    for (int box = 0; box < kCols / 64; ++box) {
-#pragma unroll
-      for (int i = 0; i < 2; ++i) {
-        *reinterpret_cast<__nv_bfloat162*>(base + box * kBoxBytes + i * 8 * 128) =
-            value(8 * box + jj, i);
-      }
-    }
-  }
-  sm90::fence_proxy_async_shared();
-  sm90::named_barrier_sync(1 + consumer, 128);
-  if (rows_valid == 64) {
-    if (leader) {
-#pragma unroll
-      for (int box = 0; box < kCols / 64; ++box) {
-        if (col0 + 64 * box < n_out) {
-          sm90::tma_store_4d(map, buf + box * kBoxBytes, col0 + 64 * box, half, row0, 0);
-        }
-      }
-      sm90::tma_store_commit();
-    }
-  } else {
-    constexpr int kChunksPerRow = kCols / 8;
-    for (int idx = t; idx < rows_valid * kChunksPerRow; idx += 128) {
-      const int r = idx / kChunksPerRow, c = idx % kChunksPerRow;
-      const int col = col0 + 8 * c;
-      if (col >= n_out) continue;
-      const uint4 v = *reinterpret_cast<const uint4*>(buf + (c / 8) * kBoxBytes + r * 128 +
-                                                      (((c % 8) ^ (r % 8)) * 16));
-      *reinterpret_cast<uint4*>(dst + int64_t(row0 + r) * dst_stride + half * n_out + col) = v;
-    }
-  }
-}
-
-// The staged epilogue of one consumer warpgroup: out, then (for training) h in one or two
-// more rounds through the same buffer.
-template <int kAct>
-__device__ __forceinline__ void epilogue_staged(
-    const float (&d)[kAccRegs], uint8_t* buf, const CUtensorMap* out_map,
-    const CUtensorMap* h_map, int row0, int rows_valid, int col0, int n_out,
-    const float* __restrict__ row_prob, __nv_bfloat16* __restrict__ out, int64_t out_stride,
-    __nv_bfloat16* __restrict__ h_out, int64_t h_stride, int consumer, bool leader) {
-  constexpr bool kGated = kAct != kPlain && is_gated(kAct);
-  constexpr int kCols = kGated ? kGemmBlockN / 2 : kGemmBlockN;
-  const int lane = threadIdx.x % 32, warp = (threadIdx.x % 128) / 32;
-  float p[2];
-#pragma unroll
-  for (int i = 0; i < 2; ++i) {
-    const int r = 16 * warp + lane / 4 + 8 * i;
-    p[i] = (kAct == kPlain || r >= rows_valid) ? 1.f : row_prob[row0 + r];
-  }
-  store_round<kCols>(buf, out_map, 0, row0, rows_valid, col0, n_out, out, out_stride, consumer,
-                     leader, [&](int j, int i) {
-                       const float2 v = output_pair<kAct>(d, j, i, p[i]);
-                       return __floats2bfloat162_rn(v.x, v.y);
-                     });
-  if constexpr (kAct != kPlain) {
-    if (h_out != nullptr) {
-      store_round<kCols>(buf, h_map, 0, row0, rows_valid, col0, n_out, h_out, h_stride,
-                         consumer, leader, [&](int j, int i) {
-                           return __floats2bfloat162_rn(d[4 * j + 2 * i], d[4 * j + 2 * i + 1]);
-                         });
-      if constexpr (kGated) {
-        constexpr int kUp = 4 * (kCols / 8);
-        store_round<kCols>(buf, h_map, 1, row0, rows_valid, col0, n_out, h_out, h_stride,
-                           consumer, leader, [&](int j, int i) {
-                             return __floats2bfloat162_rn(d[kUp + 4 * j + 2 * i],
-                                                          d[kUp + 4 * j + 2 * i + 1]);
-                           });
-      }
-    }
-  }
-}
-
 // Writes this thread's part of one finished tile (rows of one consumer warpgroup).
 template <int kAct>
 __device__ __forceinline__ void epilogue(const float (&d)[kAccRegs], int tile_row0, int rows_left,
@@ -255,8 +125,18 @@ __device__ __forceinline__ void epilogue(const float (&d)[kAccRegs], int tile_ro
     for (int j = 0; j < kCols / 8; ++j) {
       const int col = col0 + 8 * j + 2 * (lane % 4);
       if (col >= n_out) continue;
-      const float2 v = output_pair<kAct>(d, j, i, p);
-      store_pair(out + row * out_stride + col, v.x, v.y);
+      float v[2];
+#pragma unroll
+      for (int c = 0; c < 2; ++c) {
+        const float h = round_bf16(d[4 * j + 2 * i + c]);
+        if constexpr (kGated) {
+          const float u = round_bf16(d[4 * (j + kCols / 8) + 2 * i + c]);
+          v[c] = activate<kAct>(h) * u * p;
+        } else {
+          v[c] = activate<kAct>(h) * p;
+        }
+      }
+      store_pair(out + row * out_stride + col, v[0], v[1]);
       if (h_out != nullptr) {
         const int lin = 4 * j + 2 * i;
         store_pair(h_out + row * h_stride + col, d[lin], d[lin + 1]);
@@ -269,12 +149,10 @@ __device__ __forceinline__ void epilogue(const float (&d)[kAccRegs], int tile_ro
   }
 }
 
-template <int kAct, bool kStaged>
+template <int kAct>
 __global__ void __launch_bounds__(kGemmThreads, 1)
     grouped_gemm_kernel(const __grid_constant__ CUtensorMap a_map,
                         const __grid_constant__ CUtensorMap w_map,
-                        const __grid_constant__ CUtensorMap out_map,
-                        const __grid_constant__ CUtensorMap h_map,
                         const int32_t* __restrict__ offsets, int num_experts, int n_out,
                         int k_dim, const float* __restrict__ row_prob,
                         __nv_bfloat16* __restrict__ out, int64_t out_stride,
@@ -282,10 +160,8 @@ __global__ void __launch_bounds__(kGemmThreads, 1)
                         uint64_t timeout_ns, int* report) {
   constexpr bool kGated = kAct != kPlain && is_gated(kAct);
   constexpr int kTileN = kGated ? kGemmBlockN / 2 : kGemmBlockN;  // output columns per tile
-  using Storage = SharedStorage<kStaged>;
-  constexpr int kStages = Storage::kStages;
   extern __shared__ uint8_t smem_raw[];
-  Storage& s = *reinterpret_cast<Storage*>(
+  SharedStorage& s = *reinterpret_cast<SharedStorage*>(
       (reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~uintptr_t(1023));
 
   const int warpgroup = threadIdx.x / 128;
@@ -294,7 +170,7 @@ __global__ void __launch_bounds__(kGemmThreads, 1)
 
   if (threadIdx.x < 32) build_tile_table(s, offsets, num_experts, n_blocks);
   if (threadIdx.x == 32) {
-    for (int i = 0; i < kStages; ++i) {
+    for (int i = 0; i < kGemmStages; ++i) {
       sm90::mbar_init(&s.full[i], 1);
       sm90::mbar_init(&s.empty[i], kGemmConsumers);
     }
@@ -315,8 +191,8 @@ __global__ void __launch_bounds__(kGemmThreads, 1)
       const int row0 = s.row_begin[tc.expert] + tc.m_block * kGemmBlockM;
       const int n0 = tc.n_block * kTileN;
       for (int kb = 0; kb < k_blocks; ++kb, ++it) {
-        const int stage = it % kStages;
-        const uint32_t parity = (it / kStages) & 1;
+        const int stage = it % kGemmStages;
+        const uint32_t parity = (it / kGemmStages) & 1;
         sm90::mbar_wait(&s.empty[stage], parity ^ 1, timeout_ns, kProducerRole, tile, stage,
                         report);
         sm90::mbar_arrive_expect_tx(&s.full[stage], kStageBytes);
@@ -346,8 +222,8 @@ __global__ void __launch_bounds__(kGemmThreads, 1)
     const TileCoord tc = decode_tile(s, num_experts, n_blocks, tile);
     int prev_stage = -1;
     for (int kb = 0; kb < k_blocks; ++kb, ++it) {
-      const int stage = it % kStages;
-      sm90::mbar_wait(&s.full[stage], (it / kStages) & 1, timeout_ns, kConsumerRole, tile,
+      const int stage = it % kGemmStages;
+      sm90::mbar_wait(&s.full[stage], (it / kGemmStages) & 1, timeout_ns, kConsumerRole, tile,
                       stage, report);
       const uint64_t desc_a =
           sm90::smem_desc_k_major_sw128(s.a[stage] + consumer * (kATileBytes / kGemmConsumers));
@@ -371,19 +247,9 @@ __global__ void __launch_bounds__(kGemmThreads, 1)
 
     const int m_row0 = tc.m_block * kGemmBlockM;
     const int rows_left = s.row_begin[tc.expert + 1] - s.row_begin[tc.expert] - m_row0;
-    const int tile_row0 = s.row_begin[tc.expert] + m_row0;
-    const int col0 = tc.n_block * kTileN;
-    if constexpr (kStaged) {
-      const int rows_valid = max(0, min(64, rows_left - 64 * consumer));
-      epilogue_staged<kAct>(acc, s.out[consumer], &out_map, &h_map, tile_row0 + 64 * consumer,
-                            rows_valid, col0, n_out, row_prob, out, out_stride, h_out, h_stride,
-                            consumer, leader);
-    } else {
-      epilogue<kAct>(acc, tile_row0, rows_left, col0, n_out, consumer, row_prob, out,
-                     out_stride, h_out, h_stride);
-    }
+    epilogue<kAct>(acc, s.row_begin[tc.expert] + m_row0, rows_left, tc.n_block * kTileN, n_out,
+                   consumer, row_prob, out, out_stride, h_out, h_stride);
   }
-  if (kStaged && leader) sm90::tma_store_wait_all();
 }
 
 // Where a timed-out wait leaves {role, block, tile, stage}: mapped pinned host memory, so the
@@ -405,35 +271,19 @@ int* timeout_report_device() {
   return d;
 }
 
-template <int kAct, bool kStaged>
-void launch_variant(const CUtensorMap& a_map, const CUtensorMap& w_map,
-                    const CUtensorMap& out_map, const CUtensorMap& h_map, const at::Tensor& offsets, int num_experts,
-                    int n_out, int k_dim, const float* row_prob, at::Tensor& out,
-                    __nv_bfloat16* h_out, int64_t h_stride, int64_t timeout_ns) {
-  auto kernel = grouped_gemm_kernel<kAct, kStaged>;
-  constexpr size_t kBytes = shared_bytes<kStaged>();
+template <int kAct>
+void launch(const CUtensorMap& a_map, const CUtensorMap& w_map, const at::Tensor& offsets,
+            int num_experts, int n_out, int k_dim, const float* row_prob, at::Tensor& out,
+            __nv_bfloat16* h_out, int64_t h_stride, int64_t timeout_ns) {
+  auto kernel = grouped_gemm_kernel<kAct>;
   MOK_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                      static_cast<int>(kBytes)));
+                                      static_cast<int>(kSharedBytes)));
   const int sms = at::cuda::getCurrentDeviceProperties()->multiProcessorCount;
-  kernel<<<sms, kGemmThreads, kBytes, at::cuda::getCurrentCUDAStream()>>>(
-      a_map, w_map, out_map, h_map, offsets.data_ptr<int32_t>(), num_experts, n_out, k_dim, row_prob,
+  kernel<<<sms, kGemmThreads, kSharedBytes, at::cuda::getCurrentCUDAStream()>>>(
+      a_map, w_map, offsets.data_ptr<int32_t>(), num_experts, n_out, k_dim, row_prob,
       reinterpret_cast<__nv_bfloat16*>(out.data_ptr()), out.stride(0), h_out, h_stride,
       static_cast<uint64_t>(timeout_ns), timeout_report_device());
   MOK_LAUNCH_CHECK();
-}
-
-template <int kAct>
-void launch(const CUtensorMap& a_map, const CUtensorMap& w_map, const CUtensorMap& out_map,
-            const CUtensorMap& h_map, bool staged, const at::Tensor& offsets, int num_experts, int n_out, int k_dim,
-            const float* row_prob, at::Tensor& out, __nv_bfloat16* h_out, int64_t h_stride,
-            int64_t timeout_ns) {
-  if (staged) {
-    launch_variant<kAct, true>(a_map, w_map, out_map, h_map, offsets, num_experts, n_out, k_dim,
-                               row_prob, out, h_out, h_stride, timeout_ns);
-  } else {
-    launch_variant<kAct, false>(a_map, w_map, out_map, h_map, offsets, num_experts, n_out, k_dim,
-                                row_prob, out, h_out, h_stride, timeout_ns);
-  }
 }
 
 }  // namespace
@@ -445,7 +295,7 @@ std::vector<int64_t> grouped_gemm_timeout_report() {
 
 void grouped_gemm(const at::Tensor& a, const at::Tensor& w, const at::Tensor& offsets,
                   const c10::optional<at::Tensor>& row_prob, int64_t activation, at::Tensor& out,
-                  const c10::optional<at::Tensor>& h_out, int64_t timeout_ns, bool staged) {
+                  const c10::optional<at::Tensor>& h_out, int64_t timeout_ns) {
   MOK_HOST_CHECK(a.is_cuda() && w.is_cuda() && offsets.is_cuda() && out.is_cuda(),
                  "grouped_gemm: all tensors must be on the GPU");
   MOK_HOST_CHECK(a.scalar_type() == at::kBFloat16 && w.scalar_type() == at::kBFloat16 &&
@@ -509,30 +359,17 @@ void grouped_gemm(const at::Tensor& a, const at::Tensor& w, const at::Tensor& of
             : sm90::make_bf16_tensor_map_4d(
                   w.data_ptr(), {uint64_t(k_dim), uint64_t(n_out), 1, uint64_t(num_experts)},
                   {row_bytes, row_bytes * n_out, expert_bytes}, {kGemmBlockK, kGemmBlockN, 1, 1});
-  // The staged epilogue's views: out as [rows, 1, n_out], h as [rows, halves, n_out] (so a
-  // box never crosses from gate into up), boxes of 64 rows x 64 columns.
-  CUtensorMap out_map{}, h_map{};
-  if (staged) {
-    auto rows_halves_cols = [&](const at::Tensor& t, uint64_t halves) {
-      const uint64_t rows = uint64_t(t.size(0)), row_bytes = uint64_t(t.stride(0)) * 2;
-      return sm90::make_bf16_tensor_map_4d(t.data_ptr(), {uint64_t(n_out), halves, rows, 1},
-                                           {uint64_t(n_out) * 2, row_bytes, rows * row_bytes},
-                                           {64, 1, 64, 1});
-    };
-    out_map = rows_halves_cols(out, 1);
-    if (h_out) h_map = rows_halves_cols(*h_out, gated ? 2 : 1);
-  }
   const float* prob = activation == kPlain ? nullptr : row_prob->data_ptr<float>();
   const int e = static_cast<int>(num_experts), n = static_cast<int>(n_out),
             k = static_cast<int>(k_dim);
   switch (activation) {
-    case kPlain: launch<kPlain>(a_map, w_map, out_map, h_map, staged, offsets, e, n, k, prob, out, h_ptr, h_stride, timeout_ns); break;
-    case kSwiglu: launch<kSwiglu>(a_map, w_map, out_map, h_map, staged, offsets, e, n, k, prob, out, h_ptr, h_stride, timeout_ns); break;
-    case kGeglu: launch<kGeglu>(a_map, w_map, out_map, h_map, staged, offsets, e, n, k, prob, out, h_ptr, h_stride, timeout_ns); break;
-    case kSilu: launch<kSilu>(a_map, w_map, out_map, h_map, staged, offsets, e, n, k, prob, out, h_ptr, h_stride, timeout_ns); break;
-    case kGelu: launch<kGelu>(a_map, w_map, out_map, h_map, staged, offsets, e, n, k, prob, out, h_ptr, h_stride, timeout_ns); break;
-    case kRelu: launch<kRelu>(a_map, w_map, out_map, h_map, staged, offsets, e, n, k, prob, out, h_ptr, h_stride, timeout_ns); break;
-    case kSquaredRelu: launch<kSquaredRelu>(a_map, w_map, out_map, h_map, staged, offsets, e, n, k, prob, out, h_ptr, h_stride, timeout_ns); break;
+    case kPlain: launch<kPlain>(a_map, w_map, offsets, e, n, k, prob, out, h_ptr, h_stride, timeout_ns); break;
+    case kSwiglu: launch<kSwiglu>(a_map, w_map, offsets, e, n, k, prob, out, h_ptr, h_stride, timeout_ns); break;
+    case kGeglu: launch<kGeglu>(a_map, w_map, offsets, e, n, k, prob, out, h_ptr, h_stride, timeout_ns); break;
+    case kSilu: launch<kSilu>(a_map, w_map, offsets, e, n, k, prob, out, h_ptr, h_stride, timeout_ns); break;
+    case kGelu: launch<kGelu>(a_map, w_map, offsets, e, n, k, prob, out, h_ptr, h_stride, timeout_ns); break;
+    case kRelu: launch<kRelu>(a_map, w_map, offsets, e, n, k, prob, out, h_ptr, h_stride, timeout_ns); break;
+    case kSquaredRelu: launch<kSquaredRelu>(a_map, w_map, offsets, e, n, k, prob, out, h_ptr, h_stride, timeout_ns); break;
     default: MOK_HOST_CHECK(false, "grouped_gemm: unknown activation id ", activation);
   }
 }
