@@ -36,6 +36,7 @@ import torch.nn.functional as F
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
+from gpu_timing import mean_seconds, per_call_seconds  # noqa: E402
 from mok_megatron.config import KernelKnobs, Recipe, load_model  # noqa: E402
 from mok_megatron.functional import moe_experts  # noqa: E402
 
@@ -48,18 +49,6 @@ def log0(*a):
 # ------------------------------------------------------------------------------ peaks
 
 
-def _time(fn, iters=10, warmup=3) -> float:
-    for _ in range(warmup):
-        fn()
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    start.record()
-    for _ in range(iters):
-        fn()
-    end.record()
-    torch.cuda.synchronize()
-    return start.elapsed_time(end) / iters / 1e3
-
-
 def measure_peaks(world: int) -> dict:
     """bf16 grouped-GEMM rate, HBM copy rate (read+write), one-way peer copy rate."""
     dev = torch.device("cuda")
@@ -67,12 +56,12 @@ def measure_peaks(world: int) -> dict:
     a = torch.randn(groups * rows, k, device=dev, dtype=torch.bfloat16)
     b = torch.randn(groups, n, k, device=dev, dtype=torch.bfloat16)
     offs = torch.arange(1, groups + 1, device=dev, dtype=torch.int32) * rows
-    t = _time(lambda: torch._grouped_mm(a, b.transpose(1, 2), offs=offs))
+    t = mean_seconds(lambda: torch._grouped_mm(a, b.transpose(1, 2), offs=offs))
     gemm = 2 * groups * rows * k * n / t
     del a, b
     src = torch.randn(2**30, device=dev, dtype=torch.bfloat16)
     dst = torch.empty_like(src)
-    hbm = 2 * src.numel() * 2 / _time(lambda: dst.copy_(src))
+    hbm = 2 * src.numel() * 2 / mean_seconds(lambda: dst.copy_(src))
     del src, dst
     link = float("nan")
     if world > 1:
@@ -85,7 +74,7 @@ def measure_peaks(world: int) -> dict:
         remote = handle.get_buffer(peer, (nbytes,), torch.uint8)
         local = torch.randint(0, 255, (nbytes,), device=dev, dtype=torch.uint8)
         dist.barrier()
-        link = nbytes / _time(lambda: remote.copy_(local))
+        link = nbytes / mean_seconds(lambda: remote.copy_(local))
         dist.barrier()
         del handle, buf
     vals = torch.tensor([gemm, hbm, link], device=dev, dtype=torch.float64)
@@ -208,19 +197,12 @@ def optional_baselines() -> dict[str, str]:
 
 def timed(fn, iters: int, warmup: int) -> float:
     """Median over iterations of the max over ranks, seconds."""
-    for _ in range(warmup):
-        fn()
-    times = []
-    for _ in range(iters):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    def start_together():
         dist.barrier()
         torch.cuda.synchronize()
-        start.record()
-        fn()
-        end.record()
-        torch.cuda.synchronize()
-        times.append(start.elapsed_time(end) / 1e3)
-    t = torch.tensor(times, device="cuda", dtype=torch.float64)
+
+    t = torch.tensor(per_call_seconds(fn, iters, warmup, start_together), device="cuda",
+                     dtype=torch.float64)
     dist.all_reduce(t, op=dist.ReduceOp.MAX)
     return t.median().item()
 

@@ -9,6 +9,8 @@ import argparse
 
 import torch
 
+from gpu_timing import mean_seconds
+
 
 def measure(fn, iters=5):
     fn()
@@ -19,13 +21,7 @@ def measure(fn, iters=5):
     torch.cuda.synchronize()
     extra = torch.cuda.max_memory_allocated() - base - out.numel() * out.element_size()
     del out
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    start.record()
-    for _ in range(iters):
-        fn()
-    end.record()
-    torch.cuda.synchronize()
-    return start.elapsed_time(end) / iters, extra
+    return mean_seconds(fn, iters, warmup=0) * 1e3, extra
 
 
 def main():

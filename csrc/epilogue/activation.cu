@@ -121,16 +121,6 @@ static void check_act(const at::Tensor& h, const at::Tensor& row_prob, int64_t a
                  "row_prob must be fp32 with one entry per row");
 }
 
-#define MOK_DISPATCH_ACTIVATION(act, KACT, ...)                         \
-  switch (act) {                                                        \
-    case kSwiglu: { constexpr int KACT = kSwiglu; __VA_ARGS__; break; } \
-    case kGeglu: { constexpr int KACT = kGeglu; __VA_ARGS__; break; }   \
-    case kSilu: { constexpr int KACT = kSilu; __VA_ARGS__; break; }     \
-    case kGelu: { constexpr int KACT = kGelu; __VA_ARGS__; break; }     \
-    case kRelu: { constexpr int KACT = kRelu; __VA_ARGS__; break; }     \
-    default: { constexpr int KACT = kSquaredRelu; __VA_ARGS__; break; } \
-  }
-
 void activation_forward(const at::Tensor& h, const at::Tensor& row_prob,
                         const at::Tensor& num_rows, int64_t activation, at::Tensor& out) {
   const int64_t ffn = out.size(1);

@@ -29,4 +29,17 @@ __device__ __forceinline__ ActValue act_eval(float x) {
   }
 }
 
+// Host side: runs __VA_ARGS__ with `constexpr int KACT` set to the activation id; an id
+// outside ActivationId is an error (needs common/error.cuh).
+#define MOK_DISPATCH_ACTIVATION(act, KACT, ...)                                         \
+  switch (act) {                                                                        \
+    case kSwiglu: { constexpr int KACT = kSwiglu; __VA_ARGS__; break; }                 \
+    case kGeglu: { constexpr int KACT = kGeglu; __VA_ARGS__; break; }                   \
+    case kSilu: { constexpr int KACT = kSilu; __VA_ARGS__; break; }                     \
+    case kGelu: { constexpr int KACT = kGelu; __VA_ARGS__; break; }                     \
+    case kRelu: { constexpr int KACT = kRelu; __VA_ARGS__; break; }                     \
+    case kSquaredRelu: { constexpr int KACT = kSquaredRelu; __VA_ARGS__; break; }       \
+    default: MOK_HOST_CHECK(false, "unknown activation id ", act);                      \
+  }
+
 }  // namespace mok

@@ -349,28 +349,22 @@ void grouped_gemm(const at::Tensor& a, const at::Tensor& w, const at::Tensor& of
       a.data_ptr(), {uint64_t(k_dim), rows, 1, 1},
       {uint64_t(a.stride(0)) * 2, rows * a.stride(0) * 2, rows * a.stride(0) * 2},
       {kGemmBlockK, kGemmBlockM, 1, 1});
+  // W viewed as [E, halves, N_out, K]: a gated FC1 loads its gate and up halves as two
+  // boxes of half the tile's rows.
+  const uint64_t halves = gated ? 2 : 1;
   const uint64_t row_bytes = uint64_t(w.stride(1)) * 2;
-  const uint64_t expert_bytes = uint64_t(w.stride(0)) * 2;
-  const CUtensorMap w_map =
-      gated ? sm90::make_bf16_tensor_map_4d(
-                  w.data_ptr(), {uint64_t(k_dim), uint64_t(n_out), 2, uint64_t(num_experts)},
-                  {row_bytes, row_bytes * n_out, expert_bytes},
-                  {kGemmBlockK, kGemmBlockN / 2, 1, 1})
-            : sm90::make_bf16_tensor_map_4d(
-                  w.data_ptr(), {uint64_t(k_dim), uint64_t(n_out), 1, uint64_t(num_experts)},
-                  {row_bytes, row_bytes * n_out, expert_bytes}, {kGemmBlockK, kGemmBlockN, 1, 1});
+  const CUtensorMap w_map = sm90::make_bf16_tensor_map_4d(
+      w.data_ptr(), {uint64_t(k_dim), uint64_t(n_out), halves, uint64_t(num_experts)},
+      {row_bytes, row_bytes * n_out, uint64_t(w.stride(0)) * 2},
+      {kGemmBlockK, static_cast<uint32_t>(kGemmBlockN / halves), 1, 1});
   const float* prob = activation == kPlain ? nullptr : row_prob->data_ptr<float>();
   const int e = static_cast<int>(num_experts), n = static_cast<int>(n_out),
             k = static_cast<int>(k_dim);
-  switch (activation) {
-    case kPlain: launch<kPlain>(a_map, w_map, offsets, e, n, k, prob, out, h_ptr, h_stride, timeout_ns); break;
-    case kSwiglu: launch<kSwiglu>(a_map, w_map, offsets, e, n, k, prob, out, h_ptr, h_stride, timeout_ns); break;
-    case kGeglu: launch<kGeglu>(a_map, w_map, offsets, e, n, k, prob, out, h_ptr, h_stride, timeout_ns); break;
-    case kSilu: launch<kSilu>(a_map, w_map, offsets, e, n, k, prob, out, h_ptr, h_stride, timeout_ns); break;
-    case kGelu: launch<kGelu>(a_map, w_map, offsets, e, n, k, prob, out, h_ptr, h_stride, timeout_ns); break;
-    case kRelu: launch<kRelu>(a_map, w_map, offsets, e, n, k, prob, out, h_ptr, h_stride, timeout_ns); break;
-    case kSquaredRelu: launch<kSquaredRelu>(a_map, w_map, offsets, e, n, k, prob, out, h_ptr, h_stride, timeout_ns); break;
-    default: MOK_HOST_CHECK(false, "grouped_gemm: unknown activation id ", activation);
+  if (activation == kPlain) {
+    launch<kPlain>(a_map, w_map, offsets, e, n, k, prob, out, h_ptr, h_stride, timeout_ns);
+  } else {
+    MOK_DISPATCH_ACTIVATION(activation, KACT,
+        launch<KACT>(a_map, w_map, offsets, e, n, k, prob, out, h_ptr, h_stride, timeout_ns));
   }
 }
 

@@ -118,11 +118,11 @@ def test_bitwise_deterministic_and_no_h_out_same_result():
 
 
 def test_zero_rows_writes_nothing():
-    a, w, offsets, prob, total = make(4, [0, 0, 0, 0], 128, 256, cap_extra=64)
+    a, w, offsets, _, _ = make(4, [0, 0, 0, 0], 128, 256, cap_extra=64)
     out = _poisoned_like(torch.empty(a.shape[0], 256, device="cuda", dtype=torch.bfloat16))
     ops.grouped_gemm(a, w, offsets, out)
     torch.cuda.synchronize()
-    assert total == 0 and out.isnan().all()
+    assert out.isnan().all()
     assert ops.grouped_gemm_timeout_report() is None
 
 

@@ -72,17 +72,8 @@ __device__ __forceinline__ void mbar_wait(uint64_t* bar, uint32_t parity, uint64
   }
 }
 
-// 2-D / 4-D tiled TMA loads into shared memory, completing on `bar`. Coordinates are in
-// elements, innermost first.
-__device__ __forceinline__ void tma_load_2d(void* dst, const CUtensorMap* map, uint64_t* bar,
-                                            int c0, int c1) {
-  asm volatile(
-      "cp.async.bulk.tensor.2d.shared::cluster.global.tile.mbarrier::complete_tx::bytes"
-      " [%0], [%1, {%3, %4}], [%2];" ::"r"(smem_addr(dst)),
-      "l"(map), "r"(smem_addr(bar)), "r"(c0), "r"(c1)
-      : "memory");
-}
-
+// 4-D tiled TMA load into shared memory, completing on `bar`. Coordinates are in elements,
+// innermost first.
 __device__ __forceinline__ void tma_load_4d(void* dst, const CUtensorMap* map, uint64_t* bar,
                                             int c0, int c1, int c2, int c3) {
   asm volatile(

@@ -1,0 +1,39 @@
+"""CUDA-event timing shared by the benchmark and probe scripts."""
+
+from __future__ import annotations
+
+from typing import Callable, Optional
+
+import torch
+
+
+def mean_seconds(fn: Callable, iters: int = 10, warmup: int = 3) -> float:
+    """Mean time of `fn` over `iters` back-to-back calls (one event pair around the loop)."""
+    for _ in range(warmup):
+        fn()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    for _ in range(iters):
+        fn()
+    end.record()
+    torch.cuda.synchronize()
+    return start.elapsed_time(end) / iters / 1e3
+
+
+def per_call_seconds(fn: Callable, iters: int, warmup: int,
+                     before_each: Optional[Callable] = None) -> list[float]:
+    """Each call timed alone (synchronized after it); `before_each` runs outside the timing
+    (e.g. a barrier so every rank starts together)."""
+    for _ in range(warmup):
+        fn()
+    times = []
+    for _ in range(iters):
+        if before_each is not None:
+            before_each()
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        fn()
+        end.record()
+        torch.cuda.synchronize()
+        times.append(start.elapsed_time(end) / 1e3)
+    return times
