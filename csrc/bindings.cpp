@@ -25,5 +25,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
 
   // grouped GEMM tile engine
   m.def("grouped_gemm", &mok::grouped_gemm);
-  m.def("grouped_gemm_timeout_report", &mok::grouped_gemm_timeout_report);
+  m.def("timeout_report", &mok::timeout_report);
+
+  // forward megakernel
+  m.def("moe_forward_megakernel", &mok::moe_forward_megakernel);
 }

@@ -5,6 +5,8 @@
 
 #include <torch/extension.h>
 
+#include "gemm/timeout_report.h"
+
 namespace mok {
 
 // comm/barrier.cu
@@ -44,7 +46,15 @@ void gather_slot_values(const at::Tensor& values, const at::Tensor& ids, at::Ten
 void grouped_gemm(const at::Tensor& a, const at::Tensor& w, const at::Tensor& offsets,
                   const c10::optional<at::Tensor>& row_prob, int64_t activation, at::Tensor& out,
                   const c10::optional<at::Tensor>& h_out, int64_t timeout_ns);
-// {role (0 producer, 1 MMA), block, tile, stage} of the last GEMM wait that timed out, or -1s.
-std::vector<int64_t> grouped_gemm_timeout_report();
+
+// megakernel/moe_forward.cu: pull-dispatch + FC1/activation + FC2 + push-combine in one
+// persistent launch. counters: int32 zeros, >= 2 * (cap / 128 + E + 1).
+void moe_forward_megakernel(const at::Tensor& peer_bases, int64_t tokens_offset,
+                            int64_t slots_offset, const at::Tensor& offsets,
+                            const at::Tensor& row_slot, const at::Tensor& row_prob,
+                            int64_t max_tokens, int64_t topk, const at::Tensor& w1,
+                            const at::Tensor& w2, int64_t activation, at::Tensor& rows,
+                            at::Tensor& act, at::Tensor& h_out, at::Tensor& counters,
+                            int64_t comm_blocks, int64_t timeout_ns);
 
 }  // namespace mok

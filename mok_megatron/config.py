@@ -76,6 +76,9 @@ class KernelKnobs:
     macrobatch_tokens: int = _bounded(16384, min=1)
     # Multiplier on the GPU-built schedule's per-expert capacity.
     schedule_capacity: float = _bounded(1.0, gt=0.0)
+    # Forward kernels: "separate" (v1: row movers, torch grouped GEMMs, epilogue kernels) or
+    # "megakernel" (one persistent launch; comm_sms_forward blocks pull rows).
+    forward_kernel: Literal["separate", "megakernel"] = "separate"
     # Every wait on a peer flag fails with an error naming rank and stage after this long.
     spin_timeout_ms: int = _bounded(10000, min=1)
     # Validate expert ids / probs values on the host before each call (synchronizes).

@@ -150,10 +150,36 @@ def grouped_gemm(a: torch.Tensor, w: torch.Tensor, offsets: torch.Tensor, out: t
     extension().grouped_gemm(a, w, offsets, row_prob, act_id, out, h_out, timeout_ns)
 
 
-def grouped_gemm_timeout_report() -> Optional[dict]:
-    """Where the last GEMM pipeline wait timed out (the kernel traps after writing it), or
-    None. Readable after the trap: the record lives in host memory."""
-    role, block, tile, stage = extension().grouped_gemm_timeout_report()
+def moe_forward_megakernel(peer_bases, tokens_offset, slots_offset, offsets, row_slot, row_prob,
+                           max_tokens, topk, w1, w2, activation: str, rows, act, h_out,
+                           counters, comm_blocks: int, timeout_ns: int) -> None:
+    """Pull-dispatch + FC1/activation + FC2 + push-combine in one persistent launch
+    (csrc/megakernel/moe_forward.cu). ``counters`` must be int32 zeros."""
+    _cuda("peer_bases", peer_bases, torch.int64)
+    _cuda("offsets", offsets, torch.int32)
+    _cuda("row_slot", row_slot, torch.int32)
+    _cuda("row_prob", row_prob, torch.float32)
+    _cuda("counters", counters, torch.int32)
+    for name, t in (("rows", rows), ("act", act), ("h_out", h_out)):
+        _cuda(name, t, torch.bfloat16)
+    _check(w1.dtype == torch.bfloat16 and w2.dtype == torch.bfloat16, "weights must be bf16")
+    extension().moe_forward_megakernel(peer_bases, tokens_offset, slots_offset, offsets,
+                                       row_slot, row_prob, max_tokens, topk, w1, w2,
+                                       ACTIVATION_IDS[activation], rows, act, h_out, counters,
+                                       comm_blocks, timeout_ns)
+
+
+MEGAKERNEL_BLOCK_M = 128  # csrc/config/kernel_config.cuh kGemmBlockM
+
+
+WAIT_ROLES = ("gemm producer", "gemm mma", "rows ready", "fc1 done")  # csrc sm90::WaitRole
+
+
+def timeout_report() -> Optional[dict]:
+    """Where the last bounded wait of a persistent kernel (grouped GEMM, megakernel) timed
+    out - the kernel traps after writing it - or None. Readable after the trap: the record
+    lives in host memory."""
+    role, block, tile, stage = extension().timeout_report()
     if role < 0:
         return None
-    return {"role": ("producer", "mma")[role], "block": block, "tile": tile, "stage": stage}
+    return {"role": WAIT_ROLES[role], "block": block, "tile": tile, "stage": stage}

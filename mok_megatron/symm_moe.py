@@ -42,6 +42,8 @@ class _Plan:
     w2: torch.Tensor  # [E_local, H, F]
     order: Optional[list]  # None: the weights came as stacked tensors (identity order)
     position: torch.Tensor  # int32 [E_local] on the device: expert -> its row in the views
+    megakernel: bool  # forward in one persistent launch (recipe kernel.forward_kernel)
+    comm_blocks: int  # blocks of that launch that pull rows
 
 
 _positions: dict[tuple, torch.Tensor] = {}
@@ -99,15 +101,24 @@ class _SymmMoE(torch.autograd.Function):
         max_tokens = ws.layout.max_tokens
 
         rows = torch.empty(cap, H, dtype=torch.bfloat16, device=x.device)
-        ops.pull_rows(ws.peer_bases, ws.offsets["tokens"], row_slot, num_rows, max_tokens, K,
-                      rows)
-        h = _grouped(rows, plan.w1.transpose(1, 2), offs)
         ffn = plan.w2.shape[2]
         act = torch.empty(cap, ffn, dtype=torch.bfloat16, device=x.device)
-        ops.activation_forward(h, row_prob, num_rows, plan.activation, act)
-        out_rows = _grouped(act, plan.w2.transpose(1, 2), offs)
-        ops.push_rows(ws.peer_bases, ws.offsets["slots"], row_slot, num_rows, max_tokens * K,
-                      out_rows)
+        if plan.megakernel:
+            h = torch.empty(cap, plan.w1.shape[1], dtype=torch.bfloat16, device=x.device)
+            blocks = cap // ops.MEGAKERNEL_BLOCK_M + plan.num_local + 1
+            counters = torch.zeros(2 * blocks, dtype=torch.int32, device=x.device)
+            ops.moe_forward_megakernel(ws.peer_bases, ws.offsets["tokens"], ws.offsets["slots"],
+                                       offsets, row_slot, row_prob, max_tokens, K, plan.w1,
+                                       plan.w2, plan.activation, rows, act, h, counters,
+                                       plan.comm_blocks, ws.timeout_ns)
+        else:
+            ops.pull_rows(ws.peer_bases, ws.offsets["tokens"], row_slot, num_rows, max_tokens,
+                          K, rows)
+            h = _grouped(rows, plan.w1.transpose(1, 2), offs)
+            ops.activation_forward(h, row_prob, num_rows, plan.activation, act)
+            out_rows = _grouped(act, plan.w2.transpose(1, 2), offs)
+            ops.push_rows(ws.peer_bases, ws.offsets["slots"], row_slot, num_rows,
+                          max_tokens * K, out_rows)
         ws.barrier(ops.Stage.FORWARD_COMBINED)
 
         y = torch.empty(T, H, dtype=x.dtype, device=x.device)
@@ -197,6 +208,7 @@ def moe_experts_cuda(x, ids, probs, w1, w2, *, group: Optional[dist.ProcessGroup
     ws = get_workspace(group, x.device, layout, recipe.kernel.spin_timeout_ms)
     num_local = w1_stack.shape[0]
     position = _expert_position(order or list(range(num_local)), x.device)
-    plan = _Plan(ws, activation, num_local, w1_stack, w2_stack, order, position)
+    plan = _Plan(ws, activation, num_local, w1_stack, w2_stack, order, position,
+                 recipe.kernel.forward_kernel == "megakernel", recipe.kernel.comm_sms_forward)
     w_inputs = (w1, w2) if order is None else (*w1, *w2)
     return _SymmMoE.apply(x.contiguous(), ids, probs, plan, *w_inputs)

@@ -123,9 +123,10 @@ def row_counts(ids: torch.Tensor, num_experts: int) -> tuple[int, int]:
 # ------------------------------------------------------------------------------ paths
 
 
-def mok_path(group, tokens):
+def mok_path(group, tokens, forward_kernel="separate", comm_sms=16):
     recipe = Recipe(name="bench", backend="cuda",
-                    kernel=KernelKnobs(max_tokens_per_rank=max(tokens, 1)))
+                    kernel=KernelKnobs(max_tokens_per_rank=max(tokens, 1),
+                                       forward_kernel=forward_kernel, comm_sms_forward=comm_sms))
 
     def run(x, ids, probs, w1, w2):
         return moe_experts(x, ids, probs, w1, w2, group=group, recipe=recipe)
@@ -234,6 +235,8 @@ def run_case(model, variant, tokens, peaks, args, group):
     x, ids, probs, w1, w2, dy = make_problem(model, E, tokens, args.seed)
     rows, remote = row_counts(ids, E)
     paths = {"mok": mok_path(group, tokens), "alltoall": MegatronAlltoAll(model, E)}
+    if args.megakernel:
+        paths["mok_megakernel"] = mok_path(group, tokens, "megakernel", args.comm_sms)
     leaves = [x.requires_grad_(), probs.requires_grad_(), w1, w2]
 
     # Weight gradients are compared on the first experts only: full clones of both paths'
@@ -249,16 +252,20 @@ def run_case(model, variant, tokens, peaks, args, group):
         del y
     for t in leaves:
         t.grad = None
-    check = {f: rel_l2(a, b) for f, a, b in zip(("y", "dx", "dprobs", "dw1", "dw2"),
-                                                outs["mok"], outs["alltoall"])}
-    worst = torch.tensor(max(check.values()), device="cuda")
+    checks = {name: {f: rel_l2(a, b) for f, a, b in zip(("y", "dx", "dprobs", "dw1", "dw2"),
+                                                         outs[name], outs["alltoall"])}
+              for name in outs if name != "alltoall"}
+    check = checks["mok"]
+    worst = torch.tensor(max(max(c.values()) for c in checks.values()), device="cuda")
     dist.all_reduce(worst, op=dist.ReduceOp.MAX)
     if worst.item() > 2e-2:
-        raise RuntimeError(f"{spec.name} T={tokens}: mok and alltoall disagree: {check}")
+        raise RuntimeError(f"{spec.name} T={tokens}: mok and alltoall disagree: {checks}")
     del outs
 
     result = {"model": model.name, "variant": variant, "experts": E, "tokens_per_gpu": tokens,
               "rows_max": rows, "remote_rows_max": remote, "check_rel_l2": check, "paths": {}}
+    if "mok_megakernel" in checks:
+        result["check_rel_l2_megakernel"] = checks["mok_megakernel"]
     for name, fn in paths.items():
         def fwd():
             with torch.no_grad():
@@ -282,6 +289,10 @@ def run_case(model, variant, tokens, peaks, args, group):
     base = result["paths"]["alltoall"]
     mok = result["paths"]["mok"]
     result["speedup_vs_alltoall"] = {k: base[k] / mok[k] for k in ("fwd_s", "bwd_s", "both_s")}
+    if "mok_megakernel" in result["paths"]:
+        mk = result["paths"]["mok_megakernel"]
+        result["speedup_vs_alltoall_megakernel"] = {k: base[k] / mk[k]
+                                                    for k in ("fwd_s", "bwd_s", "both_s")}
     return result
 
 
@@ -294,6 +305,12 @@ def print_row(r):
          f"x{r['speedup_vs_alltoall']['fwd_s']:.2f} | fwd+bwd mok {m['both_s']*1e3:7.2f} ms "
          f"({m['roof_both']*100:3.0f}% roof[{rb['binding']}]) a2a {b['both_s']*1e3:7.2f} ms "
          f"x{r['speedup_vs_alltoall']['both_s']:.2f}")
+    if "mok_megakernel" in r["paths"]:
+        k = r["paths"]["mok_megakernel"]
+        log0(f"{'':<20} megakernel fwd {k['fwd_s']*1e3:7.2f} ms ({k['roof_fwd']*100:3.0f}% roof) "
+             f"x{r['speedup_vs_alltoall_megakernel']['fwd_s']:.2f} vs a2a, "
+             f"x{m['fwd_s'] / k['fwd_s']:.2f} vs v1 | fwd+bwd {k['both_s']*1e3:7.2f} ms "
+             f"x{r['speedup_vs_alltoall_megakernel']['both_s']:.2f}")
 
 
 def chart(results, path: Path):
@@ -332,6 +349,10 @@ def main(argv=None):
     p.add_argument("--iters", type=int, default=10)
     p.add_argument("--warmup", type=int, default=3)
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--megakernel", action="store_true",
+                   help="also time the forward megakernel (kernel.forward_kernel: megakernel)")
+    p.add_argument("--comm-sms", type=int, default=16,
+                   help="row-pulling blocks of the megakernel (kernel.comm_sms_forward)")
     p.add_argument("--out", type=Path, default=None)
     args = p.parse_args(argv)
 

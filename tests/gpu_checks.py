@@ -22,9 +22,11 @@ KERNEL_VS_REFERENCE = 2e-3
 NAMES = ("y", "dx", "dprobs", "dw1", "dw2")
 
 
-def recipe(max_tokens: int, backend: str = "cuda") -> Recipe:
+def recipe(max_tokens: int, backend: str = "cuda", **knobs) -> Recipe:
+    """`knobs`: further KernelKnobs fields (forward_kernel, comm_sms_forward, ...)."""
     return Recipe(name="test", backend=backend,
-                  kernel=KernelKnobs(max_tokens_per_rank=max_tokens, spin_timeout_ms=20000))
+                  kernel=KernelKnobs(max_tokens_per_rank=max_tokens, spin_timeout_ms=20000,
+                                     **knobs))
 
 
 def poison(device: torch.device) -> None:
@@ -40,10 +42,10 @@ def poison(device: torch.device) -> None:
 
 
 def run_cuda(problem, rank: int, group: Optional[dist.ProcessGroup], max_tokens: int,
-             backend: str = "cuda", weight_layout: Optional[str] = None) -> dict:
+             backend: str = "cuda", weight_layout: Optional[str] = None, **knobs) -> dict:
     device = torch.device("cuda", torch.cuda.current_device())
     inputs = problem.local(rank, device)
-    rec = recipe(max_tokens, backend)
+    rec = recipe(max_tokens, backend, **knobs)
     poison(device)
 
     def layer(x, ids, probs, w1, w2):
@@ -58,18 +60,18 @@ def run_cuda(problem, rank: int, group: Optional[dist.ProcessGroup], max_tokens:
 
 
 def check_against_reference(spec: ProblemSpec, rank: int,
-                            group: Optional[dist.ProcessGroup]) -> dict[str, float]:
+                            group: Optional[dist.ProcessGroup], **knobs) -> dict[str, float]:
     problem = spec.build()
     max_tokens = max(max(spec.tokens_per_rank), 1)
-    kernel = run_cuda(problem, rank, group, max_tokens)
+    kernel = run_cuda(problem, rank, group, max_tokens, **knobs)
     reference = run_cuda(problem, rank, group, max_tokens, backend="reference")
     for name in NAMES:
         assert torch.isfinite(kernel[name]).all(), f"{name} has non-finite values (unwritten?)"
     errors = compare(kernel, reference)
     bad = {k: v for k, v in errors.items() if v > KERNEL_VS_REFERENCE}
     assert not bad, f"{spec.name}: kernel vs reference rel-L2 above {KERNEL_VS_REFERENCE}: {bad}"
-    again = run_cuda(problem, rank, group, max_tokens)
-    third = run_cuda(problem, rank, group, max_tokens)
+    again = run_cuda(problem, rank, group, max_tokens, **knobs)
+    third = run_cuda(problem, rank, group, max_tokens, **knobs)
     for name in NAMES:
         assert torch.equal(kernel[name], again[name]) and torch.equal(kernel[name], third[name]), (
             f"{spec.name}: {name} differs between runs")
@@ -103,7 +105,25 @@ def check_weight_lists(spec: ProblemSpec, rank: int, group) -> None:
             assert torch.equal(stacked[name], listed[name]), f"{name}: {layout} differs"
 
 
-def check_cuda_graph(spec: ProblemSpec, rank: int, group) -> None:
+def check_megakernel_settings(spec: ProblemSpec, rank: int, group,
+                              comm_sms: tuple[int, ...] = (1, 8, 32)) -> None:
+    """The megakernel forward gives bit-identical results for any number of row-pulling
+    blocks (the reduction order comes from the schedule, not from which block did the work);
+    reported, not asserted: whether it also equals the separate-kernel forward bit for bit."""
+    problem = spec.build()
+    max_tokens = max(max(spec.tokens_per_rank), 1)
+    runs = [run_cuda(problem, rank, group, max_tokens, forward_kernel="megakernel",
+                     comm_sms_forward=c) for c in comm_sms]
+    for c, run in zip(comm_sms[1:], runs[1:]):
+        for name in NAMES:
+            assert torch.equal(runs[0][name], run[name]), (
+                f"{spec.name}: {name} differs between comm_sms_forward {comm_sms[0]} and {c}")
+    separate = run_cuda(problem, rank, group, max_tokens)
+    same = {name: torch.equal(runs[0][name], separate[name]) for name in NAMES}
+    print(spec.name, "megakernel == separate bitwise:", same)
+
+
+def check_cuda_graph(spec: ProblemSpec, rank: int, group, **knobs) -> None:
     """Forward + backward captured once, replayed with new inputs copied into the static
     tensors, gives the eager results bit for bit (so nothing in the path syncs or bakes in
     host-side sizes)."""
@@ -111,8 +131,8 @@ def check_cuda_graph(spec: ProblemSpec, rank: int, group) -> None:
     first = spec.build()
     second = ProblemSpec(**{**spec.__dict__, "seed": spec.seed + 1}).build()
     max_tokens = max(spec.tokens_per_rank)
-    rec = recipe(max_tokens)
-    eager = run_cuda(second, rank, group, max_tokens)
+    rec = recipe(max_tokens, **knobs)
+    eager = run_cuda(second, rank, group, max_tokens, **knobs)
 
     static = first.local(rank, device)
     params = [static[n] for n in ("x", "probs", "w1", "w2")]

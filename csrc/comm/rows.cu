@@ -9,24 +9,11 @@
 #include <torch/extension.h>
 
 #include "common/error.cuh"
+#include "comm/copy_row.cuh"
 #include "config/kernel_config.cuh"
 #include "ops.h"
 
 namespace mok {
-
-// One warp copies one row of `vecs` 16-byte vectors, several loads in flight per lane.
-__device__ __forceinline__ void copy_row(int4* __restrict__ dst, const int4* __restrict__ src,
-                                         int vecs, int lane) {
-  int v = lane;
-  for (; v + 32 * (kRowVecsInFlight - 1) < vecs; v += 32 * kRowVecsInFlight) {
-    int4 buf[kRowVecsInFlight];
-#pragma unroll
-    for (int j = 0; j < kRowVecsInFlight; ++j) buf[j] = src[v + 32 * j];
-#pragma unroll
-    for (int j = 0; j < kRowVecsInFlight; ++j) dst[v + 32 * j] = buf[j];
-  }
-  for (; v < vecs; v += 32) dst[v] = src[v];
-}
 
 // Moves rows between this GPU's row buffer (row r) and a peer's region. The peer-side row
 // of flat index f is (f mod per_rank) / slots_per_remote_row: pull reads the token row

@@ -20,134 +20,22 @@
 #include <torch/extension.h>
 
 #include "common/error.cuh"
-#include "config/kernel_config.cuh"
-#include "epilogue/activation_math.cuh"
 #include "gemm/sm90/tensor_map.h"
-#include "gemm/sm90/tma.cuh"
-#include "gemm/sm90/wgmma.cuh"
+#include "gemm/sm90/tile_engine.cuh"
+#include "gemm/timeout_report.h"
 #include "ops.h"
 
 namespace mok {
 namespace {
 
-constexpr int kPlain = -1;  // epilogue id: no activation
-constexpr int kProducerRole = 0, kConsumerRole = 1;  // in the timeout report
-constexpr int kReportInts = 4;                        // {role, block, tile, stage}
-constexpr int kATileBytes = kGemmBlockM * kGemmBlockK * 2;
-constexpr int kBTileBytes = kGemmBlockN * kGemmBlockK * 2;
-constexpr int kStageBytes = kATileBytes + kBTileBytes;
-constexpr int kAccRegs = kGemmBlockN / 2;  // m64 x n256 fp32 over 128 threads
+using namespace sm90;
 
 struct SharedStorage {
-  uint8_t a[kGemmStages][kATileBytes];  // each 1024-aligned: the swizzle atom
-  uint8_t b[kGemmStages][kBTileBytes];
-  uint64_t full[kGemmStages];
-  uint64_t empty[kGemmStages];
+  StageRing ring;
   int32_t row_begin[kGemmMaxExperts + 1];
   int32_t tile_begin[kGemmMaxExperts + 1];
 };
 constexpr size_t kSharedBytes = sizeof(SharedStorage) + 1024;  // + alignment slack
-
-struct TileCoord {
-  int expert, m_block, n_block;
-};
-
-__device__ __forceinline__ TileCoord decode_tile(const SharedStorage& s, int num_experts,
-                                                 int n_blocks, int tile) {
-  int lo = 0, hi = num_experts;  // last e with tile_begin[e] <= tile
-  while (hi - lo > 1) {
-    const int mid = (lo + hi) / 2;
-    if (s.tile_begin[mid] <= tile) lo = mid; else hi = mid;
-  }
-  const int local = tile - s.tile_begin[lo];
-  return {lo, local / n_blocks, local % n_blocks};
-}
-
-// Warp 0 loads the row offsets and turns them into tile offsets (warp-wide prefix sums).
-__device__ void build_tile_table(SharedStorage& s, const int32_t* offsets, int num_experts,
-                                 int n_blocks) {
-  const int lane = threadIdx.x % 32;
-  int carry = 0;
-  for (int base = 0; base <= num_experts; base += 32) {
-    const int e = base + lane;
-    int tiles = 0;
-    if (e <= num_experts) {
-      const int begin = offsets[e];
-      s.row_begin[e] = begin;
-      if (e < num_experts) {
-        const int rows = offsets[e + 1] - begin;
-        tiles = (rows + kGemmBlockM - 1) / kGemmBlockM * n_blocks;
-      }
-    }
-    int incl = tiles;
-#pragma unroll
-    for (int d = 1; d < 32; d *= 2) {
-      const int v = __shfl_up_sync(0xffffffffu, incl, d);
-      if (lane >= d) incl += v;
-    }
-    if (e <= num_experts) s.tile_begin[e] = carry + incl - tiles;
-    carry += __shfl_sync(0xffffffffu, incl, 31);
-  }
-}
-
-__device__ __forceinline__ void store_pair(__nv_bfloat16* out, float a, float b) {
-  *reinterpret_cast<__nv_bfloat162*>(out) = __floats2bfloat162_rn(a, b);
-}
-
-__device__ __forceinline__ float round_bf16(float x) {
-  return __bfloat162float(__float2bfloat16(x));
-}
-
-template <int kAct>
-__device__ __forceinline__ float activate(float h) {
-  if constexpr (kAct == kPlain) return h;
-  else return act_eval<kAct>(h).f;
-}
-
-// Writes this thread's part of one finished tile (rows of one consumer warpgroup).
-template <int kAct>
-__device__ __forceinline__ void epilogue(const float (&d)[kAccRegs], int tile_row0, int rows_left,
-                                         int col0, int n_out, int consumer,
-                                         const float* __restrict__ row_prob,
-                                         __nv_bfloat16* __restrict__ out, int64_t out_stride,
-                                         __nv_bfloat16* __restrict__ h_out, int64_t h_stride) {
-  constexpr bool kGated = kAct != kPlain && is_gated(kAct);
-  constexpr int kCols = kGated ? kGemmBlockN / 2 : kGemmBlockN;
-  const int t = threadIdx.x % 128;
-  const int warp = t / 32, lane = t % 32;
-#pragma unroll
-  for (int i = 0; i < 2; ++i) {
-    const int r = 64 * consumer + 16 * warp + lane / 4 + 8 * i;
-    if (r >= rows_left) continue;
-    const int64_t row = tile_row0 + r;
-    const float p = kAct == kPlain ? 1.f : row_prob[row];
-#pragma unroll
-    for (int j = 0; j < kCols / 8; ++j) {
-      const int col = col0 + 8 * j + 2 * (lane % 4);
-      if (col >= n_out) continue;
-      float v[2];
-#pragma unroll
-      for (int c = 0; c < 2; ++c) {
-        const float h = round_bf16(d[4 * j + 2 * i + c]);
-        if constexpr (kGated) {
-          const float u = round_bf16(d[4 * (j + kCols / 8) + 2 * i + c]);
-          v[c] = activate<kAct>(h) * u * p;
-        } else {
-          v[c] = activate<kAct>(h) * p;
-        }
-      }
-      store_pair(out + row * out_stride + col, v[0], v[1]);
-      if (h_out != nullptr) {
-        const int lin = 4 * j + 2 * i;
-        store_pair(h_out + row * h_stride + col, d[lin], d[lin + 1]);
-        if constexpr (kGated) {
-          const int lup = 4 * (j + kCols / 8) + 2 * i;
-          store_pair(h_out + row * h_stride + n_out + col, d[lup], d[lup + 1]);
-        }
-      }
-    }
-  }
-}
 
 template <int kAct>
 __global__ void __launch_bounds__(kGemmThreads, 1)
@@ -158,8 +46,8 @@ __global__ void __launch_bounds__(kGemmThreads, 1)
                         __nv_bfloat16* __restrict__ out, int64_t out_stride,
                         __nv_bfloat16* __restrict__ h_out, int64_t h_stride,
                         uint64_t timeout_ns, int* report) {
-  constexpr bool kGated = kAct != kPlain && is_gated(kAct);
-  constexpr int kTileN = kGated ? kGemmBlockN / 2 : kGemmBlockN;  // output columns per tile
+  constexpr bool kGated = gated_epilogue<kAct>();
+  constexpr int kTileN = tile_cols<kAct>();
   extern __shared__ uint8_t smem_raw[];
   SharedStorage& s = *reinterpret_cast<SharedStorage*>(
       (reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~uintptr_t(1023));
@@ -168,107 +56,53 @@ __global__ void __launch_bounds__(kGemmThreads, 1)
   const int n_blocks = (n_out + kTileN - 1) / kTileN;
   const int k_blocks = (k_dim + kGemmBlockK - 1) / kGemmBlockK;
 
-  if (threadIdx.x < 32) build_tile_table(s, offsets, num_experts, n_blocks);
-  if (threadIdx.x == 32) {
-    for (int i = 0; i < kGemmStages; ++i) {
-      sm90::mbar_init(&s.full[i], 1);
-      sm90::mbar_init(&s.empty[i], kGemmConsumers);
-    }
-    sm90::fence_barrier_init();
-  }
+  if (threadIdx.x < 32) build_block_table(offsets, num_experts, n_blocks, s.row_begin, s.tile_begin);
+  if (threadIdx.x == 32) init_ring(s.ring);
   __syncthreads();
   const int num_tiles = s.tile_begin[num_experts];
 
   if (warpgroup == 0) {
     // Producer: one thread streams A and W tiles through the stage ring.
-    sm90::warpgroup_reg_dealloc<kGemmProducerRegs>();
+    warpgroup_reg_dealloc<kGemmProducerRegs>();
     if (threadIdx.x != 0) return;
-    sm90::prefetch_tensor_map(&a_map);
-    sm90::prefetch_tensor_map(&w_map);
+    prefetch_tensor_map(&a_map);
+    prefetch_tensor_map(&w_map);
     int it = 0;
     for (int tile = blockIdx.x; tile < num_tiles; tile += gridDim.x) {
-      const TileCoord tc = decode_tile(s, num_experts, n_blocks, tile);
+      const TileCoord tc = decode_tile(s.tile_begin, num_experts, n_blocks, tile);
       const int row0 = s.row_begin[tc.expert] + tc.m_block * kGemmBlockM;
       const int n0 = tc.n_block * kTileN;
-      for (int kb = 0; kb < k_blocks; ++kb, ++it) {
-        const int stage = it % kGemmStages;
-        const uint32_t parity = (it / kGemmStages) & 1;
-        sm90::mbar_wait(&s.empty[stage], parity ^ 1, timeout_ns, kProducerRole, tile, stage,
-                        report);
-        sm90::mbar_arrive_expect_tx(&s.full[stage], kStageBytes);
-        const int k0 = kb * kGemmBlockK;
-        sm90::tma_load_4d(s.a[stage], &a_map, &s.full[stage], k0, row0, 0, 0);
+      produce_tile(s.ring, it, k_blocks, tile, timeout_ns, report, [&](int stage, int k0) {
+        uint64_t* full = &s.ring.full[stage];
+        tma_load_4d(s.ring.a[stage], &a_map, full, k0, row0, 0, 0);
         if constexpr (kGated) {
           // W viewed as [E, 2, F, K]: gate rows into the first half of the tile, up rows
           // (the same output columns) into the second.
-          sm90::tma_load_4d(s.b[stage], &w_map, &s.full[stage], k0, n0, 0, tc.expert);
-          sm90::tma_load_4d(s.b[stage] + kBTileBytes / 2, &w_map, &s.full[stage], k0, n0, 1,
-                            tc.expert);
+          tma_load_4d(s.ring.b[stage], &w_map, full, k0, n0, 0, tc.expert);
+          tma_load_4d(s.ring.b[stage] + kBTileBytes / 2, &w_map, full, k0, n0, 1, tc.expert);
         } else {
-          sm90::tma_load_4d(s.b[stage], &w_map, &s.full[stage], k0, n0, 0, tc.expert);
+          tma_load_4d(s.ring.b[stage], &w_map, full, k0, n0, 0, tc.expert);
         }
-      }
+      });
     }
     return;
   }
 
   // Consumers: warpgroup c owns rows 64(c-1) .. 64c of every tile.
-  sm90::warpgroup_reg_alloc<kGemmConsumerRegs>();
+  warpgroup_reg_alloc<kGemmConsumerRegs>();
   const int consumer = warpgroup - 1;
   const bool leader = threadIdx.x % 128 == 0;
   float acc[kAccRegs];
   int it = 0;
   for (int tile = blockIdx.x; tile < num_tiles; tile += gridDim.x) {
-    const TileCoord tc = decode_tile(s, num_experts, n_blocks, tile);
-    int prev_stage = -1;
-    for (int kb = 0; kb < k_blocks; ++kb, ++it) {
-      const int stage = it % kGemmStages;
-      sm90::mbar_wait(&s.full[stage], (it / kGemmStages) & 1, timeout_ns, kConsumerRole, tile,
-                      stage, report);
-      const uint64_t desc_a =
-          sm90::smem_desc_k_major_sw128(s.a[stage] + consumer * (kATileBytes / kGemmConsumers));
-      const uint64_t desc_b = sm90::smem_desc_k_major_sw128(s.b[stage]);
-      sm90::wgmma_fence();
-#pragma unroll
-      for (int k = 0; k < kGemmBlockK / 16; ++k) {
-        sm90::wgmma_m64n256k16_bf16(acc, sm90::desc_advance_k16(desc_a, k),
-                                    sm90::desc_advance_k16(desc_b, k), kb > 0 || k > 0);
-      }
-      sm90::wgmma_commit();
-      // Keep one k-block of MMAs in flight; the one before it is done reading its stage.
-      sm90::wgmma_wait<1>();
-      sm90::fence_accumulators(acc);
-      if (prev_stage >= 0 && leader) sm90::mbar_arrive(&s.empty[prev_stage]);
-      prev_stage = stage;
-    }
-    sm90::wgmma_wait<0>();
-    sm90::fence_accumulators(acc);
-    if (prev_stage >= 0 && leader) sm90::mbar_arrive(&s.empty[prev_stage]);
-
+    const TileCoord tc = decode_tile(s.tile_begin, num_experts, n_blocks, tile);
+    consume_tile(s.ring, it, k_blocks, tile, consumer, leader, acc, timeout_ns, report);
     const int m_row0 = tc.m_block * kGemmBlockM;
     const int rows_left = s.row_begin[tc.expert + 1] - s.row_begin[tc.expert] - m_row0;
-    epilogue<kAct>(acc, s.row_begin[tc.expert] + m_row0, rows_left, tc.n_block * kTileN, n_out,
-                   consumer, row_prob, out, out_stride, h_out, h_stride);
+    store_tile<kAct>(acc, s.row_begin[tc.expert] + m_row0, rows_left, tc.n_block * kTileN,
+                     n_out, consumer, row_prob,
+                     [&](int64_t row) { return out + row * out_stride; }, h_out, h_stride);
   }
-}
-
-// Where a timed-out wait leaves {role, block, tile, stage}: mapped pinned host memory, so the
-// host can read it after the trap has killed the CUDA context.
-int* timeout_report_host() {
-  static int* report = [] {
-    int* p = nullptr;
-    MOK_CUDA_CHECK(cudaHostAlloc(&p, kReportInts * sizeof(int),
-                                 cudaHostAllocMapped | cudaHostAllocPortable));
-    for (int i = 0; i < kReportInts; ++i) p[i] = -1;
-    return p;
-  }();
-  return report;
-}
-
-int* timeout_report_device() {
-  int* d = nullptr;
-  MOK_CUDA_CHECK(cudaHostGetDevicePointer(&d, timeout_report_host(), 0));
-  return d;
 }
 
 template <int kAct>
@@ -287,11 +121,6 @@ void launch(const CUtensorMap& a_map, const CUtensorMap& w_map, const at::Tensor
 }
 
 }  // namespace
-
-std::vector<int64_t> grouped_gemm_timeout_report() {
-  const volatile int* r = timeout_report_host();
-  return {r[0], r[1], r[2], r[3]};
-}
 
 void grouped_gemm(const at::Tensor& a, const at::Tensor& w, const at::Tensor& offsets,
                   const c10::optional<at::Tensor>& row_prob, int64_t activation, at::Tensor& out,

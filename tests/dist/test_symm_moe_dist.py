@@ -58,3 +58,23 @@ def test_weight_lists_match_stacked(group):
 def test_cuda_graph_replay(group):
     gpu_checks.check_cuda_graph(_specs(dist.get_world_size(group))[1], dist.get_rank(group),
                                 group)
+
+
+MEGAKERNEL = {"forward_kernel": "megakernel", "comm_sms_forward": 8}
+
+
+@pytest.mark.parametrize("index", range(6))
+def test_megakernel_matches_reference_and_is_deterministic(group, index):
+    spec = _specs(dist.get_world_size(group))[index]
+    errors = gpu_checks.check_against_reference(spec, dist.get_rank(group), group, **MEGAKERNEL)
+    print("megakernel", spec.name, dist.get_rank(group), {k: f"{v:.2e}" for k, v in errors.items()})
+
+
+def test_megakernel_bit_identical_across_comm_blocks(group):
+    gpu_checks.check_megakernel_settings(_specs(dist.get_world_size(group))[1],
+                                         dist.get_rank(group), group)
+
+
+def test_megakernel_cuda_graph_replay(group):
+    gpu_checks.check_cuda_graph(_specs(dist.get_world_size(group))[1], dist.get_rank(group),
+                                group, **MEGAKERNEL)

@@ -1,0 +1,209 @@
+// The sm90 GEMM tile engine's building blocks, shared by the grouped GEMM launch
+// (gemm/grouped_gemm.cu) and the forward megakernel (megakernel/moe_forward.cu):
+// the expert-major tile table, the TMA producer and wgmma consumer k-loops over a shared
+// stage ring, and the register epilogue.
+//
+// A tile is kGemmBlockM rows x kGemmBlockN columns; consumer warpgroup c owns rows
+// 64c .. 64c + 63 and holds them as m64n256 fp32 accumulators. With a gated activation the
+// 256 columns are 128 gate + the matching 128 up columns of W1.
+#pragma once
+
+#include <cuda_bf16.h>
+
+#include <cstdint>
+
+#include "config/kernel_config.cuh"
+#include "epilogue/activation_math.cuh"
+#include "gemm/sm90/tma.cuh"
+#include "gemm/sm90/wgmma.cuh"
+
+namespace mok::sm90 {
+
+constexpr int kPlain = -1;  // epilogue id: no activation
+constexpr int kATileBytes = kGemmBlockM * kGemmBlockK * 2;
+constexpr int kBTileBytes = kGemmBlockN * kGemmBlockK * 2;
+constexpr int kStageBytes = kATileBytes + kBTileBytes;
+constexpr int kAccRegs = kGemmBlockN / 2;  // m64 x n256 fp32 over 128 threads
+
+// Timeout report roles (where a bounded wait gave up).
+enum WaitRole : int { kWaitProducer = 0, kWaitMma = 1, kWaitRowsReady = 2, kWaitFc1Done = 3 };
+constexpr int kReportInts = 4;  // {role, block, tile, stage}
+
+template <int kAct>
+constexpr bool gated_epilogue() {
+  if constexpr (kAct == kPlain) return false;
+  else return is_gated(kAct);
+}
+
+// Output columns one tile produces.
+template <int kAct>
+constexpr int tile_cols() {
+  return gated_epilogue<kAct>() ? kGemmBlockN / 2 : kGemmBlockN;
+}
+
+struct StageRing {
+  uint8_t a[kGemmStages][kATileBytes];  // each 1024-aligned: the swizzle atom
+  uint8_t b[kGemmStages][kBTileBytes];
+  uint64_t full[kGemmStages];
+  uint64_t empty[kGemmStages];
+};
+
+struct TileCoord {
+  int expert, m_block, n_block;
+};
+
+__device__ __forceinline__ TileCoord decode_tile(const int32_t* tile_begin, int num_experts,
+                                                 int n_blocks, int tile) {
+  int lo = 0, hi = num_experts;  // the last e with tile_begin[e] <= tile
+  while (hi - lo > 1) {
+    const int mid = (lo + hi) / 2;
+    if (tile_begin[mid] <= tile) lo = mid; else hi = mid;
+  }
+  const int local = tile - tile_begin[lo];
+  return {lo, local / n_blocks, local % n_blocks};
+}
+
+// One warp: `row_begin[e]` = offsets[e] and `blocks_begin[e]` = the exclusive prefix sum of
+// ceil(rows_e / kGemmBlockM) * n_blocks (tiles, or m-blocks with n_blocks = 1), e in [0, E].
+__device__ __forceinline__ void build_block_table(const int32_t* offsets, int num_experts,
+                                                  int n_blocks, int32_t* row_begin,
+                                                  int32_t* blocks_begin) {
+  const int lane = threadIdx.x % 32;
+  int carry = 0;
+  for (int base = 0; base <= num_experts; base += 32) {
+    const int e = base + lane;
+    int blocks = 0;
+    if (e <= num_experts) {
+      const int begin = offsets[e];
+      if (row_begin != nullptr) row_begin[e] = begin;
+      if (e < num_experts) {
+        blocks = (offsets[e + 1] - begin + kGemmBlockM - 1) / kGemmBlockM * n_blocks;
+      }
+    }
+    int incl = blocks;
+#pragma unroll
+    for (int d = 1; d < 32; d *= 2) {
+      const int v = __shfl_up_sync(0xffffffffu, incl, d);
+      if (lane >= d) incl += v;
+    }
+    if (e <= num_experts) blocks_begin[e] = carry + incl - blocks;
+    carry += __shfl_sync(0xffffffffu, incl, 31);
+  }
+}
+
+__device__ __forceinline__ void init_ring(StageRing& ring) {
+  for (int i = 0; i < kGemmStages; ++i) {
+    mbar_init(&ring.full[i], 1);
+    mbar_init(&ring.empty[i], kGemmConsumers);
+  }
+  fence_barrier_init();
+}
+
+// Producer side of one tile: for each k-block, wait for a free stage and issue
+// `load(stage, k0)`, which must start TMA loads of exactly kStageBytes onto ring.full[stage].
+// `it` counts k-blocks over the whole launch (stage = it % stages, parity flips per wrap).
+template <class Load>
+__device__ __forceinline__ void produce_tile(StageRing& ring, int& it, int k_blocks, int tile,
+                                             uint64_t timeout_ns, int* report, Load load) {
+  for (int kb = 0; kb < k_blocks; ++kb, ++it) {
+    const int stage = it % kGemmStages;
+    const uint32_t parity = (it / kGemmStages) & 1;
+    mbar_wait(&ring.empty[stage], parity ^ 1, timeout_ns, kWaitProducer, tile, stage, report);
+    mbar_arrive_expect_tx(&ring.full[stage], kStageBytes);
+    load(stage, kb * kGemmBlockK);
+  }
+}
+
+// Consumer side of one tile: acc = A[rows of this warpgroup] @ B^T over k_blocks.
+__device__ __forceinline__ void consume_tile(StageRing& ring, int& it, int k_blocks, int tile,
+                                             int consumer, bool leader, float (&acc)[kAccRegs],
+                                             uint64_t timeout_ns, int* report) {
+  int prev_stage = -1;
+  for (int kb = 0; kb < k_blocks; ++kb, ++it) {
+    const int stage = it % kGemmStages;
+    mbar_wait(&ring.full[stage], (it / kGemmStages) & 1, timeout_ns, kWaitMma, tile, stage,
+              report);
+    const uint64_t desc_a =
+        smem_desc_k_major_sw128(ring.a[stage] + consumer * (kATileBytes / kGemmConsumers));
+    const uint64_t desc_b = smem_desc_k_major_sw128(ring.b[stage]);
+    wgmma_fence();
+#pragma unroll
+    for (int k = 0; k < kGemmBlockK / 16; ++k) {
+      wgmma_m64n256k16_bf16(acc, desc_advance_k16(desc_a, k), desc_advance_k16(desc_b, k),
+                            kb > 0 || k > 0);
+    }
+    wgmma_commit();
+    // Keep one k-block of MMAs in flight; the one before it is done reading its stage.
+    wgmma_wait<1>();
+    fence_accumulators(acc);
+    if (prev_stage >= 0 && leader) mbar_arrive(&ring.empty[prev_stage]);
+    prev_stage = stage;
+  }
+  wgmma_wait<0>();
+  fence_accumulators(acc);
+  if (prev_stage >= 0 && leader) mbar_arrive(&ring.empty[prev_stage]);
+}
+
+__device__ __forceinline__ void store_pair(__nv_bfloat16* out, float a, float b) {
+  *reinterpret_cast<__nv_bfloat162*>(out) = __floats2bfloat162_rn(a, b);
+}
+
+__device__ __forceinline__ float round_bf16(float x) {
+  return __bfloat162float(__float2bfloat16(x));
+}
+
+template <int kAct>
+__device__ __forceinline__ float activate(float h) {
+  if constexpr (kAct == kPlain) return h;
+  else return act_eval<kAct>(h).f;
+}
+
+// Writes this thread's part of one finished tile. `row_out(row)` is where output row `row`
+// (an index into the grouped rows) starts; h_out, when not null, receives the bf16
+// pre-activation [gate | up] (row stride h_stride). Rows at or past rows_left (the expert's
+// end) and columns at or past n_out are skipped.
+template <int kAct, class RowOut>
+__device__ __forceinline__ void store_tile(const float (&d)[kAccRegs], int tile_row0,
+                                           int rows_left, int col0, int n_out, int consumer,
+                                           const float* __restrict__ row_prob, RowOut row_out,
+                                           __nv_bfloat16* __restrict__ h_out, int64_t h_stride) {
+  constexpr bool kGated = gated_epilogue<kAct>();
+  constexpr int kCols = tile_cols<kAct>();
+  const int t = threadIdx.x % 128;
+  const int warp = t / 32, lane = t % 32;
+#pragma unroll
+  for (int i = 0; i < 2; ++i) {
+    const int r = 64 * consumer + 16 * warp + lane / 4 + 8 * i;
+    if (r >= rows_left) continue;
+    const int64_t row = tile_row0 + r;
+    const float p = kAct == kPlain ? 1.f : row_prob[row];
+    __nv_bfloat16* out = row_out(row);
+#pragma unroll
+    for (int j = 0; j < kCols / 8; ++j) {
+      const int col = col0 + 8 * j + 2 * (lane % 4);
+      if (col >= n_out) continue;
+      float v[2];
+#pragma unroll
+      for (int c = 0; c < 2; ++c) {
+        const float h = round_bf16(d[4 * j + 2 * i + c]);
+        if constexpr (kGated) {
+          const float u = round_bf16(d[4 * (j + kCols / 8) + 2 * i + c]);
+          v[c] = activate<kAct>(h) * u * p;
+        } else {
+          v[c] = activate<kAct>(h) * p;
+        }
+      }
+      store_pair(out + col, v[0], v[1]);
+      if (h_out != nullptr) {
+        const int lin = 4 * j + 2 * i;
+        store_pair(h_out + row * h_stride + col, d[lin], d[lin + 1]);
+        if constexpr (kGated) {
+          const int lup = 4 * (j + kCols / 8) + 2 * i;
+          store_pair(h_out + row * h_stride + n_out + col, d[lup], d[lup + 1]);
+        }
+      }
+    }
+  }
+}
+
+}  // namespace mok::sm90

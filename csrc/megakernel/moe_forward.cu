@@ -1,0 +1,336 @@
+// The forward megakernel: pull-dispatch, FC1 with the activation x prob epilogue, FC2 and
+// push-combine in one persistent launch (grid = SM count, one block per SM).
+//
+// Roles by block index:
+//   blocks [0, comm_blocks)   pull rows: every warp copies token rows from the source rank's
+//                             published buffer (NVLink for peers) into the row buffer in the
+//                             schedule's order, then counts the row into its m-block
+//                             (rows_ready, release).
+//   the other blocks          run tiles of the sm90 tile engine over one index space: all FC1
+//                             tiles (expert, m-block, n-block), then all FC2 tiles. An FC1
+//                             tile's producer waits (acquire) until its m-block's rows are all
+//                             pulled; an FC2 tile's producer waits until every FC1 tile of its
+//                             m-block has stored its activation rows (fc1_done). FC2's
+//                             epilogue writes each result row straight into its (token, k)
+//                             slot on the source rank, the same slots v1's push-combine fills,
+//                             so the fixed-order reduction after the kernel is unchanged.
+// Deadlock freedom: every tile depends only on tiles with lower indices (or on the pull
+// blocks, which depend on nothing), each block takes its tiles in increasing order, and all
+// blocks are resident at once (one block per SM, grid = SM count).
+// Memory ordering: rows and activations are written through the generic proxy and read by
+// TMA (async proxy) in another block: writer stores -> fence -> release counter; reader
+// acquire -> fence.proxy.async.global -> TMA load.
+#include <ATen/cuda/CUDAContext.h>
+#include <c10/cuda/CUDAGuard.h>
+#include <cuda_bf16.h>
+#include <torch/extension.h>
+
+#include "comm/copy_row.cuh"
+#include "common/error.cuh"
+#include "common/ptx.cuh"
+#include "gemm/sm90/tensor_map.h"
+#include "gemm/sm90/tile_engine.cuh"
+#include "gemm/timeout_report.h"
+#include "ops.h"
+
+namespace mok {
+namespace {
+
+using namespace sm90;
+
+struct ForwardArgs {
+  const int64_t* peer_bases;  // [world] address of each rank's workspace
+  int64_t tokens_offset;      // byte offset of the published token rows [max_tokens, H]
+  int64_t slots_offset;       // byte offset of the combine slots [max_tokens * topk, H]
+  const int32_t* offsets;     // [E + 1] expert row ranges in the row buffer
+  const int32_t* row_slot;    // [rows] flat (source, token, k) of each row
+  const float* row_prob;      // [rows]
+  int num_experts, hidden, ffn, per_rank, topk, comm_blocks;
+  __nv_bfloat16* rows;        // [cap, H]  pulled token rows
+  __nv_bfloat16* act;         // [cap, F]  act(h) * prob
+  __nv_bfloat16* h_out;       // [cap, F1] FC1 output for backward
+  uint32_t* rows_ready;       // [m-blocks] rows pulled
+  uint32_t* fc1_done;         // [m-blocks] FC1 tiles stored
+  uint64_t timeout_ns;
+  int* report;
+};
+
+struct SharedStorage {
+  StageRing ring;
+  int32_t row_begin[kGemmMaxExperts + 1];
+  int32_t mblock_begin[kGemmMaxExperts + 1];
+  int32_t fc1_begin[kGemmMaxExperts + 1];
+  int32_t fc2_begin[kGemmMaxExperts + 1];
+};
+constexpr size_t kSharedBytes = sizeof(SharedStorage) + 1024;  // + alignment slack
+constexpr int kPublishBarrier = 1;  // named barrier of the two consumer warpgroups
+
+__device__ __forceinline__ int expert_of_row(const int32_t* row_begin, int num_experts, int r) {
+  int lo = 0, hi = num_experts;  // the last e with row_begin[e] <= r: skips empty experts
+  while (hi - lo > 1) {
+    const int mid = (lo + hi) / 2;
+    if (row_begin[mid] <= r) lo = mid; else hi = mid;
+  }
+  return lo;
+}
+
+__device__ __forceinline__ void wait_count(const uint32_t* counter, uint32_t target,
+                                           const ForwardArgs& a, int role, int tile, int mblock) {
+  if (ld_acquire_gpu_u32(counter) >= target) return;
+  const uint64_t start = globaltimer_ns();
+  while (ld_acquire_gpu_u32(counter) < target) {
+    if (globaltimer_ns() - start > a.timeout_ns) {
+      a.report[0] = role;
+      a.report[1] = blockIdx.x;
+      a.report[2] = tile;
+      a.report[3] = mblock;
+      __threadfence_system();
+      __trap();
+    }
+  }
+}
+
+__device__ void pull_rows(const SharedStorage& s, const ForwardArgs& a) {
+  constexpr int kWarps = kGemmThreads / 32;
+  const int lane = threadIdx.x % 32;
+  const int total = s.row_begin[a.num_experts];
+  const int vecs = a.hidden / 8;
+  for (int r = blockIdx.x * kWarps + threadIdx.x / 32; r < total; r += a.comm_blocks * kWarps) {
+    const int64_t flat = a.row_slot[r];
+    const int64_t peer = flat / a.per_rank;
+    const int4* src = reinterpret_cast<const int4*>(a.peer_bases[peer] + a.tokens_offset) +
+                      (flat - peer * a.per_rank) / a.topk * vecs;
+    copy_row(reinterpret_cast<int4*>(a.rows + int64_t(r) * a.hidden), src, vecs, lane);
+    __syncwarp();  // the whole row is written before lane 0 counts it
+    if (lane == 0) {
+      const int e = expert_of_row(s.row_begin, a.num_experts, r);
+      const int mblock = s.mblock_begin[e] + (r - s.row_begin[e]) / kGemmBlockM;
+      red_release_gpu_add_u32(&a.rows_ready[mblock], 1);
+    }
+  }
+}
+
+template <int kAct>
+__global__ void __launch_bounds__(kGemmThreads, 1)
+    moe_forward_kernel(const __grid_constant__ CUtensorMap rows_map,
+                       const __grid_constant__ CUtensorMap w1_map,
+                       const __grid_constant__ CUtensorMap act_map,
+                       const __grid_constant__ CUtensorMap w2_map, const ForwardArgs a) {
+  constexpr bool kGated = gated_epilogue<kAct>();
+  constexpr int kFc1Cols = tile_cols<kAct>();
+  extern __shared__ uint8_t smem_raw[];
+  SharedStorage& s = *reinterpret_cast<SharedStorage*>(
+      (reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~uintptr_t(1023));
+
+  const int E = a.num_experts;
+  const int fc1_nblocks = (a.ffn + kFc1Cols - 1) / kFc1Cols;
+  const int fc2_nblocks = (a.hidden + kGemmBlockN - 1) / kGemmBlockN;
+  if (threadIdx.x < 32) {
+    build_block_table(a.offsets, E, 1, s.row_begin, s.mblock_begin);
+    build_block_table(a.offsets, E, fc1_nblocks, nullptr, s.fc1_begin);
+    build_block_table(a.offsets, E, fc2_nblocks, nullptr, s.fc2_begin);
+  }
+  if (threadIdx.x == 32 && blockIdx.x >= a.comm_blocks) init_ring(s.ring);
+  __syncthreads();
+
+  if (blockIdx.x < a.comm_blocks) {
+    pull_rows(s, a);
+    return;
+  }
+
+  const int compute_block = blockIdx.x - a.comm_blocks;
+  const int compute_blocks = gridDim.x - a.comm_blocks;
+  const int fc1_tiles = s.fc1_begin[E];
+  const int num_tiles = fc1_tiles + s.fc2_begin[E];
+  const int fc1_kblocks = (a.hidden + kGemmBlockK - 1) / kGemmBlockK;
+  const int fc2_kblocks = (a.ffn + kGemmBlockK - 1) / kGemmBlockK;
+
+  // Where tile t is: phase (FC1 or FC2), expert, m-block (global index) and columns.
+  struct Where {
+    bool fc1;
+    TileCoord tc;
+    int mblock, row0, rows_left, k_blocks;
+  };
+  auto locate = [&](int tile) {
+    Where w;
+    w.fc1 = tile < fc1_tiles;
+    w.tc = w.fc1 ? decode_tile(s.fc1_begin, E, fc1_nblocks, tile)
+                 : decode_tile(s.fc2_begin, E, fc2_nblocks, tile - fc1_tiles);
+    w.mblock = s.mblock_begin[w.tc.expert] + w.tc.m_block;
+    w.row0 = s.row_begin[w.tc.expert] + w.tc.m_block * kGemmBlockM;
+    w.rows_left = s.row_begin[w.tc.expert + 1] - w.row0;
+    w.k_blocks = w.fc1 ? fc1_kblocks : fc2_kblocks;
+    return w;
+  };
+
+  const int warpgroup = threadIdx.x / 128;
+  if (warpgroup == 0) {
+    warpgroup_reg_dealloc<kGemmProducerRegs>();
+    if (threadIdx.x != 0) return;
+    int it = 0;
+    for (int tile = compute_block; tile < num_tiles; tile += compute_blocks) {
+      const Where w = locate(tile);
+      if (w.fc1) {
+        wait_count(&a.rows_ready[w.mblock], min(w.rows_left, kGemmBlockM), a, kWaitRowsReady,
+                   tile, w.mblock);
+      } else {
+        wait_count(&a.fc1_done[w.mblock], fc1_nblocks, a, kWaitFc1Done, tile, w.mblock);
+      }
+      fence_proxy_async_global();
+      produce_tile(s.ring, it, w.k_blocks, tile, a.timeout_ns, a.report, [&](int stage, int k0) {
+        uint64_t* full = &s.ring.full[stage];
+        uint8_t* b = s.ring.b[stage];
+        if (w.fc1) {
+          const int n0 = w.tc.n_block * kFc1Cols;
+          tma_load_4d(s.ring.a[stage], &rows_map, full, k0, w.row0, 0, 0);
+          if constexpr (kGated) {
+            tma_load_4d(b, &w1_map, full, k0, n0, 0, w.tc.expert);
+            tma_load_4d(b + kBTileBytes / 2, &w1_map, full, k0, n0, 1, w.tc.expert);
+          } else {
+            tma_load_4d(b, &w1_map, full, k0, n0, 0, w.tc.expert);
+          }
+        } else {
+          tma_load_4d(s.ring.a[stage], &act_map, full, k0, w.row0, 0, 0);
+          tma_load_4d(b, &w2_map, full, k0, w.tc.n_block * kGemmBlockN, 0, w.tc.expert);
+        }
+      });
+    }
+    return;
+  }
+
+  warpgroup_reg_alloc<kGemmConsumerRegs>();
+  const int consumer = warpgroup - 1;
+  const bool leader = threadIdx.x % 128 == 0;
+  float acc[kAccRegs];
+  int it = 0;
+  for (int tile = compute_block; tile < num_tiles; tile += compute_blocks) {
+    const Where w = locate(tile);
+    consume_tile(s.ring, it, w.k_blocks, tile, consumer, leader, acc, a.timeout_ns, a.report);
+    if (w.fc1) {
+      const int f1 = kGated ? 2 * a.ffn : a.ffn;
+      store_tile<kAct>(acc, w.row0, w.rows_left, w.tc.n_block * kFc1Cols, a.ffn, consumer,
+                       a.row_prob, [&](int64_t row) { return a.act + row * a.ffn; }, a.h_out, f1);
+      // Publish this tile's activation rows: every writer fences, both warpgroups meet,
+      // one thread counts the tile.
+      __threadfence();
+      named_barrier_sync(kPublishBarrier, 128 * kGemmConsumers);
+      if (threadIdx.x == 128) red_release_gpu_add_u32(&a.fc1_done[w.mblock], 1);
+    } else {
+      store_tile<kPlain>(acc, w.row0, w.rows_left, w.tc.n_block * kGemmBlockN, a.hidden,
+                         consumer, nullptr,
+                         [&](int64_t row) {
+                           const int64_t flat = a.row_slot[row];
+                           const int64_t peer = flat / a.per_rank;
+                           return reinterpret_cast<__nv_bfloat16*>(a.peer_bases[peer] +
+                                                                   a.slots_offset) +
+                                  (flat - peer * a.per_rank) * a.hidden;
+                         },
+                         nullptr, 0);
+    }
+  }
+}
+
+template <int kAct>
+void launch(const CUtensorMap& rows_map, const CUtensorMap& w1_map, const CUtensorMap& act_map,
+            const CUtensorMap& w2_map, const ForwardArgs& args) {
+  auto kernel = moe_forward_kernel<kAct>;
+  MOK_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                      static_cast<int>(kSharedBytes)));
+  const int sms = at::cuda::getCurrentDeviceProperties()->multiProcessorCount;
+  kernel<<<sms, kGemmThreads, kSharedBytes, at::cuda::getCurrentCUDAStream()>>>(
+      rows_map, w1_map, act_map, w2_map, args);
+  MOK_LAUNCH_CHECK();
+}
+
+CUtensorMap rows_tensor_map(const at::Tensor& t) {
+  const uint64_t rows = uint64_t(t.size(0)), row_bytes = uint64_t(t.stride(0)) * 2;
+  return make_bf16_tensor_map_4d(t.data_ptr(), {uint64_t(t.size(1)), rows, 1, 1},
+                                 {row_bytes, rows * row_bytes, rows * row_bytes},
+                                 {kGemmBlockK, kGemmBlockM, 1, 1});
+}
+
+// W [E, halves * N, K] viewed as [E, halves, N, K], boxes of rows_per_box x 64.
+CUtensorMap weight_tensor_map(const at::Tensor& w, int halves, uint32_t rows_per_box) {
+  const uint64_t n = uint64_t(w.size(1) / halves), k = uint64_t(w.size(2));
+  const uint64_t row_bytes = uint64_t(w.stride(1)) * 2;
+  return make_bf16_tensor_map_4d(w.data_ptr(), {k, n, uint64_t(halves), uint64_t(w.size(0))},
+                                 {row_bytes, row_bytes * n, uint64_t(w.stride(0)) * 2},
+                                 {kGemmBlockK, rows_per_box, 1, 1});
+}
+
+}  // namespace
+
+void moe_forward_megakernel(const at::Tensor& peer_bases, int64_t tokens_offset,
+                            int64_t slots_offset, const at::Tensor& offsets,
+                            const at::Tensor& row_slot, const at::Tensor& row_prob,
+                            int64_t max_tokens, int64_t topk, const at::Tensor& w1,
+                            const at::Tensor& w2, int64_t activation, at::Tensor& rows,
+                            at::Tensor& act, at::Tensor& h_out, at::Tensor& counters,
+                            int64_t comm_blocks, int64_t timeout_ns) {
+  const int64_t E = w1.size(0), H = rows.size(1), F = w2.size(2);
+  const bool gated = is_gated(static_cast<int>(activation));
+  const int64_t F1 = gated ? 2 * F : F;
+  const int64_t cap = rows.size(0);
+  const int sms = at::cuda::getCurrentDeviceProperties()->multiProcessorCount;
+  MOK_HOST_CHECK(w1.dim() == 3 && w2.dim() == 3 && w1.size(1) == F1 && w1.size(2) == H &&
+                     w2.size(0) == E && w2.size(1) == H,
+                 "moe_forward_megakernel: W1 must be [E, ", F1, ", ", H, "], W2 [E, ", H,
+                 ", F]");
+  MOK_HOST_CHECK(E >= 1 && E <= kGemmMaxExperts, "moe_forward_megakernel: 1..",
+                 kGemmMaxExperts, " local experts, got ", E);
+  MOK_HOST_CHECK(offsets.numel() == E + 1 && offsets.scalar_type() == at::kInt,
+                 "moe_forward_megakernel: offsets must be int32 [E + 1]");
+  MOK_HOST_CHECK(H % 8 == 0 && F % 8 == 0, "moe_forward_megakernel: H and F must be multiples of 8");
+  MOK_HOST_CHECK(rows.is_contiguous() && act.is_contiguous() && h_out.is_contiguous() &&
+                     act.size(0) == cap && act.size(1) == F && h_out.size(0) == cap &&
+                     h_out.size(1) == F1,
+                 "moe_forward_megakernel: rows [cap, H], act [cap, F], h [cap, F1], contiguous");
+  MOK_HOST_CHECK(w1.stride(2) == 1 && w2.stride(2) == 1 && w1.stride(0) > 0 && w2.stride(0) > 0,
+                 "moe_forward_megakernel: weights need contiguous rows and positive strides");
+  const int64_t max_mblocks = cap / kGemmBlockM + E + 1;
+  MOK_HOST_CHECK(counters.scalar_type() == at::kInt && counters.is_contiguous() &&
+                     counters.numel() >= 2 * max_mblocks,
+                 "moe_forward_megakernel: counters must be int32 with >= ", 2 * max_mblocks,
+                 " zeros");
+  MOK_HOST_CHECK(comm_blocks >= 1 && comm_blocks < sms, "moe_forward_megakernel: comm_blocks ",
+                 comm_blocks, " must be in [1, ", sms - 1, "]");
+  c10::cuda::CUDAGuard guard(rows.device());
+
+  ForwardArgs args{};
+  args.peer_bases = peer_bases.data_ptr<int64_t>();
+  args.tokens_offset = tokens_offset;
+  args.slots_offset = slots_offset;
+  args.offsets = offsets.data_ptr<int32_t>();
+  args.row_slot = row_slot.data_ptr<int32_t>();
+  args.row_prob = row_prob.data_ptr<float>();
+  args.num_experts = static_cast<int>(E);
+  args.hidden = static_cast<int>(H);
+  args.ffn = static_cast<int>(F);
+  args.per_rank = static_cast<int>(max_tokens * topk);
+  args.topk = static_cast<int>(topk);
+  args.comm_blocks = static_cast<int>(comm_blocks);
+  args.rows = reinterpret_cast<__nv_bfloat16*>(rows.data_ptr());
+  args.act = reinterpret_cast<__nv_bfloat16*>(act.data_ptr());
+  args.h_out = reinterpret_cast<__nv_bfloat16*>(h_out.data_ptr());
+  args.rows_ready = reinterpret_cast<uint32_t*>(counters.data_ptr<int32_t>());
+  args.fc1_done = args.rows_ready + max_mblocks;
+  args.timeout_ns = static_cast<uint64_t>(timeout_ns);
+  args.report = timeout_report_device();
+
+  const CUtensorMap rows_map = rows_tensor_map(rows);
+  const CUtensorMap act_map = rows_tensor_map(act);
+  const CUtensorMap w1_map =
+      gated ? weight_tensor_map(w1, 2, kGemmBlockN / 2) : weight_tensor_map(w1, 1, kGemmBlockN);
+  const CUtensorMap w2_map = weight_tensor_map(w2, 1, kGemmBlockN);
+  switch (activation) {
+    case kSwiglu: launch<kSwiglu>(rows_map, w1_map, act_map, w2_map, args); break;
+    case kGeglu: launch<kGeglu>(rows_map, w1_map, act_map, w2_map, args); break;
+    case kSilu: launch<kSilu>(rows_map, w1_map, act_map, w2_map, args); break;
+    case kGelu: launch<kGelu>(rows_map, w1_map, act_map, w2_map, args); break;
+    case kRelu: launch<kRelu>(rows_map, w1_map, act_map, w2_map, args); break;
+    case kSquaredRelu: launch<kSquaredRelu>(rows_map, w1_map, act_map, w2_map, args); break;
+    default: MOK_HOST_CHECK(false, "moe_forward_megakernel: unknown activation id ", activation);
+  }
+}
+
+}  // namespace mok

@@ -1,0 +1,27 @@
+"""The forward megakernel (kernel.forward_kernel: megakernel) on one GPU (EP=1): the v1 checks
+(reference agreement on uniform, skewed and adversarial routings, poisoned outputs, bitwise
+reruns, CUDA graphs), plus bit-identical results across numbers of row-pulling blocks."""
+
+import pytest
+
+import gpu_checks
+from test_symm_moe import SPECS
+
+pytestmark = pytest.mark.gpu
+
+MEGAKERNEL = {"forward_kernel": "megakernel", "comm_sms_forward": 8}
+
+
+@pytest.mark.parametrize("spec", SPECS, ids=lambda s: s.name)
+def test_matches_reference_and_is_deterministic(spec):
+    errors = gpu_checks.check_against_reference(spec, 0, None, **MEGAKERNEL)
+    print(spec.name, {k: f"{v:.2e}" for k, v in errors.items()})
+
+
+@pytest.mark.parametrize("spec", SPECS[:3], ids=lambda s: s.name)
+def test_bit_identical_across_comm_blocks(spec):
+    gpu_checks.check_megakernel_settings(spec, 0, None)
+
+
+def test_cuda_graph_replay():
+    gpu_checks.check_cuda_graph(SPECS[1], 0, None, **MEGAKERNEL)
