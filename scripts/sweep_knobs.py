@@ -1,0 +1,99 @@
+"""Find megakernel knobs for one shape and GPU count, and write them into a recipe YAML.
+
+Times the forward megakernel (and v1's separate kernels, for reference) over the given
+row-pulling block counts (kernel.comm_sms_forward) on one model shape, in one torchrun group,
+checks every setting gives bit-identical outputs, and writes the fastest as a recipe: the base
+recipe's file with `forward_kernel: megakernel` and the chosen knob values substituted.
+
+    NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 \
+    torchrun --nproc-per-node 2 scripts/sweep_knobs.py --model deepseek_v3_like \
+        --tokens 4096 --out configs/recipes/bf16_dsv3_ep2.yaml
+
+The minibatch is the engine's 128-row m-block and the row buffers are worst-case sized in
+this version, so only comm_sms_forward is swept; minibatch/macrobatch knobs are written back
+unchanged.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import sys
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+sys.path.insert(0, str(REPO / "scripts"))
+
+from bench_moe import make_problem, mok_path, timed  # noqa: E402
+from mok_megatron.config import CONFIG_DIR, load_model  # noqa: E402
+
+
+def sweep(args) -> dict:
+    model = load_model(args.model)
+    world = dist.get_world_size()
+    spec = model if args.variant == "full" else model.ep64_equivalent(world)
+    x, ids, probs, w1, w2, _ = make_problem(model, spec.num_experts, args.tokens, args.seed)
+    group = dist.group.WORLD
+    results, reference = {}, None
+    candidates = [("separate", 16)] + [("megakernel", c) for c in args.comm_sms]
+    for kind, comm in candidates:
+        fn = mok_path(group, args.tokens, kind, comm)
+        with torch.no_grad():
+            y = fn(x, ids, probs, w1, w2)
+        if kind == "megakernel":
+            if reference is None:
+                reference = y.clone()
+            elif not torch.equal(reference, y):
+                raise RuntimeError(f"comm_sms_forward={comm} changed the output bits")
+
+        def fwd():
+            with torch.no_grad():
+                fn(x, ids, probs, w1, w2)
+
+        results[f"{kind}:{comm}"] = timed(fwd, args.iters, args.warmup)
+    return results
+
+
+def write_recipe(base: Path, out: Path, comm_sms: int) -> None:
+    text = base.read_text()
+    for key, value in (("forward_kernel", "megakernel"), ("comm_sms_forward", str(comm_sms))):
+        text, n = re.subn(rf"^(\s*{key}:\s*)\S+", rf"\g<1>{value}", text, flags=re.M)
+        if n != 1:
+            raise ValueError(f"{base}: expected one `{key}:` line, found {n}")
+    out.write_text(text)
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--model", required=True)
+    p.add_argument("--variant", choices=["full", "ep64"], default="full")
+    p.add_argument("--tokens", type=int, required=True)
+    p.add_argument("--comm-sms", type=int, nargs="+", default=[4, 8, 16, 24, 32])
+    p.add_argument("--base-recipe", default="bf16")
+    p.add_argument("--iters", type=int, default=10)
+    p.add_argument("--warmup", type=int, default=3)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--out", type=Path, required=True, help="recipe YAML to write")
+    args = p.parse_args(argv)
+
+    torch.cuda.set_device(int(__import__("os").environ.get("LOCAL_RANK", 0)))
+    dist.init_process_group("nccl")
+    results = sweep(args)
+    if dist.get_rank() == 0:
+        mega = {k: v for k, v in results.items() if k.startswith("megakernel:")}
+        best = min(mega, key=mega.get)
+        comm = int(best.split(":")[1])
+        write_recipe(CONFIG_DIR / "recipes" / f"{args.base_recipe}.yaml", args.out, comm)
+        print(json.dumps({"model": args.model, "variant": args.variant, "tokens": args.tokens,
+                          "world": dist.get_world_size(), "fwd_s": results, "best": best,
+                          "recipe": str(args.out)}, indent=1))
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()

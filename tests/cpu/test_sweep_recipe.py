@@ -1,0 +1,28 @@
+"""scripts/sweep_knobs.py writes a recipe that loads and carries the chosen knobs."""
+
+import sys
+from pathlib import Path
+
+import pytest
+
+from mok_megatron.config import CONFIG_DIR, load_recipe
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "scripts"))
+import sweep_knobs  # noqa: E402
+
+
+def test_written_recipe_loads_with_chosen_knobs(tmp_path):
+    out = tmp_path / "tuned.yaml"
+    sweep_knobs.write_recipe(CONFIG_DIR / "recipes" / "bf16.yaml", out, 24)
+    recipe = load_recipe(str(out))
+    base = load_recipe("bf16")
+    assert recipe.kernel.forward_kernel == "megakernel"
+    assert recipe.kernel.comm_sms_forward == 24
+    assert recipe.kernel.max_tokens_per_rank == base.kernel.max_tokens_per_rank
+
+
+def test_missing_knob_line_is_an_error(tmp_path):
+    base = tmp_path / "base.yaml"
+    base.write_text("precision: bf16\n")
+    with pytest.raises(ValueError, match="forward_kernel"):
+        sweep_knobs.write_recipe(base, tmp_path / "out.yaml", 8)
