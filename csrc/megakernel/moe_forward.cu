@@ -322,15 +322,7 @@ void moe_forward_megakernel(const at::Tensor& peer_bases, int64_t tokens_offset,
   const CUtensorMap w1_map =
       gated ? weight_tensor_map(w1, 2, kGemmBlockN / 2) : weight_tensor_map(w1, 1, kGemmBlockN);
   const CUtensorMap w2_map = weight_tensor_map(w2, 1, kGemmBlockN);
-  switch (activation) {
-    case kSwiglu: launch<kSwiglu>(rows_map, w1_map, act_map, w2_map, args); break;
-    case kGeglu: launch<kGeglu>(rows_map, w1_map, act_map, w2_map, args); break;
-    case kSilu: launch<kSilu>(rows_map, w1_map, act_map, w2_map, args); break;
-    case kGelu: launch<kGelu>(rows_map, w1_map, act_map, w2_map, args); break;
-    case kRelu: launch<kRelu>(rows_map, w1_map, act_map, w2_map, args); break;
-    case kSquaredRelu: launch<kSquaredRelu>(rows_map, w1_map, act_map, w2_map, args); break;
-    default: MOK_HOST_CHECK(false, "moe_forward_megakernel: unknown activation id ", activation);
-  }
+  MOK_DISPATCH_ACTIVATION(activation, KACT, launch<KACT>(rows_map, w1_map, act_map, w2_map, args));
 }
 
 }  // namespace mok
