@@ -55,6 +55,6 @@ void moe_forward_megakernel(const at::Tensor& peer_bases, int64_t tokens_offset,
                             int64_t max_tokens, int64_t topk, const at::Tensor& w1,
                             const at::Tensor& w2, int64_t activation, at::Tensor& rows,
                             at::Tensor& act, at::Tensor& h_out, at::Tensor& counters,
-                            int64_t comm_blocks, int64_t timeout_ns);
+                            int64_t comm_blocks, int64_t timeout_ns, int64_t profile_skip);
 
 }  // namespace mok

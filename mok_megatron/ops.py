@@ -152,9 +152,11 @@ def grouped_gemm(a: torch.Tensor, w: torch.Tensor, offsets: torch.Tensor, out: t
 
 def moe_forward_megakernel(peer_bases, tokens_offset, slots_offset, offsets, row_slot, row_prob,
                            max_tokens, topk, w1, w2, activation: str, rows, act, h_out,
-                           counters, comm_blocks: int, timeout_ns: int) -> None:
+                           counters, comm_blocks: int, timeout_ns: int,
+                           profile_skip: int = 0) -> None:
     """Pull-dispatch + FC1/activation + FC2 + push-combine in one persistent launch
-    (csrc/megakernel/moe_forward.cu). ``counters`` must be int32 zeros."""
+    (csrc/megakernel/moe_forward.cu). ``counters`` must be int32 zeros. ``profile_skip``
+    (timing only, results meaningless when set): PROFILE_SKIP bits of stages to leave out."""
     _cuda("peer_bases", peer_bases, torch.int64)
     _cuda("offsets", offsets, torch.int32)
     _cuda("row_slot", row_slot, torch.int32)
@@ -166,13 +168,15 @@ def moe_forward_megakernel(peer_bases, tokens_offset, slots_offset, offsets, row
     extension().moe_forward_megakernel(peer_bases, tokens_offset, slots_offset, offsets,
                                        row_slot, row_prob, max_tokens, topk, w1, w2,
                                        ACTIVATION_IDS[activation], rows, act, h_out, counters,
-                                       comm_blocks, timeout_ns)
+                                       comm_blocks, timeout_ns, profile_skip)
 
 
+PROFILE_SKIP = {"pull": 1, "waits": 2, "fc1": 4, "fc2": 8}  # csrc megakernel ProfileSkip
 MEGAKERNEL_BLOCK_M = 128  # csrc/config/kernel_config.cuh kGemmBlockM
 
 
-WAIT_ROLES = ("gemm producer", "gemm mma", "rows ready", "fc1 done")  # csrc sm90::WaitRole
+WAIT_ROLES = ("gemm producer", "gemm mma", "rows ready", "fc1 done", "pull slot",
+              "pull row")  # csrc sm90::WaitRole
 
 
 def timeout_report() -> Optional[dict]:

@@ -42,6 +42,16 @@ constexpr int kGemmProducerRegs = 40;
 constexpr int kGemmConsumerRegs = 232;
 constexpr int kGemmMaxExperts = 1024;  // local experts one launch can schedule
 
+// Forward megakernel's row-pulling blocks: token rows go peer/local global -> shared -> row
+// buffer as 1-D bulk copies, through a ring of whole-row slots carved from the GEMM stage
+// memory the pulling block does not use (at most kPullMaxSlots, at least kPullMinSlots rows).
+// Up to slots / kPullLanesDivisor rows (at most 32) are loaded and stored per step, so about
+// half the ring is in flight as loads; rows are published per chunk of kPullChunkRows.
+constexpr int kPullMaxSlots = 128;
+constexpr int kPullMinSlots = 4;
+constexpr int kPullLanesDivisor = 4;
+constexpr int kPullChunkRows = 128;
+
 static_assert(kGemmProducerRegs * 128 + kGemmConsumerRegs * 128 * kGemmConsumers <= 65536,
               "register budget of one CTA per SM");
 

@@ -25,12 +25,12 @@
 #include <cuda_bf16.h>
 #include <torch/extension.h>
 
-#include "comm/copy_row.cuh"
 #include "common/error.cuh"
 #include "common/ptx.cuh"
 #include "gemm/sm90/tensor_map.h"
 #include "gemm/sm90/tile_engine.cuh"
 #include "gemm/timeout_report.h"
+#include "megakernel/row_pull.cuh"
 #include "ops.h"
 
 namespace mok {
@@ -53,6 +53,7 @@ struct ForwardArgs {
   uint32_t* fc1_done;         // [m-blocks] FC1 tiles stored
   uint64_t timeout_ns;
   int* report;
+  int skip;                   // ProfileSkip bits: stages left out, for timing only
 };
 
 struct SharedStorage {
@@ -61,18 +62,24 @@ struct SharedStorage {
   int32_t mblock_begin[kGemmMaxExperts + 1];
   int32_t fc1_begin[kGemmMaxExperts + 1];
   int32_t fc2_begin[kGemmMaxExperts + 1];
+  uint64_t pull_full[kPullMaxSlots];  // row-pulling blocks: their slots live in ring.a/b
+  uint64_t pull_empty[kPullMaxSlots];
 };
+// The GEMM stage memory a row-pulling block uses for whole-row slots.
+constexpr size_t kPullBytes = sizeof(StageRing::a) + sizeof(StageRing::b);
+static_assert(offsetof(StageRing, b) == sizeof(StageRing::a), "slots span a and b");
+
+__host__ __device__ constexpr int pull_slots(int hidden) {
+  return int(kPullBytes / (size_t(hidden) * 2)) < kPullMaxSlots
+             ? int(kPullBytes / (size_t(hidden) * 2))
+             : kPullMaxSlots;
+}
 constexpr size_t kSharedBytes = sizeof(SharedStorage) + 1024;  // + alignment slack
 constexpr int kPublishBarrier = 1;  // named barrier of the two consumer warpgroups
 
-__device__ __forceinline__ int expert_of_row(const int32_t* row_begin, int num_experts, int r) {
-  int lo = 0, hi = num_experts;  // the last e with row_begin[e] <= r: skips empty experts
-  while (hi - lo > 1) {
-    const int mid = (lo + hi) / 2;
-    if (row_begin[mid] <= r) lo = mid; else hi = mid;
-  }
-  return lo;
-}
+// Stages a profiling run leaves out (docs/perf-log.md: "time variants with a stage
+// removed"); any bit set makes the results meaningless, only the time counts.
+enum ProfileSkip : int { kSkipPull = 1, kSkipWaits = 2, kSkipFc1 = 4, kSkipFc2 = 8 };
 
 __device__ __forceinline__ void wait_count(const uint32_t* counter, uint32_t target,
                                            const ForwardArgs& a, int role, int tile, int mblock) {
@@ -86,26 +93,6 @@ __device__ __forceinline__ void wait_count(const uint32_t* counter, uint32_t tar
       a.report[3] = mblock;
       __threadfence_system();
       __trap();
-    }
-  }
-}
-
-__device__ void pull_rows(const SharedStorage& s, const ForwardArgs& a) {
-  constexpr int kWarps = kGemmThreads / 32;
-  const int lane = threadIdx.x % 32;
-  const int total = s.row_begin[a.num_experts];
-  const int vecs = a.hidden / 8;
-  for (int r = blockIdx.x * kWarps + threadIdx.x / 32; r < total; r += a.comm_blocks * kWarps) {
-    const int64_t flat = a.row_slot[r];
-    const int64_t peer = flat / a.per_rank;
-    const int4* src = reinterpret_cast<const int4*>(a.peer_bases[peer] + a.tokens_offset) +
-                      (flat - peer * a.per_rank) / a.topk * vecs;
-    copy_row(reinterpret_cast<int4*>(a.rows + int64_t(r) * a.hidden), src, vecs, lane);
-    __syncwarp();  // the whole row is written before lane 0 counts it
-    if (lane == 0) {
-      const int e = expert_of_row(s.row_begin, a.num_experts, r);
-      const int mblock = s.mblock_begin[e] + (r - s.row_begin[e]) / kGemmBlockM;
-      red_release_gpu_add_u32(&a.rows_ready[mblock], 1);
     }
   }
 }
@@ -130,18 +117,31 @@ __global__ void __launch_bounds__(kGemmThreads, 1)
     build_block_table(a.offsets, E, fc1_nblocks, nullptr, s.fc1_begin);
     build_block_table(a.offsets, E, fc2_nblocks, nullptr, s.fc2_begin);
   }
-  if (threadIdx.x == 32 && blockIdx.x >= a.comm_blocks) init_ring(s.ring);
+  const int slots = pull_slots(a.hidden);
+  const PullRing pull_ring{s.ring.a[0], s.pull_full, s.pull_empty, slots,
+                           min(32, max(1, slots / kPullLanesDivisor))};
+  if (threadIdx.x == 32) {
+    if (blockIdx.x >= a.comm_blocks) init_ring(s.ring); else init_pull_ring(pull_ring);
+  }
   __syncthreads();
 
   if (blockIdx.x < a.comm_blocks) {
-    pull_rows(s, a);
+    if (!(a.skip & kSkipPull)) {
+      pull_rows_bulk(RowSource{a.peer_bases, a.tokens_offset, a.row_slot, a.per_rank, a.topk},
+                     a.rows, a.hidden, s.row_begin[E], blockIdx.x, a.comm_blocks, pull_ring,
+                     MBlockTable{s.row_begin, s.mblock_begin, E}, a.rows_ready, a.timeout_ns,
+                     a.report);
+    }
     return;
   }
 
   const int compute_block = blockIdx.x - a.comm_blocks;
   const int compute_blocks = gridDim.x - a.comm_blocks;
   const int fc1_tiles = s.fc1_begin[E];
-  const int num_tiles = fc1_tiles + s.fc2_begin[E];
+  const int first_tile = (a.skip & kSkipFc1) ? fc1_tiles : 0;
+  const int end_tile = (a.skip & kSkipFc2) ? fc1_tiles : fc1_tiles + s.fc2_begin[E];
+  const bool wait_rows = !(a.skip & (kSkipPull | kSkipWaits));
+  const bool wait_fc1 = !(a.skip & (kSkipFc1 | kSkipWaits));
   const int fc1_kblocks = (a.hidden + kGemmBlockK - 1) / kGemmBlockK;
   const int fc2_kblocks = (a.ffn + kGemmBlockK - 1) / kGemmBlockK;
 
@@ -168,12 +168,12 @@ __global__ void __launch_bounds__(kGemmThreads, 1)
     warpgroup_reg_dealloc<kGemmProducerRegs>();
     if (threadIdx.x != 0) return;
     int it = 0;
-    for (int tile = compute_block; tile < num_tiles; tile += compute_blocks) {
+    for (int tile = first_tile + compute_block; tile < end_tile; tile += compute_blocks) {
       const Where w = locate(tile);
-      if (w.fc1) {
+      if (w.fc1 && wait_rows) {
         wait_count(&a.rows_ready[w.mblock], min(w.rows_left, kGemmBlockM), a, kWaitRowsReady,
                    tile, w.mblock);
-      } else {
+      } else if (!w.fc1 && wait_fc1) {
         wait_count(&a.fc1_done[w.mblock], fc1_nblocks, a, kWaitFc1Done, tile, w.mblock);
       }
       fence_proxy_async_global();
@@ -203,16 +203,15 @@ __global__ void __launch_bounds__(kGemmThreads, 1)
   const bool leader = threadIdx.x % 128 == 0;
   float acc[kAccRegs];
   int it = 0;
-  for (int tile = compute_block; tile < num_tiles; tile += compute_blocks) {
+  for (int tile = first_tile + compute_block; tile < end_tile; tile += compute_blocks) {
     const Where w = locate(tile);
     consume_tile(s.ring, it, w.k_blocks, tile, consumer, leader, acc, a.timeout_ns, a.report);
     if (w.fc1) {
       const int f1 = kGated ? 2 * a.ffn : a.ffn;
       store_tile<kAct>(acc, w.row0, w.rows_left, w.tc.n_block * kFc1Cols, a.ffn, consumer,
                        a.row_prob, [&](int64_t row) { return a.act + row * a.ffn; }, a.h_out, f1);
-      // Publish this tile's activation rows: every writer fences, both warpgroups meet,
-      // one thread counts the tile.
-      __threadfence();
+      // Publish this tile's activation rows: both warpgroups meet, then one thread's release
+      // (cumulative over the stores the barrier ordered before it) counts the tile.
       named_barrier_sync(kPublishBarrier, 128 * kGemmConsumers);
       if (threadIdx.x == 128) red_release_gpu_add_u32(&a.fc1_done[w.mblock], 1);
     } else {
@@ -266,7 +265,7 @@ void moe_forward_megakernel(const at::Tensor& peer_bases, int64_t tokens_offset,
                             int64_t max_tokens, int64_t topk, const at::Tensor& w1,
                             const at::Tensor& w2, int64_t activation, at::Tensor& rows,
                             at::Tensor& act, at::Tensor& h_out, at::Tensor& counters,
-                            int64_t comm_blocks, int64_t timeout_ns) {
+                            int64_t comm_blocks, int64_t timeout_ns, int64_t profile_skip) {
   const int64_t E = w1.size(0), H = rows.size(1), F = w2.size(2);
   const bool gated = is_gated(static_cast<int>(activation));
   const int64_t F1 = gated ? 2 * F : F;
@@ -281,6 +280,9 @@ void moe_forward_megakernel(const at::Tensor& peer_bases, int64_t tokens_offset,
   MOK_HOST_CHECK(offsets.numel() == E + 1 && offsets.scalar_type() == at::kInt,
                  "moe_forward_megakernel: offsets must be int32 [E + 1]");
   MOK_HOST_CHECK(H % 8 == 0 && F % 8 == 0, "moe_forward_megakernel: H and F must be multiples of 8");
+  MOK_HOST_CHECK(pull_slots(static_cast<int>(H)) >= kPullMinSlots, "moe_forward_megakernel: H = ",
+                 H, " rows are too wide for the row-pulling ring (at most ",
+                 kPullBytes / (2 * kPullMinSlots), ")");
   MOK_HOST_CHECK(rows.is_contiguous() && act.is_contiguous() && h_out.is_contiguous() &&
                      act.size(0) == cap && act.size(1) == F && h_out.size(0) == cap &&
                      h_out.size(1) == F1,
@@ -292,8 +294,13 @@ void moe_forward_megakernel(const at::Tensor& peer_bases, int64_t tokens_offset,
                      counters.numel() >= 2 * max_mblocks,
                  "moe_forward_megakernel: counters must be int32 with >= ", 2 * max_mblocks,
                  " zeros");
-  MOK_HOST_CHECK(comm_blocks >= 1 && comm_blocks < sms, "moe_forward_megakernel: comm_blocks ",
-                 comm_blocks, " must be in [1, ", sms - 1, "]");
+  // Without pulling (a profiling variant) no block needs to be a comm block.
+  const int64_t min_comm = (profile_skip & kSkipPull) ? 0 : 1;
+  MOK_HOST_CHECK(comm_blocks >= min_comm && comm_blocks < sms,
+                 "moe_forward_megakernel: comm_blocks ", comm_blocks, " must be in [", min_comm,
+                 ", ", sms - 1, "]");
+  MOK_HOST_CHECK(profile_skip >= 0 && profile_skip < 16,
+                 "moe_forward_megakernel: profile_skip is a 4-bit mask");
   c10::cuda::CUDAGuard guard(rows.device());
 
   ForwardArgs args{};
@@ -316,6 +323,7 @@ void moe_forward_megakernel(const at::Tensor& peer_bases, int64_t tokens_offset,
   args.fc1_done = args.rows_ready + max_mblocks;
   args.timeout_ns = static_cast<uint64_t>(timeout_ns);
   args.report = timeout_report_device();
+  args.skip = static_cast<int>(profile_skip);
 
   const CUtensorMap rows_map = rows_tensor_map(rows);
   const CUtensorMap act_map = rows_tensor_map(act);

@@ -26,7 +26,14 @@ constexpr int kStageBytes = kATileBytes + kBTileBytes;
 constexpr int kAccRegs = kGemmBlockN / 2;  // m64 x n256 fp32 over 128 threads
 
 // Timeout report roles (where a bounded wait gave up).
-enum WaitRole : int { kWaitProducer = 0, kWaitMma = 1, kWaitRowsReady = 2, kWaitFc1Done = 3 };
+enum WaitRole : int {
+  kWaitProducer = 0,
+  kWaitMma = 1,
+  kWaitRowsReady = 2,
+  kWaitFc1Done = 3,
+  kWaitPullSlot = 4,  // row puller: a ring slot to load into
+  kWaitPullRow = 5,   // row puller: a loaded row to store
+};
 constexpr int kReportInts = 4;  // {role, block, tile, stage}
 
 template <int kAct>

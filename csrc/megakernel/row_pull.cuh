@@ -1,0 +1,143 @@
+// The forward megakernel's row-pulling blocks: copy every scheduled token row from its source
+// rank's published buffer (a peer's over NVLink, or local) into the row buffer, and count the
+// rows of each 128-row m-block (rows_ready) so FC1 tiles can start.
+//
+// Why bulk copies: a block copying with vector loads keeps only what its registers hold in
+// flight (~24 KB with 12 warps), ~20-30 GB/s per SM at HBM latency (measured, docs/perf-log.md).
+// Here one thread keeps up to `slots` whole rows (most of 192 KB of shared memory) in flight as
+// 1-D TMA loads, and a second thread writes them out as 1-D TMA stores.
+//
+// Roles inside the block: warp 0 loads, warp 1 stores; each of their first `lanes` lanes owns
+// one row of every step (so up to `lanes` loads and stores are issued at once), and a slot
+// is free again once its row's store has read it. Rows go in chunks of kPullChunkRows
+// consecutive rows; comm block b takes chunks b, b + comm_blocks, ... so the m-blocks fill in
+// schedule order. A chunk is published once all its stores have finished: bulk_wait (writes
+// performed) -> fence.proxy.async (async-proxy writes before the generic release) ->
+// red.release per m-block; FC1's producer acquires, then fences the async proxy before its
+// TMA reads. (A first version - one storing thread, a publish every few rows - moved only
+// ~13 GB/s per block: docs/perf-log.md.)
+#pragma once
+
+#include <cuda_bf16.h>
+
+#include <cstdint>
+
+#include "common/ptx.cuh"
+#include "gemm/sm90/tile_engine.cuh"
+
+namespace mok {
+
+struct RowSource {
+  const int64_t* peer_bases;  // [world] workspace base of each rank
+  int64_t tokens_offset;      // byte offset of the published token rows [max_tokens, H]
+  const int32_t* row_slot;    // [rows] flat (source, token, k) of each row
+  int per_rank, topk;         // slots per rank (max_tokens * topk), k per token
+};
+
+struct PullRing {
+  uint8_t* data;  // slots x row_bytes, 16-byte aligned
+  uint64_t* full;
+  uint64_t* empty;
+  int slots;
+  int lanes;  // rows in flight per step: lanes of the loading and the storing warp
+};
+
+struct MBlockTable {
+  const int32_t* row_begin;     // [E + 1] expert row ranges
+  const int32_t* mblock_begin;  // [E + 1] first global m-block of each expert
+  int num_experts;
+};
+
+__device__ __forceinline__ int expert_of_row(const int32_t* row_begin, int num_experts, int r) {
+  int lo = 0, hi = num_experts;  // the last e with row_begin[e] <= r: skips empty experts
+  while (hi - lo > 1) {
+    const int mid = (lo + hi) / 2;
+    if (row_begin[mid] <= r) lo = mid; else hi = mid;
+  }
+  return lo;
+}
+
+__device__ __forceinline__ void init_pull_ring(const PullRing& ring) {
+  for (int i = 0; i < ring.slots; ++i) {
+    sm90::mbar_init(&ring.full[i], 1);
+    sm90::mbar_init(&ring.empty[i], 1);
+  }
+  sm90::fence_barrier_init();
+}
+
+// Counts rows [r0, r1) into their m-blocks (one release per m-block touched).
+__device__ __forceinline__ void publish_rows(const MBlockTable& t, int r0, int r1,
+                                             uint32_t* rows_ready) {
+  int r = r0;
+  while (r < r1) {
+    const int e = expert_of_row(t.row_begin, t.num_experts, r);
+    const int local = r - t.row_begin[e];
+    const int block_end = t.row_begin[e] + (local / kGemmBlockM + 1) * kGemmBlockM;
+    const int end = min(r1, min(block_end, t.row_begin[e + 1]));
+    red_release_gpu_add_u32(&rows_ready[t.mblock_begin[e] + local / kGemmBlockM], end - r);
+    r = end;
+  }
+}
+
+__device__ void pull_rows_bulk(const RowSource& src, __nv_bfloat16* rows, int hidden, int total,
+                               int comm_block, int comm_blocks, const PullRing& ring,
+                               const MBlockTable& table, uint32_t* rows_ready,
+                               uint64_t timeout_ns, int* report) {
+  const uint32_t row_bytes = uint32_t(hidden) * 2;
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  if (warp > 1) return;
+  const int lanes = ring.lanes;
+  const int stride = comm_blocks * kPullChunkRows;
+  int seq = 0;       // rows this block has handled: row seq sits in slot seq % slots
+  int prev = -1;     // storer: this lane's previous row, whose slot frees once it is read
+  for (int c0 = comm_block * kPullChunkRows; c0 < total; c0 += stride) {
+    const int c1 = min(c0 + kPullChunkRows, total);
+    for (int base = c0; base < c1; base += lanes) {
+      // Every row number q is used exactly once, so each slot's barriers advance one phase
+      // per use and the parities stay right.
+      const int step = min(lanes, c1 - base);
+      const int q = seq + lane;
+      seq += step;
+      if (lane >= step) continue;
+      const int r = base + lane;
+      const int slot = q % ring.slots;
+      uint8_t* buf = ring.data + size_t(slot) * row_bytes;
+      if (warp == 0) {  // loader
+        const int flat = src.row_slot[r];
+        const int peer = flat / src.per_rank;
+        const char* from = reinterpret_cast<const char*>(src.peer_bases[peer] + src.tokens_offset) +
+                           int64_t((flat - peer * src.per_rank) / src.topk) * row_bytes;
+        sm90::mbar_wait(&ring.empty[slot], ((q / ring.slots) & 1) ^ 1, timeout_ns,
+                        sm90::kWaitPullSlot, r, slot, report);
+        sm90::mbar_arrive_expect_tx(&ring.full[slot], row_bytes);
+        sm90::bulk_load(buf, from, row_bytes, &ring.full[slot]);
+      } else {  // storer
+        sm90::mbar_wait(&ring.full[slot], (q / ring.slots) & 1, timeout_ns, sm90::kWaitPullRow,
+                        r, slot, report);
+        sm90::bulk_store(rows + int64_t(r) * hidden, buf, row_bytes);
+        sm90::bulk_commit();
+        if (prev >= 0) {
+          sm90::bulk_wait_read<1>();  // the previous row's store has read its slot
+          sm90::mbar_arrive(&ring.empty[prev % ring.slots]);
+        }
+        prev = q;
+      }
+    }
+    if (warp == 1) {
+      // Publish the chunk: every storing lane's writes performed, then one release per
+      // m-block (cumulative over the lanes' writes, ordered by the __syncwarp).
+      if (lane < lanes) {
+        sm90::bulk_wait<0>();
+        if (prev >= 0) sm90::mbar_arrive(&ring.empty[prev % ring.slots]);
+        prev = -1;
+      }
+      __syncwarp();
+      if (lane == 0) {
+        fence_proxy_async_global();
+        publish_rows(table, c0, c1, rows_ready);
+      }
+    }
+  }
+}
+
+}  // namespace mok
