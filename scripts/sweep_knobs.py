@@ -62,7 +62,13 @@ def sweep(args) -> dict:
 def write_recipe(base: Path, out: Path, comm_sms: int) -> None:
     text = base.read_text()
     for key, value in (("forward_kernel", "megakernel"), ("comm_sms_forward", str(comm_sms))):
-        text, n = re.subn(rf"^(\s*{key}:\s*)\S+", rf"\g<1>{value}", text, flags=re.M)
+        # Keep the value's column: the old value and its padding become the new value,
+        # padded to the same width (the comments stay aligned).
+        def put(m, value=value):
+            old = m.group(2)
+            pad = " " * max(len(old) - len(value), 1) if old.endswith(" ") else ""
+            return m.group(1) + value + pad
+        text, n = re.subn(rf"^([ \t]*{key}:[ \t]*)(\S+[ \t]*)", put, text, flags=re.M)
         if n != 1:
             raise ValueError(f"{base}: expected one `{key}:` line, found {n}")
     out.write_text(text)

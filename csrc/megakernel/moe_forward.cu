@@ -45,7 +45,7 @@ struct ForwardArgs {
   const int32_t* offsets;     // [E + 1] expert row ranges in the row buffer
   const int32_t* row_slot;    // [rows] flat (source, token, k) of each row
   const float* row_prob;      // [rows]
-  int num_experts, hidden, ffn, per_rank, topk, comm_blocks;
+  int num_experts, hidden, ffn, per_rank, topk, comm_blocks, world;
   __nv_bfloat16* rows;        // [cap, H]  pulled token rows
   __nv_bfloat16* act;         // [cap, F]  act(h) * prob
   __nv_bfloat16* h_out;       // [cap, F1] FC1 output for backward
@@ -127,7 +127,7 @@ __global__ void __launch_bounds__(kGemmThreads, 1)
 
   if (blockIdx.x < a.comm_blocks) {
     if (!(a.skip & kSkipPull)) {
-      pull_rows_bulk(RowSource{a.peer_bases, a.tokens_offset, a.row_slot, a.per_rank, a.topk},
+      pull_rows_bulk(RowSource{a.peer_bases, a.tokens_offset, a.row_slot, a.per_rank, a.topk, a.world},
                      a.rows, a.hidden, s.row_begin[E], blockIdx.x, a.comm_blocks, pull_ring,
                      MBlockTable{s.row_begin, s.mblock_begin, E}, a.rows_ready, a.timeout_ns,
                      a.report);
@@ -301,6 +301,8 @@ void moe_forward_megakernel(const at::Tensor& peer_bases, int64_t tokens_offset,
                  ", ", sms - 1, "]");
   MOK_HOST_CHECK(profile_skip >= 0 && profile_skip < 16,
                  "moe_forward_megakernel: profile_skip is a 4-bit mask");
+  MOK_HOST_CHECK(peer_bases.numel() >= 1 && peer_bases.numel() <= kMaxRanks,
+                 "moe_forward_megakernel: 1..", kMaxRanks, " ranks, got ", peer_bases.numel());
   c10::cuda::CUDAGuard guard(rows.device());
 
   ForwardArgs args{};
@@ -316,6 +318,7 @@ void moe_forward_megakernel(const at::Tensor& peer_bases, int64_t tokens_offset,
   args.per_rank = static_cast<int>(max_tokens * topk);
   args.topk = static_cast<int>(topk);
   args.comm_blocks = static_cast<int>(comm_blocks);
+  args.world = static_cast<int>(peer_bases.numel());
   args.rows = reinterpret_cast<__nv_bfloat16*>(rows.data_ptr());
   args.act = reinterpret_cast<__nv_bfloat16*>(act.data_ptr());
   args.h_out = reinterpret_cast<__nv_bfloat16*>(h_out.data_ptr());

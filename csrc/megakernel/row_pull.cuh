@@ -9,7 +9,7 @@
 //
 // Roles inside the block: warp 0 loads, warp 1 stores; each of their first `lanes` lanes owns
 // one row of every step (so up to `lanes` loads and stores are issued at once), and a slot
-// is free again once its row's store has read it. Rows go in chunks of kPullChunkRows
+// is free again as soon as its row's store has read it. Rows go in chunks of kPullChunkRows
 // consecutive rows; comm block b takes chunks b, b + comm_blocks, ... so the m-blocks fill in
 // schedule order. A chunk is published once all its stores have finished: bulk_wait (writes
 // performed) -> fence.proxy.async (async-proxy writes before the generic release) ->
@@ -32,6 +32,7 @@ struct RowSource {
   int64_t tokens_offset;      // byte offset of the published token rows [max_tokens, H]
   const int32_t* row_slot;    // [rows] flat (source, token, k) of each row
   int per_rank, topk;         // slots per rank (max_tokens * topk), k per token
+  int world;                  // ranks (<= 32: one lane holds each rank's base)
 };
 
 struct PullRing {
@@ -79,58 +80,75 @@ __device__ __forceinline__ void publish_rows(const MBlockTable& t, int r0, int r
   }
 }
 
+// Row `r` of the schedule comes from this byte address (peer or local token buffer).
+__device__ __forceinline__ const char* row_source(const RowSource& src, int flat,
+                                                  int64_t lane_base, uint32_t row_bytes) {
+  const int peer = flat / src.per_rank;
+  // lane p of the warp holds rank p's token buffer address (world <= 32)
+  const int64_t base = __shfl_sync(0xffffffffu, lane_base, peer);
+  return reinterpret_cast<const char*>(base) +
+         int64_t((flat - peer * src.per_rank) / src.topk) * row_bytes;
+}
+
 __device__ void pull_rows_bulk(const RowSource& src, __nv_bfloat16* rows, int hidden, int total,
                                int comm_block, int comm_blocks, const PullRing& ring,
                                const MBlockTable& table, uint32_t* rows_ready,
                                uint64_t timeout_ns, int* report) {
   const uint32_t row_bytes = uint32_t(hidden) * 2;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  if (warp > 1) return;
   const int lanes = ring.lanes;
   const int stride = comm_blocks * kPullChunkRows;
-  int seq = 0;       // rows this block has handled: row seq sits in slot seq % slots
-  int prev = -1;     // storer: this lane's previous row, whose slot frees once it is read
-  for (int c0 = comm_block * kPullChunkRows; c0 < total; c0 += stride) {
-    const int c1 = min(c0 + kPullChunkRows, total);
-    for (int base = c0; base < c1; base += lanes) {
-      // Every row number q is used exactly once, so each slot's barriers advance one phase
-      // per use and the parities stay right.
-      const int step = min(lanes, c1 - base);
-      const int q = seq + lane;
-      seq += step;
-      if (lane >= step) continue;
-      const int r = base + lane;
-      const int slot = q % ring.slots;
-      uint8_t* buf = ring.data + size_t(slot) * row_bytes;
-      if (warp == 0) {  // loader
-        const int flat = src.row_slot[r];
-        const int peer = flat / src.per_rank;
-        const char* from = reinterpret_cast<const char*>(src.peer_bases[peer] + src.tokens_offset) +
-                           int64_t((flat - peer * src.per_rank) / src.topk) * row_bytes;
+  if (warp == 0) {
+    // Loader. The schedule entries of the next step are fetched one step ahead: the two
+    // dependent global reads per row (row_slot, then the peer's base) otherwise cost more
+    // than the copy of a 4 KB row.
+    const int64_t lane_base = lane < src.world ? src.peer_bases[lane] + src.tokens_offset : 0;
+    int seq = 0;  // rows this block has handled: row seq sits in slot seq % slots
+    for (int c0 = comm_block * kPullChunkRows; c0 < total; c0 += stride) {
+      const int c1 = min(c0 + kPullChunkRows, total);
+      int flat_next = lane < lanes && c0 + lane < c1 ? src.row_slot[c0 + lane] : 0;
+      for (int base = c0; base < c1; base += lanes) {
+        // Every row number q is used exactly once, so each slot's barriers advance one
+        // phase per use and the parities stay right.
+        const int step = min(lanes, c1 - base);
+        const int q = seq + lane;
+        seq += step;
+        const int flat = flat_next;
+        const int ahead = base + lanes + lane;
+        flat_next = lane < lanes && ahead < c1 ? src.row_slot[ahead] : 0;
+        const char* from = row_source(src, flat, lane_base, row_bytes);
+        if (lane >= step) continue;
+        const int slot = q % ring.slots;
         sm90::mbar_wait(&ring.empty[slot], ((q / ring.slots) & 1) ^ 1, timeout_ns,
-                        sm90::kWaitPullSlot, r, slot, report);
+                        sm90::kWaitPullSlot, base + lane, slot, report);
         sm90::mbar_arrive_expect_tx(&ring.full[slot], row_bytes);
-        sm90::bulk_load(buf, from, row_bytes, &ring.full[slot]);
-      } else {  // storer
-        sm90::mbar_wait(&ring.full[slot], (q / ring.slots) & 1, timeout_ns, sm90::kWaitPullRow,
-                        r, slot, report);
-        sm90::bulk_store(rows + int64_t(r) * hidden, buf, row_bytes);
-        sm90::bulk_commit();
-        if (prev >= 0) {
-          sm90::bulk_wait_read<1>();  // the previous row's store has read its slot
-          sm90::mbar_arrive(&ring.empty[prev % ring.slots]);
-        }
-        prev = q;
+        sm90::bulk_load(ring.data + size_t(slot) * row_bytes, from, row_bytes,
+                        &ring.full[slot]);
       }
     }
-    if (warp == 1) {
+  } else if (warp == 1) {
+    // Storer: same row numbering as the loader.
+    int seq = 0;
+    for (int c0 = comm_block * kPullChunkRows; c0 < total; c0 += stride) {
+      const int c1 = min(c0 + kPullChunkRows, total);
+      for (int base = c0; base < c1; base += lanes) {
+        const int step = min(lanes, c1 - base);
+        const int q = seq + lane;
+        seq += step;
+        if (lane >= step) continue;
+        const int r = base + lane;
+        const int slot = q % ring.slots;
+        sm90::mbar_wait(&ring.full[slot], (q / ring.slots) & 1, timeout_ns, sm90::kWaitPullRow,
+                        r, slot, report);
+        sm90::bulk_store(rows + int64_t(r) * hidden, ring.data + size_t(slot) * row_bytes,
+                         row_bytes);
+        sm90::bulk_commit();
+        sm90::bulk_wait_read<0>();  // the store has read the slot: free it for a load
+        sm90::mbar_arrive(&ring.empty[slot]);
+      }
       // Publish the chunk: every storing lane's writes performed, then one release per
       // m-block (cumulative over the lanes' writes, ordered by the __syncwarp).
-      if (lane < lanes) {
-        sm90::bulk_wait<0>();
-        if (prev >= 0) sm90::mbar_arrive(&ring.empty[prev % ring.slots]);
-        prev = -1;
-      }
+      if (lane < lanes) sm90::bulk_wait<0>();
       __syncwarp();
       if (lane == 0) {
         fence_proxy_async_global();
