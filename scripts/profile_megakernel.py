@@ -25,7 +25,6 @@ from gpu_timing import per_call_seconds
 from mok_megatron import ops
 from mok_megatron.config import load_model
 
-TIMEOUT_NS = 20_000_000_000
 
 
 def time_ms(fn, iters: int, warmup: int) -> float:
@@ -33,7 +32,7 @@ def time_ms(fn, iters: int, warmup: int) -> float:
     return times[len(times) // 2] * 1e3
 
 
-def build(model, experts: int, tokens: int, seed: int) -> dict:
+def build(model, experts: int, tokens: int, seed: int, timeout_ms: int = 20000) -> dict:
     H, F, K = model.hidden_size, model.moe_ffn_hidden_size, model.topk
     g = torch.Generator(device="cuda").manual_seed(seed)
     x = torch.randn(tokens, H, device="cuda", generator=g).bfloat16()
@@ -58,7 +57,7 @@ def build(model, experts: int, tokens: int, seed: int) -> dict:
                                 dtype=torch.int32, device="cuda"),
         # One "rank" whose workspace base is 0: the offsets are the buffers' addresses.
         "bases": torch.zeros(1, dtype=torch.int64, device="cuda"),
-        "tokens": tokens, "topk": K,
+        "tokens": tokens, "topk": K, "timeout_ns": timeout_ms * 1_000_000,
     }
 
 
@@ -68,7 +67,7 @@ def megakernel(p: dict, comm_blocks: int, skip: int = 0):
         ops.moe_forward_megakernel(p["bases"], p["x"].data_ptr(), p["slots"].data_ptr(),
                                    p["offsets"], p["row_slot"], p["row_prob"], p["tokens"],
                                    p["topk"], p["w1"], p["w2"], "swiglu", p["rows"], p["act"],
-                                   p["h"], p["counters"], comm_blocks, TIMEOUT_NS, skip)
+                                   p["h"], p["counters"], comm_blocks, p["timeout_ns"], skip)
     return run
 
 
@@ -107,7 +106,7 @@ def separate(p: dict, engine: bool) -> dict:
 
 
 def run_case(model, variant: str, experts: int, tokens: int, comm_list, args) -> dict:
-    p = build(model, experts, tokens, args.seed)
+    p = build(model, experts, tokens, args.seed, args.timeout_ms)
     eng, tor = separate(p, engine=True), separate(p, engine=False)
     eng["whole"]()
     expected = p["slots"].clone()
@@ -151,6 +150,7 @@ def main(argv=None) -> None:
     ap.add_argument("--iters", type=int, default=10)
     ap.add_argument("--warmup", type=int, default=3)
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--timeout-ms", type=int, default=20000, help="bound of every wait")
     ap.add_argument("--out", type=Path)
     args = ap.parse_args(argv)
     results = []
@@ -160,7 +160,14 @@ def main(argv=None) -> None:
             experts = (model.num_experts // args.ep if variant == "full"
                        else model.bench.ep64_experts_per_gpu)
             for tokens in args.tokens:
-                results.append(run_case(model, variant, experts, tokens, args.comm_sms, args))
+                try:
+                    results.append(run_case(model, variant, experts, tokens, args.comm_sms,
+                                            args))
+                except torch.AcceleratorError:
+                    # A bounded wait gave up (or a fault): say where, if a wait did.
+                    print(f"{name} {variant} T={tokens}: kernel failed; timeout report: "
+                          f"{ops.timeout_report()}", flush=True)
+                    raise
                 torch.cuda.empty_cache()
     if args.out:
         args.out.parent.mkdir(parents=True, exist_ok=True)
