@@ -155,7 +155,8 @@ def moe_forward_megakernel(peer_bases, tokens_offset, slots_offset, offsets, row
                            counters, comm_blocks: int, timeout_ns: int,
                            profile_skip: int = 0) -> None:
     """Pull-dispatch + FC1/activation + FC2 + push-combine in one persistent launch
-    (csrc/megakernel/moe_forward.cu). ``counters`` must be int32 zeros. ``profile_skip``
+    (csrc/megakernel/moe_forward.cu). ``counters``: ``megakernel_counters(...)``, zeroed
+    before every launch. ``profile_skip``
     (timing only, results meaningless when set): PROFILE_SKIP bits of stages to leave out."""
     _cuda("peer_bases", peer_bases, torch.int64)
     _cuda("offsets", offsets, torch.int32)
@@ -173,6 +174,13 @@ def moe_forward_megakernel(peer_bases, tokens_offset, slots_offset, offsets, row
 
 PROFILE_SKIP = {"pull": 1, "waits": 2, "fc1": 4, "fc2": 8}  # csrc megakernel ProfileSkip
 MEGAKERNEL_BLOCK_M = 128  # csrc/config/kernel_config.cuh kGemmBlockM
+
+
+def megakernel_counters(rows: int, num_experts: int, device) -> torch.Tensor:
+    """Zeroed per-m-block counters (rows pulled, FC1 tiles stored) for a megakernel launch
+    over `rows` scheduled rows: at most rows / 128 + num_experts + 1 m-blocks each."""
+    return torch.zeros(2 * (rows // MEGAKERNEL_BLOCK_M + num_experts + 1), dtype=torch.int32,
+                       device=device)
 
 
 WAIT_ROLES = ("gemm producer", "gemm mma", "rows ready", "fc1 done", "pull slot",

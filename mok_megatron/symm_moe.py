@@ -105,8 +105,7 @@ class _SymmMoE(torch.autograd.Function):
         act = torch.empty(cap, ffn, dtype=torch.bfloat16, device=x.device)
         if plan.megakernel:
             h = torch.empty(cap, plan.w1.shape[1], dtype=torch.bfloat16, device=x.device)
-            blocks = cap // ops.MEGAKERNEL_BLOCK_M + plan.num_local + 1
-            counters = torch.zeros(2 * blocks, dtype=torch.int32, device=x.device)
+            counters = ops.megakernel_counters(cap, plan.num_local, x.device)
             ops.moe_forward_megakernel(ws.peer_bases, ws.offsets["tokens"], ws.offsets["slots"],
                                        offsets, row_slot, row_prob, max_tokens, K, plan.w1,
                                        plan.w2, plan.activation, rows, act, h, counters,

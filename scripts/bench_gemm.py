@@ -21,15 +21,14 @@ from pathlib import Path
 
 import torch
 
-from gpu_timing import per_call_seconds
+from gpu_timing import median_ms
 from mok_megatron import ops
 from mok_megatron.config import load_model
 
 
-def time_ms(fn, iters: int, warmup: int) -> float:
-    """Median of per-call CUDA-event times, milliseconds."""
-    times = sorted(per_call_seconds(fn, iters, warmup))
-    return times[len(times) // 2] * 1e3
+def per_gpu_experts(model, variant: str, ep: int) -> int:
+    """Local experts of one GPU: `full` = E / ep, `ep64` = the EP64-equivalent count."""
+    return model.num_experts // ep if variant == "full" else model.bench.ep64_experts_per_gpu
 
 
 # The engine's tolerance against torch._grouped_mm in tests/gpu/test_grouped_gemm.py.
@@ -83,7 +82,7 @@ def run_case(model, local: int, tokens: int, iters: int, warmup: int, seed: int)
     bad = {k: v for k, v in errors.items() if not v <= MAX_REL_L2}
     if bad:
         raise RuntimeError(f"engine and torch disagree (rel-L2 > {MAX_REL_L2}): {bad}")
-    t = {name: time_ms(fn, iters, warmup) for name, fn in
+    t = {name: median_ms(fn, iters, warmup) for name, fn in
          (("fc1_ours", fc1_ours), ("fc1_torch", fc1_torch), ("fc2_ours", fc2_ours),
           ("fc2_torch", fc2_torch))}
     flops1, flops2 = 2 * rows * H * 2 * F, 2 * rows * F * H
@@ -118,8 +117,7 @@ def main(argv=None):
     for name in args.models:
         model = load_model(name)
         for variant in args.variants:
-            local = (model.num_experts // args.ep if variant == "full"
-                     else model.bench.ep64_experts_per_gpu)
+            local = per_gpu_experts(model, variant, args.ep)
             for tokens in args.tokens:
                 r = run_case(model, local, tokens, args.iters, args.warmup, args.seed)
                 r.update(model=name, variant=variant)

@@ -20,6 +20,12 @@ def mean_seconds(fn: Callable, iters: int = 10, warmup: int = 3) -> float:
     return start.elapsed_time(end) / iters / 1e3
 
 
+def median_ms(fn: Callable, iters: int, warmup: int) -> float:
+    """Median of per-call times (per_call_seconds), milliseconds."""
+    times = sorted(per_call_seconds(fn, iters, warmup))
+    return times[len(times) // 2] * 1e3
+
+
 def per_call_seconds(fn: Callable, iters: int, warmup: int,
                      before_each: Optional[Callable] = None) -> list[float]:
     """Each call timed alone (synchronized after it); `before_each` runs outside the timing

@@ -21,15 +21,11 @@ from pathlib import Path
 
 import torch
 
-from gpu_timing import per_call_seconds
+from bench_gemm import per_gpu_experts
+from gpu_timing import median_ms
 from mok_megatron import ops
 from mok_megatron.config import load_model
 
-
-
-def time_ms(fn, iters: int, warmup: int) -> float:
-    times = sorted(per_call_seconds(fn, iters, warmup))
-    return times[len(times) // 2] * 1e3
 
 
 def build(model, experts: int, tokens: int, seed: int, timeout_ms: int = 20000) -> dict:
@@ -53,8 +49,7 @@ def build(model, experts: int, tokens: int, seed: int, timeout_ms: int = 20000) 
         "h": torch.empty(n, 2 * F, device="cuda", dtype=torch.bfloat16),
         "out_rows": torch.empty(n, H, device="cuda", dtype=torch.bfloat16),
         "slots": torch.empty(n, H, device="cuda", dtype=torch.bfloat16),
-        "counters": torch.zeros(2 * (n // ops.MEGAKERNEL_BLOCK_M + experts + 1),
-                                dtype=torch.int32, device="cuda"),
+        "counters": ops.megakernel_counters(n, experts, "cuda"),
         # One "rank" whose workspace base is 0: the offsets are the buffers' addresses.
         "bases": torch.zeros(1, dtype=torch.int64, device="cuda"),
         "tokens": tokens, "topk": K, "timeout_ns": timeout_ms * 1_000_000,
@@ -117,7 +112,7 @@ def run_case(model, variant: str, experts: int, tokens: int, comm_list, args) ->
     if not identical:
         raise SystemExit(f"{model.name} {variant} T={tokens}: megakernel slots differ from the "
                          "separate engine path")
-    t = lambda fn: time_ms(fn, args.iters, args.warmup)  # noqa: E731
+    t = lambda fn: median_ms(fn, args.iters, args.warmup)  # noqa: E731
     skip = ops.PROFILE_SKIP
     times = {f"megakernel_comm{c}": t(megakernel(p, c)) for c in comm_list}
     times["no_pull_comm0"] = t(megakernel(p, 0, skip["pull"]))
@@ -157,8 +152,7 @@ def main(argv=None) -> None:
     for name in args.models:
         model = load_model(name)
         for variant in args.variants:
-            experts = (model.num_experts // args.ep if variant == "full"
-                       else model.bench.ep64_experts_per_gpu)
+            experts = per_gpu_experts(model, variant, args.ep)
             for tokens in args.tokens:
                 try:
                     results.append(run_case(model, variant, experts, tokens, args.comm_sms,

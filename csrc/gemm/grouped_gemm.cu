@@ -14,12 +14,12 @@
 // Schedule: tiles are numbered expert-major (expert, m-block, n-block) from the device-side
 // offsets, so the host never learns the row counts; CTA b takes tiles b, b + grid, ...
 // Each output element is computed by exactly one tile in a fixed K order: deterministic.
-#include <ATen/cuda/CUDAContext.h>
 #include <c10/cuda/CUDAGuard.h>
 #include <cuda_bf16.h>
 #include <torch/extension.h>
 
 #include "common/error.cuh"
+#include "gemm/persistent_launch.cuh"
 #include "gemm/sm90/tensor_map.h"
 #include "gemm/sm90/tile_engine.cuh"
 #include "gemm/timeout_report.h"
@@ -75,14 +75,7 @@ __global__ void __launch_bounds__(kGemmThreads, 1)
       produce_tile(s.ring, it, k_blocks, tile, timeout_ns, report, [&](int stage, int k0) {
         uint64_t* full = &s.ring.full[stage];
         tma_load_4d(s.ring.a[stage], &a_map, full, k0, row0, 0, 0);
-        if constexpr (kGated) {
-          // W viewed as [E, 2, F, K]: gate rows into the first half of the tile, up rows
-          // (the same output columns) into the second.
-          tma_load_4d(s.ring.b[stage], &w_map, full, k0, n0, 0, tc.expert);
-          tma_load_4d(s.ring.b[stage] + kBTileBytes / 2, &w_map, full, k0, n0, 1, tc.expert);
-        } else {
-          tma_load_4d(s.ring.b[stage], &w_map, full, k0, n0, 0, tc.expert);
-        }
+        load_weight_tile<kGated>(s.ring.b[stage], &w_map, full, k0, n0, tc.expert);
       });
     }
     return;
@@ -109,15 +102,10 @@ template <int kAct>
 void launch(const CUtensorMap& a_map, const CUtensorMap& w_map, const at::Tensor& offsets,
             int num_experts, int n_out, int k_dim, const float* row_prob, at::Tensor& out,
             __nv_bfloat16* h_out, int64_t h_stride, int64_t timeout_ns) {
-  auto kernel = grouped_gemm_kernel<kAct>;
-  MOK_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                      static_cast<int>(kSharedBytes)));
-  const int sms = at::cuda::getCurrentDeviceProperties()->multiProcessorCount;
-  kernel<<<sms, kGemmThreads, kSharedBytes, at::cuda::getCurrentCUDAStream()>>>(
-      a_map, w_map, offsets.data_ptr<int32_t>(), num_experts, n_out, k_dim, row_prob,
-      reinterpret_cast<__nv_bfloat16*>(out.data_ptr()), out.stride(0), h_out, h_stride,
-      static_cast<uint64_t>(timeout_ns), timeout_report_device());
-  MOK_LAUNCH_CHECK();
+  launch_persistent(grouped_gemm_kernel<kAct>, kSharedBytes, a_map, w_map,
+                    offsets.data_ptr<int32_t>(), num_experts, n_out, k_dim, row_prob,
+                    reinterpret_cast<__nv_bfloat16*>(out.data_ptr()), out.stride(0), h_out,
+                    h_stride, static_cast<uint64_t>(timeout_ns), timeout_report_device());
 }
 
 }  // namespace
@@ -173,19 +161,10 @@ void grouped_gemm(const at::Tensor& a, const at::Tensor& w, const at::Tensor& of
   if (a.size(0) == 0) return;
   c10::cuda::CUDAGuard guard(a.device());
 
-  const uint64_t rows = static_cast<uint64_t>(a.size(0));
-  const CUtensorMap a_map = sm90::make_bf16_tensor_map_4d(
-      a.data_ptr(), {uint64_t(k_dim), rows, 1, 1},
-      {uint64_t(a.stride(0)) * 2, rows * a.stride(0) * 2, rows * a.stride(0) * 2},
-      {kGemmBlockK, kGemmBlockM, 1, 1});
-  // W viewed as [E, halves, N_out, K]: a gated FC1 loads its gate and up halves as two
-  // boxes of half the tile's rows.
-  const uint64_t halves = gated ? 2 : 1;
-  const uint64_t row_bytes = uint64_t(w.stride(1)) * 2;
-  const CUtensorMap w_map = sm90::make_bf16_tensor_map_4d(
-      w.data_ptr(), {uint64_t(k_dim), uint64_t(n_out), halves, uint64_t(num_experts)},
-      {row_bytes, row_bytes * n_out, uint64_t(w.stride(0)) * 2},
-      {kGemmBlockK, static_cast<uint32_t>(kGemmBlockN / halves), 1, 1});
+  const CUtensorMap a_map =
+      sm90::row_tile_map(a.data_ptr(), a.size(0), k_dim, a.stride(0));
+  const CUtensorMap w_map = sm90::expert_weight_map(w.data_ptr(), num_experts, w.size(1), k_dim,
+                                                    w.stride(0), w.stride(1), gated ? 2 : 1);
   const float* prob = activation == kPlain ? nullptr : row_prob->data_ptr<float>();
   const int e = static_cast<int>(num_experts), n = static_cast<int>(n_out),
             k = static_cast<int>(k_dim);

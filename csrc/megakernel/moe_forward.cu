@@ -27,6 +27,7 @@
 
 #include "common/error.cuh"
 #include "common/ptx.cuh"
+#include "gemm/persistent_launch.cuh"
 #include "gemm/sm90/tensor_map.h"
 #include "gemm/sm90/tile_engine.cuh"
 #include "gemm/timeout_report.h"
@@ -70,9 +71,8 @@ constexpr size_t kPullBytes = sizeof(StageRing::a) + sizeof(StageRing::b);
 static_assert(offsetof(StageRing, b) == sizeof(StageRing::a), "slots span a and b");
 
 __host__ __device__ constexpr int pull_slots(int hidden) {
-  return int(kPullBytes / (size_t(hidden) * 2)) < kPullMaxSlots
-             ? int(kPullBytes / (size_t(hidden) * 2))
-             : kPullMaxSlots;
+  const size_t fit = kPullBytes / (size_t(hidden) * 2);
+  return fit < kPullMaxSlots ? int(fit) : kPullMaxSlots;
 }
 constexpr size_t kSharedBytes = sizeof(SharedStorage) + 1024;  // + alignment slack
 constexpr int kPublishBarrier = 1;  // named barrier of the two consumer warpgroups
@@ -86,14 +86,7 @@ __device__ __forceinline__ void wait_count(const uint32_t* counter, uint32_t tar
   if (ld_acquire_gpu_u32(counter) >= target) return;
   const uint64_t start = globaltimer_ns();
   while (ld_acquire_gpu_u32(counter) < target) {
-    if (globaltimer_ns() - start > a.timeout_ns) {
-      a.report[0] = role;
-      a.report[1] = blockIdx.x;
-      a.report[2] = tile;
-      a.report[3] = mblock;
-      __threadfence_system();
-      __trap();
-    }
+    if (globaltimer_ns() - start > a.timeout_ns) trap_with_report(a.report, role, tile, mblock);
   }
 }
 
@@ -183,15 +176,11 @@ __global__ void __launch_bounds__(kGemmThreads, 1)
         if (w.fc1) {
           const int n0 = w.tc.n_block * kFc1Cols;
           tma_load_4d(s.ring.a[stage], &rows_map, full, k0, w.row0, 0, 0);
-          if constexpr (kGated) {
-            tma_load_4d(b, &w1_map, full, k0, n0, 0, w.tc.expert);
-            tma_load_4d(b + kBTileBytes / 2, &w1_map, full, k0, n0, 1, w.tc.expert);
-          } else {
-            tma_load_4d(b, &w1_map, full, k0, n0, 0, w.tc.expert);
-          }
+          load_weight_tile<kGated>(b, &w1_map, full, k0, n0, w.tc.expert);
         } else {
           tma_load_4d(s.ring.a[stage], &act_map, full, k0, w.row0, 0, 0);
-          tma_load_4d(b, &w2_map, full, k0, w.tc.n_block * kGemmBlockN, 0, w.tc.expert);
+          load_weight_tile<false>(b, &w2_map, full, k0, w.tc.n_block * kGemmBlockN,
+                                  w.tc.expert);
         }
       });
     }
@@ -229,32 +218,13 @@ __global__ void __launch_bounds__(kGemmThreads, 1)
   }
 }
 
-template <int kAct>
-void launch(const CUtensorMap& rows_map, const CUtensorMap& w1_map, const CUtensorMap& act_map,
-            const CUtensorMap& w2_map, const ForwardArgs& args) {
-  auto kernel = moe_forward_kernel<kAct>;
-  MOK_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                      static_cast<int>(kSharedBytes)));
-  const int sms = at::cuda::getCurrentDeviceProperties()->multiProcessorCount;
-  kernel<<<sms, kGemmThreads, kSharedBytes, at::cuda::getCurrentCUDAStream()>>>(
-      rows_map, w1_map, act_map, w2_map, args);
-  MOK_LAUNCH_CHECK();
-}
-
 CUtensorMap rows_tensor_map(const at::Tensor& t) {
-  const uint64_t rows = uint64_t(t.size(0)), row_bytes = uint64_t(t.stride(0)) * 2;
-  return make_bf16_tensor_map_4d(t.data_ptr(), {uint64_t(t.size(1)), rows, 1, 1},
-                                 {row_bytes, rows * row_bytes, rows * row_bytes},
-                                 {kGemmBlockK, kGemmBlockM, 1, 1});
+  return row_tile_map(t.data_ptr(), t.size(0), t.size(1), t.stride(0));
 }
 
-// W [E, halves * N, K] viewed as [E, halves, N, K], boxes of rows_per_box x 64.
-CUtensorMap weight_tensor_map(const at::Tensor& w, int halves, uint32_t rows_per_box) {
-  const uint64_t n = uint64_t(w.size(1) / halves), k = uint64_t(w.size(2));
-  const uint64_t row_bytes = uint64_t(w.stride(1)) * 2;
-  return make_bf16_tensor_map_4d(w.data_ptr(), {k, n, uint64_t(halves), uint64_t(w.size(0))},
-                                 {row_bytes, row_bytes * n, uint64_t(w.stride(0)) * 2},
-                                 {kGemmBlockK, rows_per_box, 1, 1});
+CUtensorMap weight_tensor_map(const at::Tensor& w, int halves) {
+  return expert_weight_map(w.data_ptr(), w.size(0), w.size(1), w.size(2), w.stride(0),
+                           w.stride(1), halves);
 }
 
 }  // namespace
@@ -330,10 +300,11 @@ void moe_forward_megakernel(const at::Tensor& peer_bases, int64_t tokens_offset,
 
   const CUtensorMap rows_map = rows_tensor_map(rows);
   const CUtensorMap act_map = rows_tensor_map(act);
-  const CUtensorMap w1_map =
-      gated ? weight_tensor_map(w1, 2, kGemmBlockN / 2) : weight_tensor_map(w1, 1, kGemmBlockN);
-  const CUtensorMap w2_map = weight_tensor_map(w2, 1, kGemmBlockN);
-  MOK_DISPATCH_ACTIVATION(activation, KACT, launch<KACT>(rows_map, w1_map, act_map, w2_map, args));
+  const CUtensorMap w1_map = weight_tensor_map(w1, gated ? 2 : 1);
+  const CUtensorMap w2_map = weight_tensor_map(w2, 1);
+  MOK_DISPATCH_ACTIVATION(activation, KACT,
+                          launch_persistent(moe_forward_kernel<KACT>, kSharedBytes, rows_map,
+                                            w1_map, act_map, w2_map, args));
 }
 
 }  // namespace mok

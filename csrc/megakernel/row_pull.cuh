@@ -3,9 +3,9 @@
 // rows of each 128-row m-block (rows_ready) so FC1 tiles can start.
 //
 // Why bulk copies: a block copying with vector loads keeps only what its registers hold in
-// flight (~24 KB with 12 warps), ~20-30 GB/s per SM at HBM latency (measured, docs/perf-log.md).
-// Here one thread keeps up to `slots` whole rows (most of 192 KB of shared memory) in flight as
-// 1-D TMA loads, and a second thread writes them out as 1-D TMA stores.
+// flight (~24 KB with 12 warps) and moved ~20 GB/s; with up to `slots` whole rows (most of
+// 192 KB of shared memory) in flight as 1-D TMA loads, written out as 1-D TMA stores, a block
+// moves ~30 GB/s (both measured at EP=1, docs/perf-log.md).
 //
 // Roles inside the block: warp 0 loads, warp 1 stores; each of their first `lanes` lanes owns
 // one row of every step (so up to `lanes` loads and stores are issued at once), and a slot
@@ -49,15 +49,6 @@ struct MBlockTable {
   int num_experts;
 };
 
-__device__ __forceinline__ int expert_of_row(const int32_t* row_begin, int num_experts, int r) {
-  int lo = 0, hi = num_experts;  // the last e with row_begin[e] <= r: skips empty experts
-  while (hi - lo > 1) {
-    const int mid = (lo + hi) / 2;
-    if (row_begin[mid] <= r) lo = mid; else hi = mid;
-  }
-  return lo;
-}
-
 __device__ __forceinline__ void init_pull_ring(const PullRing& ring) {
   for (int i = 0; i < ring.slots; ++i) {
     sm90::mbar_init(&ring.full[i], 1);
@@ -71,7 +62,7 @@ __device__ __forceinline__ void publish_rows(const MBlockTable& t, int r0, int r
                                              uint32_t* rows_ready) {
   int r = r0;
   while (r < r1) {
-    const int e = expert_of_row(t.row_begin, t.num_experts, r);
+    const int e = sm90::expert_at(t.row_begin, t.num_experts, r);
     const int local = r - t.row_begin[e];
     const int block_end = t.row_begin[e] + (local / kGemmBlockM + 1) * kGemmBlockM;
     const int end = min(r1, min(block_end, t.row_begin[e + 1]));

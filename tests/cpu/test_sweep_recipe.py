@@ -19,6 +19,14 @@ def test_written_recipe_loads_with_chosen_knobs(tmp_path):
     assert recipe.kernel.forward_kernel == "megakernel"
     assert recipe.kernel.comm_sms_forward == 24
     assert recipe.kernel.max_tokens_per_rank == base.kernel.max_tokens_per_rank
+    # Only the two knob lines change, and every comment keeps its column.
+    base_lines = (CONFIG_DIR / "recipes" / "bf16.yaml").read_text().splitlines()
+    out_lines = out.read_text().splitlines()
+    assert len(out_lines) == len(base_lines)
+    changed = [o for o, b in zip(out_lines, base_lines) if o != b]
+    assert [line.split(":")[0].strip() for line in changed] == ["comm_sms_forward",
+                                                                "forward_kernel"]
+    assert [o.find("#") for o in out_lines] == [b.find("#") for b in base_lines]
 
 
 def test_missing_knob_line_is_an_error(tmp_path):

@@ -4,6 +4,7 @@
 #include <cudaTypedefs.h>
 
 #include "common/error.cuh"
+#include "config/kernel_config.cuh"
 
 namespace mok::sm90 {
 namespace {
@@ -44,6 +45,21 @@ CUtensorMap make_bf16_tensor_map_4d(const void* base, const std::array<uint64_t,
   MOK_HOST_CHECK(res == CUDA_SUCCESS, "cuTensorMapEncodeTiled failed (CUresult ", int(res),
                  ") for dims [", dims[0], ", ", dims[1], ", ", dims[2], ", ", dims[3], "]");
   return map;
+}
+
+CUtensorMap row_tile_map(const void* base, uint64_t rows, uint64_t cols, uint64_t row_stride) {
+  const uint64_t row_bytes = row_stride * 2;
+  return make_bf16_tensor_map_4d(base, {cols, rows, 1, 1},
+                                 {row_bytes, rows * row_bytes, rows * row_bytes},
+                                 {kGemmBlockK, kGemmBlockM, 1, 1});
+}
+
+CUtensorMap expert_weight_map(const void* base, uint64_t experts, uint64_t rows, uint64_t k,
+                              uint64_t expert_stride, uint64_t row_stride, int halves) {
+  const uint64_t n = rows / halves, row_bytes = row_stride * 2;
+  return make_bf16_tensor_map_4d(base, {k, n, uint64_t(halves), experts},
+                                 {row_bytes, row_bytes * n, expert_stride * 2},
+                                 {kGemmBlockK, uint32_t(kGemmBlockN / halves), 1, 1});
 }
 
 }  // namespace mok::sm90

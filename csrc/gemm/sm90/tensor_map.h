@@ -15,4 +15,14 @@ CUtensorMap make_bf16_tensor_map_4d(const void* base, const std::array<uint64_t,
                                     const std::array<uint64_t, 3>& strides_bytes,
                                     const std::array<uint32_t, 4>& box);
 
+// The engine's A operand: `rows` rows of `cols` bf16 (row stride `row_stride` elements), read
+// in kGemmBlockM x kGemmBlockK boxes.
+CUtensorMap row_tile_map(const void* base, uint64_t rows, uint64_t cols, uint64_t row_stride);
+
+// The engine's B operand: expert weights W [E, halves * N, K] (strides in elements) viewed as
+// [E, halves, N, K] and read in boxes of kGemmBlockN / halves rows x kGemmBlockK. A gated FC1
+// (halves = 2) loads its gate and up rows for the same output columns as two boxes.
+CUtensorMap expert_weight_map(const void* base, uint64_t experts, uint64_t rows, uint64_t k,
+                              uint64_t expert_stride, uint64_t row_stride, int halves);
+
 }  // namespace mok::sm90

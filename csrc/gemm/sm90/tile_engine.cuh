@@ -59,15 +59,31 @@ struct TileCoord {
   int expert, m_block, n_block;
 };
 
-__device__ __forceinline__ TileCoord decode_tile(const int32_t* tile_begin, int num_experts,
-                                                 int n_blocks, int tile) {
-  int lo = 0, hi = num_experts;  // the last e with tile_begin[e] <= tile
+// The last e in [0, num_experts) with begin[e] <= x, for an ascending prefix table `begin`
+// (so experts with nothing in them are skipped).
+__device__ __forceinline__ int expert_at(const int32_t* begin, int num_experts, int x) {
+  int lo = 0, hi = num_experts;
   while (hi - lo > 1) {
     const int mid = (lo + hi) / 2;
-    if (tile_begin[mid] <= tile) lo = mid; else hi = mid;
+    if (begin[mid] <= x) lo = mid; else hi = mid;
   }
-  const int local = tile - tile_begin[lo];
-  return {lo, local / n_blocks, local % n_blocks};
+  return lo;
+}
+
+__device__ __forceinline__ TileCoord decode_tile(const int32_t* tile_begin, int num_experts,
+                                                 int n_blocks, int tile) {
+  const int e = expert_at(tile_begin, num_experts, tile);
+  const int local = tile - tile_begin[e];
+  return {e, local / n_blocks, local % n_blocks};
+}
+
+// Issues the B-operand TMA loads of one stage (see expert_weight_map): a gated FC1 tile gets
+// its gate rows in the first half and the matching up rows in the second half.
+template <bool kGatedWeights>
+__device__ __forceinline__ void load_weight_tile(uint8_t* b, const CUtensorMap* map,
+                                                 uint64_t* full, int k0, int n0, int expert) {
+  tma_load_4d(b, map, full, k0, n0, 0, expert);
+  if constexpr (kGatedWeights) tma_load_4d(b + kBTileBytes / 2, map, full, k0, n0, 1, expert);
 }
 
 // One warp: `row_begin[e]` = offsets[e] and `blocks_begin[e]` = the exclusive prefix sum of

@@ -56,19 +56,21 @@ __device__ __forceinline__ bool mbar_try_wait(uint64_t* bar, uint32_t parity) {
 // hanging the GPU, after leaving {role, block, tile, stage} in `report` (host-mapped memory
 // the host reads after the trap). No printf: a printf is a function call, and ptxas then
 // serializes every wgmma of the kernel.
+__device__ __forceinline__ void trap_with_report(int* report, int role, int tile, int stage) {
+  report[0] = role;
+  report[1] = blockIdx.x;
+  report[2] = tile;
+  report[3] = stage;
+  __threadfence_system();
+  __trap();
+}
+
 __device__ __forceinline__ void mbar_wait(uint64_t* bar, uint32_t parity, uint64_t timeout_ns,
                                           int role, int tile, int stage, int* report) {
   if (mbar_try_wait(bar, parity)) return;
   const uint64_t start = globaltimer_ns();
   while (!mbar_try_wait(bar, parity)) {
-    if (globaltimer_ns() - start > timeout_ns) {
-      report[0] = role;
-      report[1] = blockIdx.x;
-      report[2] = tile;
-      report[3] = stage;
-      __threadfence_system();
-      __trap();
-    }
+    if (globaltimer_ns() - start > timeout_ns) trap_with_report(report, role, tile, stage);
   }
 }
 
