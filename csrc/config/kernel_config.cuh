@@ -33,14 +33,19 @@ static_assert(kMaxRanks <= 32, "a barrier uses one thread per rank inside one wa
 // (SwiGLU/GeGLU) the 256 columns are 128 gate + the matching 128 up columns, so the epilogue
 // has both halves of every output column in the same thread.
 constexpr int kGemmConsumers = 2;
-constexpr int kGemmBlockM = 64 * kGemmConsumers;
+constexpr int kGemmWarpgroupRows = 64;  // wgmma m64: the rows one consumer owns
+constexpr int kGemmBlockM = kGemmWarpgroupRows * kGemmConsumers;
 constexpr int kGemmBlockN = 256;
 constexpr int kGemmBlockK = 64;  // one 128-byte swizzle row of bf16
-constexpr int kGemmStages = 4;   // 4 x 48 KiB of shared memory
+// 3 x 48 KiB of shared memory, plus 2 x 32 KiB where each consumer warpgroup stages its
+// output for TMA stores (gemm/sm90/tile_epilogue.cuh): measured faster than 4 stages with
+// per-thread stores on 22 of 24 grouped-GEMM cases, the other two within 3% (docs/perf-log.md).
+constexpr int kGemmStages = 3;
 constexpr int kGemmThreads = 128 * (1 + kGemmConsumers);
 constexpr int kGemmProducerRegs = 40;
 constexpr int kGemmConsumerRegs = 232;
 constexpr int kGemmMaxExperts = 1024;  // local experts one launch can schedule
+constexpr int kMaxDynamicSmemBytes = 227 * 1024;  // sm_90: per block, opted in
 
 // Forward megakernel's row-pulling blocks: token rows go peer/local global -> shared -> row
 // buffer as 1-D bulk copies, through a ring of whole-row slots carved from the GEMM stage

@@ -4,12 +4,8 @@
 // FC1 [2F, H] / FC2 [H, F] per expert): both operands K-major, so both go through TMA with
 // 128-byte swizzle straight into the layout wgmma reads.
 //
-// Epilogues:
-//   plain       out = bf16(acc)                                     (FC2)
-//   activation  out = bf16(act(bf16(acc)) * prob[row])             (FC1, non-gated)
-//   gated       out = bf16(act(bf16(g)) * bf16(u) * prob[row])      (FC1, SwiGLU / GeGLU)
-// The rounding points are those of the reference (FC1 output in bf16, activation in fp32),
-// and h_out, when given, receives the bf16 pre-activation that backward needs.
+// The epilogue (plain for FC2; activation x prob for FC1, with the bf16 pre-activation h for
+// backward when h_out is given) and its staged TMA store: gemm/sm90/tile_epilogue.cuh.
 //
 // Schedule: tiles are numbered expert-major (expert, m-block, n-block) from the device-side
 // offsets, so the host never learns the row counts; CTA b takes tiles b, b + grid, ...
@@ -22,6 +18,7 @@
 #include "gemm/persistent_launch.cuh"
 #include "gemm/sm90/tensor_map.h"
 #include "gemm/sm90/tile_engine.cuh"
+#include "gemm/sm90/tile_epilogue.cuh"
 #include "gemm/timeout_report.h"
 #include "ops.h"
 
@@ -31,16 +28,20 @@ namespace {
 using namespace sm90;
 
 struct SharedStorage {
+  EpilogueBuffers epilogue;  // first: 1024-aligned, as TMA's 128-byte swizzle needs
   StageRing ring;
   int32_t row_begin[kGemmMaxExperts + 1];
-  int32_t tile_begin[kGemmMaxExperts + 1];
+  int32_t mblock_begin[kGemmMaxExperts + 1];
 };
 constexpr size_t kSharedBytes = sizeof(SharedStorage) + 1024;  // + alignment slack
+static_assert(kSharedBytes <= kMaxDynamicSmemBytes, "shared memory of one block per SM");
 
 template <int kAct>
 __global__ void __launch_bounds__(kGemmThreads, 1)
     grouped_gemm_kernel(const __grid_constant__ CUtensorMap a_map,
                         const __grid_constant__ CUtensorMap w_map,
+                        const __grid_constant__ CUtensorMap out_map,
+                        const __grid_constant__ CUtensorMap h_map,
                         const int32_t* __restrict__ offsets, int num_experts, int n_out,
                         int k_dim, const float* __restrict__ row_prob,
                         __nv_bfloat16* __restrict__ out, int64_t out_stride,
@@ -56,10 +57,12 @@ __global__ void __launch_bounds__(kGemmThreads, 1)
   const int n_blocks = (n_out + kTileN - 1) / kTileN;
   const int k_blocks = (k_dim + kGemmBlockK - 1) / kGemmBlockK;
 
-  if (threadIdx.x < 32) build_block_table(offsets, num_experts, n_blocks, s.row_begin, s.tile_begin);
+  if (threadIdx.x < 32) {
+    build_mblock_table(offsets, num_experts, s.row_begin, s.mblock_begin);
+  }
   if (threadIdx.x == 32) init_ring(s.ring);
   __syncthreads();
-  const int num_tiles = s.tile_begin[num_experts];
+  const int num_tiles = s.mblock_begin[num_experts] * n_blocks;
 
   if (warpgroup == 0) {
     // Producer: one thread streams A and W tiles through the stage ring.
@@ -69,7 +72,7 @@ __global__ void __launch_bounds__(kGemmThreads, 1)
     prefetch_tensor_map(&w_map);
     int it = 0;
     for (int tile = blockIdx.x; tile < num_tiles; tile += gridDim.x) {
-      const TileCoord tc = decode_tile(s.tile_begin, num_experts, n_blocks, tile);
+      const TileCoord tc = decode_tile(s.mblock_begin, num_experts, n_blocks, tile);
       const int row0 = s.row_begin[tc.expert] + tc.m_block * kGemmBlockM;
       const int n0 = tc.n_block * kTileN;
       produce_tile(s.ring, it, k_blocks, tile, timeout_ns, report, [&](int stage, int k0) {
@@ -88,21 +91,27 @@ __global__ void __launch_bounds__(kGemmThreads, 1)
   float acc[kAccRegs];
   int it = 0;
   for (int tile = blockIdx.x; tile < num_tiles; tile += gridDim.x) {
-    const TileCoord tc = decode_tile(s.tile_begin, num_experts, n_blocks, tile);
+    const TileCoord tc = decode_tile(s.mblock_begin, num_experts, n_blocks, tile);
     consume_tile(s.ring, it, k_blocks, tile, consumer, leader, acc, timeout_ns, report);
     const int m_row0 = tc.m_block * kGemmBlockM;
     const int rows_left = s.row_begin[tc.expert + 1] - s.row_begin[tc.expert] - m_row0;
-    store_tile<kAct>(acc, s.row_begin[tc.expert] + m_row0, rows_left, tc.n_block * kTileN,
-                     n_out, consumer, row_prob,
-                     [&](int64_t row) { return out + row * out_stride; }, h_out, h_stride);
+    const int row0 = s.row_begin[tc.expert] + m_row0 + kStagedRows * consumer;
+    store_rows_staged<kAct>(acc, s.epilogue.out[consumer],
+                            EpilogueTensor{&out_map, out, out_stride},
+                            EpilogueTensor{&h_map, h_out, h_stride}, row0,
+                            rows_left >= kStagedRows * (consumer + 1),
+                            max(0, min(kStagedRows, rows_left - kStagedRows * consumer)),
+                            tc.n_block * kTileN, n_out, row_prob, consumer, leader);
   }
+  if (leader) bulk_wait_read<0>();  // the last stores have read shared memory before exit
 }
 
 template <int kAct>
-void launch(const CUtensorMap& a_map, const CUtensorMap& w_map, const at::Tensor& offsets,
-            int num_experts, int n_out, int k_dim, const float* row_prob, at::Tensor& out,
-            __nv_bfloat16* h_out, int64_t h_stride, int64_t timeout_ns) {
-  launch_persistent(grouped_gemm_kernel<kAct>, kSharedBytes, a_map, w_map,
+void launch(const CUtensorMap& a_map, const CUtensorMap& w_map, const CUtensorMap& out_map,
+            const CUtensorMap& h_map, const at::Tensor& offsets, int num_experts, int n_out,
+            int k_dim, const float* row_prob, at::Tensor& out, __nv_bfloat16* h_out,
+            int64_t h_stride, int64_t timeout_ns) {
+  launch_persistent(grouped_gemm_kernel<kAct>, kSharedBytes, a_map, w_map, out_map, h_map,
                     offsets.data_ptr<int32_t>(), num_experts, n_out, k_dim, row_prob,
                     reinterpret_cast<__nv_bfloat16*>(out.data_ptr()), out.stride(0), h_out,
                     h_stride, static_cast<uint64_t>(timeout_ns), timeout_report_device());
@@ -165,14 +174,24 @@ void grouped_gemm(const at::Tensor& a, const at::Tensor& w, const at::Tensor& of
       sm90::row_tile_map(a.data_ptr(), a.size(0), k_dim, a.stride(0));
   const CUtensorMap w_map = sm90::expert_weight_map(w.data_ptr(), num_experts, w.size(1), k_dim,
                                                     w.stride(0), w.stride(1), gated ? 2 : 1);
+  MOK_HOST_CHECK(out.stride(0) % 8 == 0 && h_stride % 8 == 0,
+                 "grouped_gemm: out and h_out row strides must be multiples of 8 elements "
+                 "(16 bytes, for TMA stores)");
+  const CUtensorMap out_map = sm90::staged_rows_map(out.data_ptr(), out.size(0), n_out, 1,
+                                                    out.stride(0));
+  const CUtensorMap h_map =
+      h_out ? sm90::staged_rows_map(h_ptr, h_out->size(0), n_out, gated ? 2 : 1, h_stride)
+            : CUtensorMap{};
   const float* prob = activation == kPlain ? nullptr : row_prob->data_ptr<float>();
   const int e = static_cast<int>(num_experts), n = static_cast<int>(n_out),
             k = static_cast<int>(k_dim);
   if (activation == kPlain) {
-    launch<kPlain>(a_map, w_map, offsets, e, n, k, prob, out, h_ptr, h_stride, timeout_ns);
+    launch<kPlain>(a_map, w_map, out_map, h_map, offsets, e, n, k, prob, out, h_ptr, h_stride,
+                   timeout_ns);
   } else {
     MOK_DISPATCH_ACTIVATION(activation, KACT,
-        launch<KACT>(a_map, w_map, offsets, e, n, k, prob, out, h_ptr, h_stride, timeout_ns));
+        launch<KACT>(a_map, w_map, out_map, h_map, offsets, e, n, k, prob, out, h_ptr,
+                     h_stride, timeout_ns));
   }
 }
 

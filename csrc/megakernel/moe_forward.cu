@@ -2,10 +2,10 @@
 // push-combine in one persistent launch (grid = SM count, one block per SM).
 //
 // Roles by block index:
-//   blocks [0, comm_blocks)   pull rows: every warp copies token rows from the source rank's
-//                             published buffer (NVLink for peers) into the row buffer in the
-//                             schedule's order, then counts the row into its m-block
-//                             (rows_ready, release).
+//   blocks [0, comm_blocks)   pull rows (megakernel/row_pull.cuh): token rows from the source
+//                             rank's published buffer (NVLink for peers) into the row buffer
+//                             in the schedule's order, counted per m-block (rows_ready,
+//                             release).
 //   the other blocks          run tiles of the sm90 tile engine over one index space: all FC1
 //                             tiles (expert, m-block, n-block), then all FC2 tiles. An FC1
 //                             tile's producer waits (acquire) until its m-block's rows are all
@@ -17,9 +17,10 @@
 // Deadlock freedom: every tile depends only on tiles with lower indices (or on the pull
 // blocks, which depend on nothing), each block takes its tiles in increasing order, and all
 // blocks are resident at once (one block per SM, grid = SM count).
-// Memory ordering: rows and activations are written through the generic proxy and read by
-// TMA (async proxy) in another block: writer stores -> fence -> release counter; reader
-// acquire -> fence.proxy.async.global -> TMA load.
+// Memory ordering: rows and activations are written by TMA / bulk stores (async proxy; an
+// expert's partial last block of activations by plain stores) and read by TMA in another
+// block: writer waits for its stores to complete -> fence.proxy.async -> release counter;
+// reader acquire -> fence.proxy.async.global -> TMA load.
 #include <ATen/cuda/CUDAContext.h>
 #include <c10/cuda/CUDAGuard.h>
 #include <cuda_bf16.h>
@@ -30,6 +31,7 @@
 #include "gemm/persistent_launch.cuh"
 #include "gemm/sm90/tensor_map.h"
 #include "gemm/sm90/tile_engine.cuh"
+#include "gemm/sm90/tile_epilogue.cuh"
 #include "gemm/timeout_report.h"
 #include "megakernel/row_pull.cuh"
 #include "ops.h"
@@ -58,24 +60,29 @@ struct ForwardArgs {
 };
 
 struct SharedStorage {
+  EpilogueBuffers epilogue;  // first: 1024-aligned, as TMA's 128-byte swizzle needs
   StageRing ring;
   int32_t row_begin[kGemmMaxExperts + 1];
   int32_t mblock_begin[kGemmMaxExperts + 1];
-  int32_t fc1_begin[kGemmMaxExperts + 1];
-  int32_t fc2_begin[kGemmMaxExperts + 1];
-  uint64_t pull_full[kPullMaxSlots];  // row-pulling blocks: their slots live in ring.a/b
-  uint64_t pull_empty[kPullMaxSlots];
+  uint64_t pull_full[kPullMaxSlots];  // row-pulling blocks: their slots live in epilogue
+  uint64_t pull_empty[kPullMaxSlots];  // and ring.a/b
 };
-// The GEMM stage memory a row-pulling block uses for whole-row slots.
-constexpr size_t kPullBytes = sizeof(StageRing::a) + sizeof(StageRing::b);
-static_assert(offsetof(StageRing, b) == sizeof(StageRing::a), "slots span a and b");
+// The GEMM memory a row-pulling block uses for whole-row slots: the epilogue buffers and the
+// stage ring's operand tiles, which lie back to back.
+constexpr size_t kPullBytes =
+    sizeof(EpilogueBuffers) + sizeof(StageRing::a) + sizeof(StageRing::b);
+static_assert(offsetof(SharedStorage, ring) == sizeof(EpilogueBuffers) &&
+                  offsetof(StageRing, a) == 0 && offsetof(StageRing, b) == sizeof(StageRing::a),
+              "slots span epilogue, ring.a and ring.b");
 
 __host__ __device__ constexpr int pull_slots(int hidden) {
   const size_t fit = kPullBytes / (size_t(hidden) * 2);
   return fit < kPullMaxSlots ? int(fit) : kPullMaxSlots;
 }
 constexpr size_t kSharedBytes = sizeof(SharedStorage) + 1024;  // + alignment slack
-constexpr int kPublishBarrier = 1;  // named barrier of the two consumer warpgroups
+static_assert(kSharedBytes <= kMaxDynamicSmemBytes, "shared memory of one block per SM");
+// Named barrier of all consumer warpgroups (the ids below it are the staging buffers').
+constexpr int kPublishBarrier = kStagingBarrier + kGemmConsumers;
 
 // Stages a profiling run leaves out (docs/perf-log.md: "time variants with a stage
 // removed"); any bit set makes the results meaningless, only the time counts.
@@ -95,7 +102,9 @@ __global__ void __launch_bounds__(kGemmThreads, 1)
     moe_forward_kernel(const __grid_constant__ CUtensorMap rows_map,
                        const __grid_constant__ CUtensorMap w1_map,
                        const __grid_constant__ CUtensorMap act_map,
-                       const __grid_constant__ CUtensorMap w2_map, const ForwardArgs a) {
+                       const __grid_constant__ CUtensorMap w2_map,
+                       const __grid_constant__ CUtensorMap act_store_map,
+                       const __grid_constant__ CUtensorMap h_store_map, const ForwardArgs a) {
   constexpr bool kGated = gated_epilogue<kAct>();
   constexpr int kFc1Cols = tile_cols<kAct>();
   extern __shared__ uint8_t smem_raw[];
@@ -106,12 +115,10 @@ __global__ void __launch_bounds__(kGemmThreads, 1)
   const int fc1_nblocks = (a.ffn + kFc1Cols - 1) / kFc1Cols;
   const int fc2_nblocks = (a.hidden + kGemmBlockN - 1) / kGemmBlockN;
   if (threadIdx.x < 32) {
-    build_block_table(a.offsets, E, 1, s.row_begin, s.mblock_begin);
-    build_block_table(a.offsets, E, fc1_nblocks, nullptr, s.fc1_begin);
-    build_block_table(a.offsets, E, fc2_nblocks, nullptr, s.fc2_begin);
+    build_mblock_table(a.offsets, E, s.row_begin, s.mblock_begin);
   }
   const int slots = pull_slots(a.hidden);
-  const PullRing pull_ring{s.ring.a[0], s.pull_full, s.pull_empty, slots,
+  const PullRing pull_ring{s.epilogue.out[0], s.pull_full, s.pull_empty, slots,
                            min(32, max(1, slots / kPullLanesDivisor))};
   if (threadIdx.x == 32) {
     if (blockIdx.x >= a.comm_blocks) init_ring(s.ring); else init_pull_ring(pull_ring);
@@ -130,9 +137,10 @@ __global__ void __launch_bounds__(kGemmThreads, 1)
 
   const int compute_block = blockIdx.x - a.comm_blocks;
   const int compute_blocks = gridDim.x - a.comm_blocks;
-  const int fc1_tiles = s.fc1_begin[E];
+  const int fc1_tiles = s.mblock_begin[E] * fc1_nblocks;
   const int first_tile = (a.skip & kSkipFc1) ? fc1_tiles : 0;
-  const int end_tile = (a.skip & kSkipFc2) ? fc1_tiles : fc1_tiles + s.fc2_begin[E];
+  const int end_tile =
+      (a.skip & kSkipFc2) ? fc1_tiles : fc1_tiles + s.mblock_begin[E] * fc2_nblocks;
   const bool wait_rows = !(a.skip & (kSkipPull | kSkipWaits));
   const bool wait_fc1 = !(a.skip & (kSkipFc1 | kSkipWaits));
   const int fc1_kblocks = (a.hidden + kGemmBlockK - 1) / kGemmBlockK;
@@ -147,8 +155,8 @@ __global__ void __launch_bounds__(kGemmThreads, 1)
   auto locate = [&](int tile) {
     Where w;
     w.fc1 = tile < fc1_tiles;
-    w.tc = w.fc1 ? decode_tile(s.fc1_begin, E, fc1_nblocks, tile)
-                 : decode_tile(s.fc2_begin, E, fc2_nblocks, tile - fc1_tiles);
+    w.tc = w.fc1 ? decode_tile(s.mblock_begin, E, fc1_nblocks, tile)
+                 : decode_tile(s.mblock_begin, E, fc2_nblocks, tile - fc1_tiles);
     w.mblock = s.mblock_begin[w.tc.expert] + w.tc.m_block;
     w.row0 = s.row_begin[w.tc.expert] + w.tc.m_block * kGemmBlockM;
     w.rows_left = s.row_begin[w.tc.expert + 1] - w.row0;
@@ -190,30 +198,57 @@ __global__ void __launch_bounds__(kGemmThreads, 1)
   warpgroup_reg_alloc<kGemmConsumerRegs>();
   const int consumer = warpgroup - 1;
   const bool leader = threadIdx.x % 128 == 0;
+  uint8_t* buf = s.epilogue.out[consumer];
+  const int f1 = kGated ? 2 * a.ffn : a.ffn;
+  const EpilogueTensor act_out{&act_store_map, a.act, a.ffn};
+  const EpilogueTensor h_out{&h_store_map, a.h_out, f1};
+  // Counts an FC1 tile once its activation rows are in memory: each warpgroup's TMA stores
+  // complete (bulk_wait, then the async-proxy writes are ordered before the generic release),
+  // both warpgroups meet, one thread's release (cumulative over what the barrier ordered
+  // before it) counts the tile.
+  auto publish_fc1 = [&](int mblock) {
+    if (leader) bulk_wait<0>();
+    named_barrier_sync(kPublishBarrier, 128 * kGemmConsumers);
+    if (threadIdx.x == 128) {
+      fence_proxy_async_global();
+      red_release_gpu_add_u32(&a.fc1_done[mblock], 1);
+    }
+  };
+  const int fc1_end = min(end_tile, fc1_tiles);
+  int pending_mblock = -1;  // this block's last FC1 tile: stored, not yet counted
   float acc[kAccRegs];
   int it = 0;
   for (int tile = first_tile + compute_block; tile < end_tile; tile += compute_blocks) {
     const Where w = locate(tile);
     consume_tile(s.ring, it, w.k_blocks, tile, consumer, leader, acc, a.timeout_ns, a.report);
+    const int row0 = w.row0 + kStagedRows * consumer;
+    const int rows_valid = max(0, min(kStagedRows, w.rows_left - kStagedRows * consumer));
     if (w.fc1) {
-      const int f1 = kGated ? 2 * a.ffn : a.ffn;
-      store_tile<kAct>(acc, w.row0, w.rows_left, w.tc.n_block * kFc1Cols, a.ffn, consumer,
-                       a.row_prob, [&](int64_t row) { return a.act + row * a.ffn; }, a.h_out, f1);
-      // Publish this tile's activation rows: both warpgroups meet, then one thread's release
-      // (cumulative over the stores the barrier ordered before it) counts the tile.
-      named_barrier_sync(kPublishBarrier, 128 * kGemmConsumers);
-      if (threadIdx.x == 128) red_release_gpu_add_u32(&a.fc1_done[w.mblock], 1);
+      // The previous FC1 tile's stores drained during this tile's MMAs; count it now. A tile
+      // is counted late only while the next one is FC1 too (FC1 tiles never wait for FC1),
+      // so no FC2 tile can wait on a count this block holds back.
+      if (pending_mblock >= 0) publish_fc1(pending_mblock);
+      store_rows_staged<kAct>(acc, buf, act_out, h_out, row0,
+                              w.rows_left >= kStagedRows * (consumer + 1), rows_valid,
+                              w.tc.n_block * kFc1Cols, a.ffn, a.row_prob, consumer, leader);
+      pending_mblock = w.mblock;
+      if (tile + compute_blocks >= fc1_end) {
+        publish_fc1(pending_mblock);
+        pending_mblock = -1;
+      }
     } else {
-      store_tile<kPlain>(acc, w.row0, w.rows_left, w.tc.n_block * kGemmBlockN, a.hidden,
-                         consumer, nullptr,
-                         [&](int64_t row) {
-                           const int64_t flat = a.row_slot[row];
-                           const int64_t peer = flat / a.per_rank;
-                           return reinterpret_cast<__nv_bfloat16*>(a.peer_bases[peer] +
-                                                                   a.slots_offset) +
-                                  (flat - peer * a.per_rank) * a.hidden;
-                         },
-                         nullptr, 0);
+      // Each result row goes to its (token, k) slot on the source rank: rows are scattered,
+      // so they are copied out of the staging buffer, not stored by TMA.
+      store_round<kGemmBlockN>(
+          buf, StagedTarget{nullptr, 0, row0, false, rows_valid}, w.tc.n_block * kGemmBlockN,
+          a.hidden, consumer, leader,
+          [&](int j, int i) { return output_pair<kPlain>(acc, j, i, 1.f); },
+          [&](int r) {
+            const int64_t flat = a.row_slot[row0 + r];
+            const int64_t peer = flat / a.per_rank;
+            return reinterpret_cast<__nv_bfloat16*>(a.peer_bases[peer] + a.slots_offset) +
+                   (flat - peer * a.per_rank) * a.hidden;
+          });
     }
   }
 }
@@ -302,9 +337,12 @@ void moe_forward_megakernel(const at::Tensor& peer_bases, int64_t tokens_offset,
   const CUtensorMap act_map = rows_tensor_map(act);
   const CUtensorMap w1_map = weight_tensor_map(w1, gated ? 2 : 1);
   const CUtensorMap w2_map = weight_tensor_map(w2, 1);
+  const CUtensorMap act_store_map = staged_rows_map(act.data_ptr(), cap, F, 1, F);
+  const CUtensorMap h_store_map = staged_rows_map(h_out.data_ptr(), cap, F, gated ? 2 : 1, F1);
   MOK_DISPATCH_ACTIVATION(activation, KACT,
                           launch_persistent(moe_forward_kernel<KACT>, kSharedBytes, rows_map,
-                                            w1_map, act_map, w2_map, args));
+                                            w1_map, act_map, w2_map, act_store_map,
+                                            h_store_map, args));
 }
 
 }  // namespace mok

@@ -62,4 +62,12 @@ CUtensorMap expert_weight_map(const void* base, uint64_t experts, uint64_t rows,
                                  {kGemmBlockK, uint32_t(kGemmBlockN / halves), 1, 1});
 }
 
+CUtensorMap staged_rows_map(const void* base, uint64_t rows, uint64_t n_out, int halves,
+                            uint64_t row_stride) {
+  const uint64_t row_bytes = row_stride * 2;
+  return make_bf16_tensor_map_4d(base, {n_out, uint64_t(halves), rows, 1},
+                                 {n_out * 2, row_bytes, rows * row_bytes},
+                                 {64, 1, kGemmWarpgroupRows, 1});
+}
+
 }  // namespace mok::sm90

@@ -25,4 +25,10 @@ CUtensorMap row_tile_map(const void* base, uint64_t rows, uint64_t cols, uint64_
 CUtensorMap expert_weight_map(const void* base, uint64_t experts, uint64_t rows, uint64_t k,
                               uint64_t expert_stride, uint64_t row_stride, int halves);
 
+// Rows the staged epilogue stores (gemm/sm90/tile_epilogue.cuh): `rows` rows of `halves` x
+// `n_out` bf16 (row stride `row_stride` elements) viewed as [rows, halves, n_out], written in
+// boxes of 64 rows x 64 columns of one half, so a box never crosses from gate into up.
+CUtensorMap staged_rows_map(const void* base, uint64_t rows, uint64_t n_out, int halves,
+                            uint64_t row_stride);
+
 }  // namespace mok::sm90

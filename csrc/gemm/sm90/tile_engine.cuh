@@ -1,7 +1,7 @@
 // The sm90 GEMM tile engine's building blocks, shared by the grouped GEMM launch
 // (gemm/grouped_gemm.cu) and the forward megakernel (megakernel/moe_forward.cu):
 // the expert-major tile table, the TMA producer and wgmma consumer k-loops over a shared
-// stage ring, and the register epilogue.
+// stage ring. The epilogue that stores a finished tile is gemm/sm90/tile_epilogue.cuh.
 //
 // A tile is kGemmBlockM rows x kGemmBlockN columns; consumer warpgroup c owns rows
 // 64c .. 64c + 63 and holds them as m64n256 fp32 accumulators. With a gated activation the
@@ -70,11 +70,14 @@ __device__ __forceinline__ int expert_at(const int32_t* begin, int num_experts, 
   return lo;
 }
 
-__device__ __forceinline__ TileCoord decode_tile(const int32_t* tile_begin, int num_experts,
+// Tile `tile` of the expert-major order (expert, m-block, n-block; n fastest). Expert e's
+// tiles are mblock_begin[e] * n_blocks .. mblock_begin[e + 1] * n_blocks, so the m-block
+// table (build_mblock_table) is the only table needed.
+__device__ __forceinline__ TileCoord decode_tile(const int32_t* mblock_begin, int num_experts,
                                                  int n_blocks, int tile) {
-  const int e = expert_at(tile_begin, num_experts, tile);
-  const int local = tile - tile_begin[e];
-  return {e, local / n_blocks, local % n_blocks};
+  const int mblock = tile / n_blocks;
+  const int e = expert_at(mblock_begin, num_experts, mblock);
+  return {e, mblock - mblock_begin[e], tile - mblock * n_blocks};
 }
 
 // Issues the B-operand TMA loads of one stage (see expert_weight_map): a gated FC1 tile gets
@@ -86,11 +89,10 @@ __device__ __forceinline__ void load_weight_tile(uint8_t* b, const CUtensorMap* 
   if constexpr (kGatedWeights) tma_load_4d(b + kBTileBytes / 2, map, full, k0, n0, 1, expert);
 }
 
-// One warp: `row_begin[e]` = offsets[e] and `blocks_begin[e]` = the exclusive prefix sum of
-// ceil(rows_e / kGemmBlockM) * n_blocks (tiles, or m-blocks with n_blocks = 1), e in [0, E].
-__device__ __forceinline__ void build_block_table(const int32_t* offsets, int num_experts,
-                                                  int n_blocks, int32_t* row_begin,
-                                                  int32_t* blocks_begin) {
+// One warp: `row_begin[e]` = offsets[e] and `mblock_begin[e]` = the exclusive prefix sum of
+// ceil(rows_e / kGemmBlockM), the first m-block of expert e, for e in [0, E].
+__device__ __forceinline__ void build_mblock_table(const int32_t* offsets, int num_experts,
+                                                   int32_t* row_begin, int32_t* mblock_begin) {
   const int lane = threadIdx.x % 32;
   int carry = 0;
   for (int base = 0; base <= num_experts; base += 32) {
@@ -98,10 +100,8 @@ __device__ __forceinline__ void build_block_table(const int32_t* offsets, int nu
     int blocks = 0;
     if (e <= num_experts) {
       const int begin = offsets[e];
-      if (row_begin != nullptr) row_begin[e] = begin;
-      if (e < num_experts) {
-        blocks = (offsets[e + 1] - begin + kGemmBlockM - 1) / kGemmBlockM * n_blocks;
-      }
+      row_begin[e] = begin;
+      if (e < num_experts) blocks = (offsets[e + 1] - begin + kGemmBlockM - 1) / kGemmBlockM;
     }
     int incl = blocks;
 #pragma unroll
@@ -109,7 +109,7 @@ __device__ __forceinline__ void build_block_table(const int32_t* offsets, int nu
       const int v = __shfl_up_sync(0xffffffffu, incl, d);
       if (lane >= d) incl += v;
     }
-    if (e <= num_experts) blocks_begin[e] = carry + incl - blocks;
+    if (e <= num_experts) mblock_begin[e] = carry + incl - blocks;
     carry += __shfl_sync(0xffffffffu, incl, 31);
   }
 }
@@ -165,68 +165,6 @@ __device__ __forceinline__ void consume_tile(StageRing& ring, int& it, int k_blo
   wgmma_wait<0>();
   fence_accumulators(acc);
   if (prev_stage >= 0 && leader) mbar_arrive(&ring.empty[prev_stage]);
-}
-
-__device__ __forceinline__ void store_pair(__nv_bfloat16* out, float a, float b) {
-  *reinterpret_cast<__nv_bfloat162*>(out) = __floats2bfloat162_rn(a, b);
-}
-
-__device__ __forceinline__ float round_bf16(float x) {
-  return __bfloat162float(__float2bfloat16(x));
-}
-
-template <int kAct>
-__device__ __forceinline__ float activate(float h) {
-  if constexpr (kAct == kPlain) return h;
-  else return act_eval<kAct>(h).f;
-}
-
-// Writes this thread's part of one finished tile. `row_out(row)` is where output row `row`
-// (an index into the grouped rows) starts; h_out, when not null, receives the bf16
-// pre-activation [gate | up] (row stride h_stride). Rows at or past rows_left (the expert's
-// end) and columns at or past n_out are skipped.
-template <int kAct, class RowOut>
-__device__ __forceinline__ void store_tile(const float (&d)[kAccRegs], int tile_row0,
-                                           int rows_left, int col0, int n_out, int consumer,
-                                           const float* __restrict__ row_prob, RowOut row_out,
-                                           __nv_bfloat16* __restrict__ h_out, int64_t h_stride) {
-  constexpr bool kGated = gated_epilogue<kAct>();
-  constexpr int kCols = tile_cols<kAct>();
-  const int t = threadIdx.x % 128;
-  const int warp = t / 32, lane = t % 32;
-#pragma unroll
-  for (int i = 0; i < 2; ++i) {
-    const int r = 64 * consumer + 16 * warp + lane / 4 + 8 * i;
-    if (r >= rows_left) continue;
-    const int64_t row = tile_row0 + r;
-    const float p = kAct == kPlain ? 1.f : row_prob[row];
-    __nv_bfloat16* out = row_out(row);
-#pragma unroll
-    for (int j = 0; j < kCols / 8; ++j) {
-      const int col = col0 + 8 * j + 2 * (lane % 4);
-      if (col >= n_out) continue;
-      float v[2];
-#pragma unroll
-      for (int c = 0; c < 2; ++c) {
-        const float h = round_bf16(d[4 * j + 2 * i + c]);
-        if constexpr (kGated) {
-          const float u = round_bf16(d[4 * (j + kCols / 8) + 2 * i + c]);
-          v[c] = activate<kAct>(h) * u * p;
-        } else {
-          v[c] = activate<kAct>(h) * p;
-        }
-      }
-      store_pair(out + col, v[0], v[1]);
-      if (h_out != nullptr) {
-        const int lin = 4 * j + 2 * i;
-        store_pair(h_out + row * h_stride + col, d[lin], d[lin + 1]);
-        if constexpr (kGated) {
-          const int lup = 4 * (j + kCols / 8) + 2 * i;
-          store_pair(h_out + row * h_stride + n_out + col, d[lup], d[lup + 1]);
-        }
-      }
-    }
-  }
 }
 
 }  // namespace mok::sm90

@@ -1,0 +1,204 @@
+// The sm90 tile engine's epilogue: turns one consumer warpgroup's fp32 accumulators (64 rows
+// of a finished tile) into bf16 output rows, through a shared-memory staging buffer.
+//
+// Epilogues (kAct):
+//   kPlain      out = bf16(acc)                                     (FC2)
+//   activation  out = bf16(act(bf16(acc)) * prob[row])             (FC1, non-gated)
+//   gated       out = bf16(act(bf16(g)) * bf16(u) * prob[row])      (FC1, SwiGLU / GeGLU)
+// The rounding points are those of the reference (FC1 output in bf16, activation in fp32);
+// h, when wanted, is the bf16 pre-activation [gate | up] that backward needs.
+//
+// Why staged: the warpgroup writes its 64 x kCols values into a 128-byte-swizzled buffer
+// (conflict-free 4-byte shared stores) and then
+//   - a full 64-row block whose rows are consecutive in a tensor leaves by TMA stores that
+//     one thread issues; the warpgroup goes on to its next tile's MMAs while they drain;
+//   - otherwise (an expert's last, partial block: TMA clips only at a tensor's edge and the
+//     rows below belong to the next expert; or rows scattered to per-row destinations) all
+//     128 threads copy it out, whole rows per warp, 16 bytes per lane.
+// Either way each output element is computed once in a fixed order, so the result does not
+// depend on the path taken.
+#pragma once
+
+#include <cuda.h>
+#include <cuda_bf16.h>
+
+#include <cstdint>
+
+#include "config/kernel_config.cuh"
+#include "epilogue/activation_math.cuh"
+#include "gemm/sm90/tile_engine.cuh"
+#include "gemm/sm90/tma.cuh"
+
+namespace mok::sm90 {
+
+// Rows one consumer warpgroup stages, and its buffer: kGemmBlockN bf16 columns as boxes of
+// 64 rows x 64 columns (one 128-byte swizzle row each).
+constexpr int kStagedRows = kGemmWarpgroupRows;
+constexpr int kStagedBoxBytes = kStagedRows * 128;
+constexpr int kStagedBufBytes = kStagedRows * kGemmBlockN * 2;
+
+// Named barriers kStagingBarrier + c (c < kGemmConsumers) order consumer warpgroup c's
+// staging buffer; ids from kStagingBarrier + kGemmConsumers on are free for the caller.
+constexpr int kStagingBarrier = 1;
+
+struct EpilogueBuffers {
+  uint8_t out[kGemmConsumers][kStagedBufBytes];  // 1024-aligned where the struct is
+};
+
+__device__ __forceinline__ float round_bf16(float x) {
+  return __bfloat162float(__float2bfloat16(x));
+}
+
+template <int kAct>
+__device__ __forceinline__ float activate(float h) {
+  if constexpr (kAct == kPlain) return h;
+  else return act_eval<kAct>(h).f;
+}
+
+// The epilogue's value for accumulator pair (8-column chunk j, row half i) with row prob p:
+// output columns 8j + 2(lane % 4) + {0, 1} of the thread's row 16 warp + lane / 4 + 8i.
+template <int kAct>
+__device__ __forceinline__ __nv_bfloat162 output_pair(const float (&d)[kAccRegs], int j, int i,
+                                                      float p) {
+  constexpr bool kGated = gated_epilogue<kAct>();
+  constexpr int kCols = tile_cols<kAct>();
+  float v[2];
+#pragma unroll
+  for (int c = 0; c < 2; ++c) {
+    const float h = round_bf16(d[4 * j + 2 * i + c]);
+    if constexpr (kGated) {
+      const float u = round_bf16(d[4 * (j + kCols / 8) + 2 * i + c]);
+      v[c] = activate<kAct>(h) * u * p;
+    } else {
+      v[c] = activate<kAct>(h) * p;
+    }
+  }
+  return __floats2bfloat162_rn(v[0], v[1]);
+}
+
+// Where one staged round goes. Full blocks: TMA through `map` (nullptr: never), a tensor
+// viewed as [rows, halves, n_out] (so a box never crosses from gate into up), at rows
+// row0 .. row0 + 63 and half `half`. Copied-out rows: row r's column c is row_dst(r)[c].
+struct StagedTarget {
+  const CUtensorMap* map;
+  int half;
+  int row0;
+  bool tma;        // a full block with a map: leave by TMA
+  int rows_valid;  // copied out: rows 0 .. rows_valid - 1 of the block
+};
+
+// One round: value(j, i) -> buf (swizzled: 16-byte chunk c of row r sits at c ^ (r % 8), so
+// the 8 rows one warp store touches hit 8 different chunks), then out as `target` says.
+// Columns at or past n_out are not written. The buffer is reused only after the previous
+// round's TMA stores have read it (leader's bulk_wait_read, then the barrier).
+template <int kCols, class Value, class RowDst>
+__device__ __forceinline__ void store_round(uint8_t* buf, const StagedTarget& target, int col0,
+                                            int n_out, int consumer, bool leader, Value value,
+                                            RowDst row_dst) {
+  const int t = threadIdx.x % 128;
+  const int warp = t / 32, lane = t % 32;
+  if (leader) bulk_wait_read<0>();
+  named_barrier_sync(kStagingBarrier + consumer, 128);
+  // Chunk j of row r sits in box j / 8 at chunk (j % 8) ^ (r % 8); rows r and r + 8 share
+  // r % 8, so 8 base addresses (one per j % 8) plus immediates cover every store and the
+  // address arithmetic stays out of the registers the MMAs need.
+  const int r0 = 16 * warp + lane / 4;
+  uint8_t* row_base = buf + r0 * 128 + (lane % 4) * 4;
+#pragma unroll
+  for (int jj = 0; jj < 8; ++jj) {
+    uint8_t* base = row_base + ((jj ^ (r0 % 8)) * 16);
+#pragma unroll
+    for (int box = 0; box < kCols / 64; ++box) {
+#pragma unroll
+      for (int i = 0; i < 2; ++i) {
+        *reinterpret_cast<__nv_bfloat162*>(base + box * kStagedBoxBytes + i * 8 * 128) =
+            value(8 * box + jj, i);
+      }
+    }
+  }
+  fence_proxy_async_shared();
+  named_barrier_sync(kStagingBarrier + consumer, 128);
+  if (target.tma) {
+    if (leader) {
+#pragma unroll
+      for (int box = 0; box < kCols / 64; ++box) {
+        if (col0 + 64 * box < n_out) {
+          tma_store_4d(target.map, buf + box * kStagedBoxBytes, col0 + 64 * box, target.half,
+                       target.row0, 0);
+        }
+      }
+      bulk_commit();
+    }
+    return;
+  }
+  constexpr int kChunksPerRow = kCols / 8;  // a warp copies 32 / kChunksPerRow whole rows
+  for (int idx = t; idx < target.rows_valid * kChunksPerRow; idx += 128) {
+    const int r = idx / kChunksPerRow, c = idx % kChunksPerRow;
+    const int col = col0 + 8 * c;
+    if (col >= n_out) continue;
+    const uint4 v = *reinterpret_cast<const uint4*>(buf + (c / 8) * kStagedBoxBytes + r * 128 +
+                                                    (((c % 8) ^ (r % 8)) * 16));
+    *reinterpret_cast<uint4*>(row_dst(r) + col) = v;
+  }
+}
+
+// A tensor of bf16 rows the epilogue writes: TMA map (nullptr: none) and the same memory as
+// pointer + row stride for copied-out rows.
+struct EpilogueTensor {
+  const CUtensorMap* map;
+  __nv_bfloat16* base;
+  int64_t stride;
+};
+
+// The whole epilogue of one consumer warpgroup for a tile whose rows are consecutive in the
+// output tensors: out, then (h.base != nullptr) h's gate and, gated, up halves, each a round
+// through the same buffer. row0 is the warpgroup's first row; `full` says all 64 rows belong
+// to the tile (decided by the caller with its own comparison: when ptxas derived the branch
+// from `rows_valid == 64` after a min/max, partial blocks took the TMA path).
+template <int kAct>
+__device__ __forceinline__ void store_rows_staged(const float (&d)[kAccRegs], uint8_t* buf,
+                                                  const EpilogueTensor& out,
+                                                  const EpilogueTensor& h, int row0, bool full,
+                                                  int rows_valid, int col0, int n_out,
+                                                  const float* __restrict__ row_prob,
+                                                  int consumer, bool leader) {
+  constexpr int kCols = tile_cols<kAct>();
+  const int lane = threadIdx.x % 32, warp = (threadIdx.x % 128) / 32;
+  float p[2];
+#pragma unroll
+  for (int i = 0; i < 2; ++i) {
+    const int r = 16 * warp + lane / 4 + 8 * i;
+    p[i] = (kAct == kPlain || r >= rows_valid) ? 1.f : row_prob[row0 + r];
+  }
+  auto target = [&](const EpilogueTensor& tensor, int half) {
+    return StagedTarget{tensor.map, half, row0, full && tensor.map != nullptr, rows_valid};
+  };
+  auto rows_of = [&](const EpilogueTensor& tensor, int half) {
+    return [&tensor, half, row0, n_out](int r) {
+      return tensor.base + int64_t(row0 + r) * tensor.stride + int64_t(half) * n_out;
+    };
+  };
+  store_round<kCols>(buf, target(out, 0), col0, n_out, consumer, leader,
+                     [&](int j, int i) { return output_pair<kAct>(d, j, i, p[i]); },
+                     rows_of(out, 0));
+  if constexpr (kAct != kPlain) {
+    if (h.base != nullptr) {
+      store_round<kCols>(buf, target(h, 0), col0, n_out, consumer, leader,
+                         [&](int j, int i) {
+                           return __floats2bfloat162_rn(d[4 * j + 2 * i], d[4 * j + 2 * i + 1]);
+                         },
+                         rows_of(h, 0));
+      if constexpr (gated_epilogue<kAct>()) {
+        constexpr int kUp = 4 * (kCols / 8);
+        store_round<kCols>(buf, target(h, 1), col0, n_out, consumer, leader,
+                           [&](int j, int i) {
+                             return __floats2bfloat162_rn(d[kUp + 4 * j + 2 * i],
+                                                          d[kUp + 4 * j + 2 * i + 1]);
+                           },
+                           rows_of(h, 1));
+      }
+    }
+  }
+}
+
+}  // namespace mok::sm90
