@@ -53,7 +53,7 @@ struct ForwardArgs {
   __nv_bfloat16* act;         // [cap, F]  act(h) * prob
   __nv_bfloat16* h_out;       // [cap, F1] FC1 output for backward
   uint32_t* rows_ready;       // [m-blocks] rows pulled
-  uint32_t* fc1_done;         // [m-blocks] FC1 tiles stored
+  uint32_t* fc1_done;         // [m-blocks] FC1 tile halves stored (one per consumer)
   uint64_t timeout_ns;
   int* report;
   int skip;                   // ProfileSkip bits: stages left out, for timing only
@@ -81,8 +81,6 @@ __host__ __device__ constexpr int pull_slots(int hidden) {
 }
 constexpr size_t kSharedBytes = sizeof(SharedStorage) + 1024;  // + alignment slack
 static_assert(kSharedBytes <= kMaxDynamicSmemBytes, "shared memory of one block per SM");
-// Named barrier of all consumer warpgroups (the ids below it are the staging buffers').
-constexpr int kPublishBarrier = kStagingBarrier + kGemmConsumers;
 
 // Stages a profiling run leaves out (docs/perf-log.md: "time variants with a stage
 // removed"); any bit set makes the results meaningless, only the time counts.
@@ -175,7 +173,8 @@ __global__ void __launch_bounds__(kGemmThreads, 1)
         wait_count(&a.rows_ready[w.mblock], min(w.rows_left, kGemmBlockM), a, kWaitRowsReady,
                    tile, w.mblock);
       } else if (!w.fc1 && wait_fc1) {
-        wait_count(&a.fc1_done[w.mblock], fc1_nblocks, a, kWaitFc1Done, tile, w.mblock);
+        wait_count(&a.fc1_done[w.mblock], fc1_nblocks * kGemmConsumers, a, kWaitFc1Done, tile,
+                   w.mblock);
       }
       fence_proxy_async_global();
       produce_tile(s.ring, it, w.k_blocks, tile, a.timeout_ns, a.report, [&](int stage, int k0) {
@@ -202,14 +201,14 @@ __global__ void __launch_bounds__(kGemmThreads, 1)
   const int f1 = kGated ? 2 * a.ffn : a.ffn;
   const EpilogueTensor act_out{&act_store_map, a.act, a.ffn};
   const EpilogueTensor h_out{&h_store_map, a.h_out, f1};
-  // Counts an FC1 tile once its activation rows are in memory: each warpgroup's TMA stores
-  // complete (bulk_wait, then the async-proxy writes are ordered before the generic release),
-  // both warpgroups meet, one thread's release (cumulative over what the barrier ordered
-  // before it) counts the tile.
+  // Counts this warpgroup's half of an FC1 tile once its activation rows are in memory:
+  // the warpgroup meets (its copied-out rows' plain stores are then ordered before the
+  // leader's release), the leader waits for its TMA stores to complete and orders those
+  // async-proxy writes before the release. An m-block is done at fc1_nblocks * consumers.
   auto publish_fc1 = [&](int mblock) {
-    if (leader) bulk_wait<0>();
-    named_barrier_sync(kPublishBarrier, 128 * kGemmConsumers);
-    if (threadIdx.x == 128) {
+    named_barrier_sync(kStagingBarrier + consumer, 128);
+    if (leader) {
+      bulk_wait<0>();
       fence_proxy_async_global();
       red_release_gpu_add_u32(&a.fc1_done[mblock], 1);
     }
@@ -237,20 +236,18 @@ __global__ void __launch_bounds__(kGemmThreads, 1)
         pending_mblock = -1;
       }
     } else {
-      // Each result row goes to its (token, k) slot on the source rank: rows are scattered,
-      // so they are copied out of the staging buffer, not stored by TMA.
-      store_round<kGemmBlockN>(
-          buf, StagedTarget{nullptr, 0, row0, false, rows_valid}, w.tc.n_block * kGemmBlockN,
-          a.hidden, consumer, leader,
-          [&](int j, int i) { return output_pair<kPlain>(acc, j, i, 1.f); },
-          [&](int r) {
-            const int64_t flat = a.row_slot[row0 + r];
-            const int64_t peer = flat / a.per_rank;
-            return reinterpret_cast<__nv_bfloat16*>(a.peer_bases[peer] + a.slots_offset) +
-                   (flat - peer * a.per_rank) * a.hidden;
-          });
+      // Each result row goes to its (token, k) slot on the source rank.
+      store_rows_scattered(acc, buf, rows_valid, w.tc.n_block * kGemmBlockN, a.hidden,
+                           consumer, [&](int r) {
+                             const int64_t flat = a.row_slot[row0 + r];
+                             const int64_t peer = flat / a.per_rank;
+                             return reinterpret_cast<__nv_bfloat16*>(a.peer_bases[peer] +
+                                                                     a.slots_offset) +
+                                    (flat - peer * a.per_rank) * a.hidden;
+                           });
     }
   }
+  bulk_wait<0>();  // this thread's row stores are complete before the kernel ends
 }
 
 CUtensorMap rows_tensor_map(const at::Tensor& t) {

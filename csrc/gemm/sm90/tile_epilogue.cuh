@@ -12,9 +12,10 @@
 // (conflict-free 4-byte shared stores) and then
 //   - a full 64-row block whose rows are consecutive in a tensor leaves by TMA stores that
 //     one thread issues; the warpgroup goes on to its next tile's MMAs while they drain;
-//   - otherwise (an expert's last, partial block: TMA clips only at a tensor's edge and the
-//     rows below belong to the next expert; or rows scattered to per-row destinations) all
-//     128 threads copy it out, whole rows per warp, 16 bytes per lane.
+//   - an expert's last, partial block (TMA clips only at a tensor's edge and the rows below
+//     belong to the next expert) is copied out by all 128 threads, 16 bytes per lane;
+//   - rows that each go somewhere else (FC2 rows into their (token, k) combine slots, local
+//     or on a peer) leave as one 1-D bulk store per row, also asynchronous.
 // Either way each output element is computed once in a fixed order, so the result does not
 // depend on the path taken.
 #pragma once
@@ -35,7 +36,13 @@ namespace mok::sm90 {
 // 64 rows x 64 columns (one 128-byte swizzle row each).
 constexpr int kStagedRows = kGemmWarpgroupRows;
 constexpr int kStagedBoxBytes = kStagedRows * 128;
-constexpr int kStagedBufBytes = kStagedRows * kGemmBlockN * 2;
+// Scattered rows (store_rows_scattered) are staged unswizzled, one row of kGemmBlockN bf16 per
+// kScatterRowBytes: the 16 bytes of padding put the 8 rows one warp store touches in 8
+// different bank groups. The buffer holds either layout; 33 KiB keeps it 1024-aligned.
+constexpr int kScatterRowBytes = kGemmBlockN * 2 + 16;
+constexpr int kStagedBufBytes = kStagedRows * kScatterRowBytes;
+static_assert(kStagedBufBytes >= kStagedRows * kGemmBlockN * 2 && kStagedBufBytes % 1024 == 0,
+              "staging buffer: both layouts, swizzle-atom aligned");
 
 // Named barriers kStagingBarrier + c (c < kGemmConsumers) order consumer warpgroup c's
 // staging buffer; ids from kStagingBarrier + kGemmConsumers on are free for the caller.
@@ -198,6 +205,40 @@ __device__ __forceinline__ void store_rows_staged(const float (&d)[kAccRegs], ui
                            rows_of(h, 1));
       }
     }
+  }
+}
+
+// FC2's epilogue in the megakernel: row r (< rows_valid) of this warpgroup's 64, columns
+// col0 .. col0 + kGemmBlockN (clipped at n_out), is stored to row_dst(r) + col0 by a 1-D bulk
+// copy that thread r issues. Every thread waits for its own previous copies to have read the
+// buffer before it is rewritten; copies still writing at kernel exit are waited for by the
+// caller (bulk_wait).
+template <class RowDst>
+__device__ __forceinline__ void store_rows_scattered(const float (&d)[kAccRegs], uint8_t* buf,
+                                                     int rows_valid, int col0, int n_out,
+                                                     int consumer, RowDst row_dst) {
+  const int t = threadIdx.x % 128;
+  const int warp = t / 32, lane = t % 32;
+  // Before the barrier: compute this thread's row destination (its dependent global reads
+  // overlap the wait), and make sure its previous bulk copy is done reading.
+  __nv_bfloat16* dst = t < rows_valid ? row_dst(t) : nullptr;
+  bulk_wait_read<0>();
+  named_barrier_sync(kStagingBarrier + consumer, 128);
+  uint8_t* base = buf + (16 * warp + lane / 4) * kScatterRowBytes + (lane % 4) * 4;
+#pragma unroll
+  for (int j = 0; j < kGemmBlockN / 8; ++j) {
+#pragma unroll
+    for (int i = 0; i < 2; ++i) {
+      *reinterpret_cast<__nv_bfloat162*>(base + j * 16 + i * 8 * kScatterRowBytes) =
+          __floats2bfloat162_rn(d[4 * j + 2 * i], d[4 * j + 2 * i + 1]);
+    }
+  }
+  fence_proxy_async_shared();
+  named_barrier_sync(kStagingBarrier + consumer, 128);
+  if (dst != nullptr) {
+    const int cols = min(kGemmBlockN, n_out - col0);
+    bulk_store(dst + col0, buf + t * kScatterRowBytes, uint32_t(cols) * 2);
+    bulk_commit();
   }
 }
 
