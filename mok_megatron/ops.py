@@ -177,14 +177,15 @@ MEGAKERNEL_BLOCK_M = 128  # csrc/config/kernel_config.cuh kGemmBlockM
 
 
 def megakernel_counters(rows: int, num_experts: int, device) -> torch.Tensor:
-    """Zeroed per-m-block counters (rows pulled, FC1 tiles stored) for a megakernel launch
-    over `rows` scheduled rows: at most rows / 128 + num_experts + 1 m-blocks each."""
-    return torch.zeros(2 * (rows // MEGAKERNEL_BLOCK_M + num_experts + 1), dtype=torch.int32,
-                       device=device)
+    """Zeroed counters for a megakernel launch over `rows` scheduled rows: per m-block (at
+    most rows / 128 + num_experts + 1) rows pulled and FC1 tile halves stored, then the one
+    counter that hands out tiles."""
+    return torch.zeros(2 * (rows // MEGAKERNEL_BLOCK_M + num_experts + 1) + 1,
+                       dtype=torch.int32, device=device)
 
 
 WAIT_ROLES = ("gemm producer", "gemm mma", "rows ready", "fc1 done", "pull slot",
-              "pull row")  # csrc sm90::WaitRole
+              "pull row", "tile queue")  # csrc sm90::WaitRole
 
 
 def timeout_report() -> Optional[dict]:

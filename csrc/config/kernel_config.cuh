@@ -56,6 +56,9 @@ constexpr int kPullMaxSlots = 128;
 constexpr int kPullMinSlots = 4;
 constexpr int kPullLanesDivisor = 4;
 constexpr int kPullChunkRows = 128;
+// Forward megakernel: tile indices the producer can take ahead of its consumers
+// (megakernel/tile_queue.cuh).
+constexpr int kTileQueueDepth = 4;
 
 static_assert(kGemmProducerRegs * 128 + kGemmConsumerRegs * 128 * kGemmConsumers <= 65536,
               "register budget of one CTA per SM");

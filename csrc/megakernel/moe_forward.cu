@@ -1,22 +1,24 @@
 // The forward megakernel: pull-dispatch, FC1 with the activation x prob epilogue, FC2 and
 // push-combine in one persistent launch (grid = SM count, one block per SM).
 //
-// Roles by block index:
-//   blocks [0, comm_blocks)   pull rows (megakernel/row_pull.cuh): token rows from the source
-//                             rank's published buffer (NVLink for peers) into the row buffer
-//                             in the schedule's order, counted per m-block (rows_ready,
-//                             release).
-//   the other blocks          run tiles of the sm90 tile engine over one index space: all FC1
-//                             tiles (expert, m-block, n-block), then all FC2 tiles. An FC1
-//                             tile's producer waits (acquire) until its m-block's rows are all
-//                             pulled; an FC2 tile's producer waits until every FC1 tile of its
-//                             m-block has stored its activation rows (fc1_done). FC2's
+// Roles:
+//   blocks [0, comm_blocks)   first pull rows (megakernel/row_pull.cuh): token rows from the
+//                             source rank's published buffer (NVLink for peers) into the row
+//                             buffer in the schedule's order, counted per m-block (rows_ready,
+//                             release); then they join the tiles below.
+//   every block               runs tiles of the sm90 tile engine over one index space: all FC1
+//                             tiles (expert, m-block, n-block), then all FC2 tiles, handed out
+//                             in increasing order by a grid-wide counter (tile_queue.cuh). An
+//                             FC1 tile's producer waits (acquire) until its m-block's rows are
+//                             all pulled; an FC2 tile's producer waits until every FC1 tile of
+//                             its m-block has stored its activation rows (fc1_done). FC2's
 //                             epilogue writes each result row straight into its (token, k)
 //                             slot on the source rank, the same slots v1's push-combine fills,
 //                             so the fixed-order reduction after the kernel is unchanged.
-// Deadlock freedom: every tile depends only on tiles with lower indices (or on the pull
-// blocks, which depend on nothing), each block takes its tiles in increasing order, and all
-// blocks are resident at once (one block per SM, grid = SM count).
+// Deadlock freedom: every tile depends only on tiles with lower indices (or on the pull, which
+// depends on nothing), indices are handed out in increasing order, each block runs its tiles
+// in the order it took them, and all blocks are resident at once (one block per SM, grid =
+// SM count).
 // Memory ordering: rows and activations are written by TMA / bulk stores (async proxy; an
 // expert's partial last block of activations by plain stores) and read by TMA in another
 // block: writer waits for its stores to complete -> fence.proxy.async -> release counter;
@@ -34,6 +36,7 @@
 #include "gemm/sm90/tile_epilogue.cuh"
 #include "gemm/timeout_report.h"
 #include "megakernel/row_pull.cuh"
+#include "megakernel/tile_queue.cuh"
 #include "ops.h"
 
 namespace mok {
@@ -54,6 +57,7 @@ struct ForwardArgs {
   __nv_bfloat16* h_out;       // [cap, F1] FC1 output for backward
   uint32_t* rows_ready;       // [m-blocks] rows pulled
   uint32_t* fc1_done;         // [m-blocks] FC1 tile halves stored (one per consumer)
+  uint32_t* tile_counter;     // [1] tiles handed out (tile_queue.cuh)
   uint64_t timeout_ns;
   int* report;
   int skip;                   // ProfileSkip bits: stages left out, for timing only
@@ -65,7 +69,8 @@ struct SharedStorage {
   int32_t row_begin[kGemmMaxExperts + 1];
   int32_t mblock_begin[kGemmMaxExperts + 1];
   uint64_t pull_full[kPullMaxSlots];  // row-pulling blocks: their slots live in epilogue
-  uint64_t pull_empty[kPullMaxSlots];  // and ring.a/b
+  uint64_t pull_empty[kPullMaxSlots];  // and ring.a/b until their pull is done
+  TileQueue queue;
 };
 // The GEMM memory a row-pulling block uses for whole-row slots: the epilogue buffers and the
 // stage ring's operand tiles, which lie back to back.
@@ -119,22 +124,26 @@ __global__ void __launch_bounds__(kGemmThreads, 1)
   const PullRing pull_ring{s.epilogue.out[0], s.pull_full, s.pull_empty, slots,
                            min(32, max(1, slots / kPullLanesDivisor))};
   if (threadIdx.x == 32) {
-    if (blockIdx.x >= a.comm_blocks) init_ring(s.ring); else init_pull_ring(pull_ring);
+    // The stage ring's and the queue's barriers do not overlap the pull's slots.
+    if (blockIdx.x < a.comm_blocks) init_pull_ring(pull_ring);
+    init_tile_queue(s.queue);
+    init_ring(s.ring);
   }
   __syncthreads();
 
   if (blockIdx.x < a.comm_blocks) {
     if (!(a.skip & kSkipPull)) {
-      pull_rows_bulk(RowSource{a.peer_bases, a.tokens_offset, a.row_slot, a.per_rank, a.topk, a.world},
+      pull_rows_bulk(RowSource{a.peer_bases, a.tokens_offset, a.row_slot, a.per_rank, a.topk,
+                               a.world},
                      a.rows, a.hidden, s.row_begin[E], blockIdx.x, a.comm_blocks, pull_ring,
                      MBlockTable{s.row_begin, s.mblock_begin, E}, a.rows_ready, a.timeout_ns,
                      a.report);
     }
-    return;
+    // Its rows are pulled (every slot's bulk store has completed): the block's shared memory
+    // is free, and it joins the GEMM tiles below.
+    __syncthreads();
   }
 
-  const int compute_block = blockIdx.x - a.comm_blocks;
-  const int compute_blocks = gridDim.x - a.comm_blocks;
   const int fc1_tiles = s.mblock_begin[E] * fc1_nblocks;
   const int first_tile = (a.skip & kSkipFc1) ? fc1_tiles : 0;
   const int end_tile =
@@ -167,7 +176,10 @@ __global__ void __launch_bounds__(kGemmThreads, 1)
     warpgroup_reg_dealloc<kGemmProducerRegs>();
     if (threadIdx.x != 0) return;
     int it = 0;
-    for (int tile = first_tile + compute_block; tile < end_tile; tile += compute_blocks) {
+    for (int seq = 0;; ++seq) {
+      const int tile = take_tile(a.tile_counter, first_tile, end_tile);
+      push_tile(s.queue, seq, tile, a.timeout_ns, a.report);
+      if (tile < 0) break;
       const Where w = locate(tile);
       if (w.fc1 && wait_rows) {
         wait_count(&a.rows_ready[w.mblock], min(w.rows_left, kGemmBlockM), a, kWaitRowsReady,
@@ -213,13 +225,14 @@ __global__ void __launch_bounds__(kGemmThreads, 1)
       red_release_gpu_add_u32(&a.fc1_done[mblock], 1);
     }
   };
-  const int fc1_end = min(end_tile, fc1_tiles);
   int pending_mblock = -1;  // this block's last FC1 tile: stored, not yet counted
   float acc[kAccRegs];
-  int it = 0;
-  for (int tile = first_tile + compute_block; tile < end_tile; tile += compute_blocks) {
+  int it = 0, seq = 0;
+  for (int tile = pop_tile(s.queue, seq++, a.timeout_ns, a.report); tile >= 0;) {
     const Where w = locate(tile);
     consume_tile(s.ring, it, w.k_blocks, tile, consumer, leader, acc, a.timeout_ns, a.report);
+    // The block's next tile (the producer took it once it had issued this tile's loads).
+    const int next = pop_tile(s.queue, seq++, a.timeout_ns, a.report);
     const int row0 = w.row0 + kStagedRows * consumer;
     const int rows_valid = max(0, min(kStagedRows, w.rows_left - kStagedRows * consumer));
     if (w.fc1) {
@@ -231,7 +244,7 @@ __global__ void __launch_bounds__(kGemmThreads, 1)
                               w.rows_left >= kStagedRows * (consumer + 1), rows_valid,
                               w.tc.n_block * kFc1Cols, a.ffn, a.row_prob, consumer, leader);
       pending_mblock = w.mblock;
-      if (tile + compute_blocks >= fc1_end) {
+      if (next < 0 || next >= fc1_tiles) {
         publish_fc1(pending_mblock);
         pending_mblock = -1;
       }
@@ -246,6 +259,7 @@ __global__ void __launch_bounds__(kGemmThreads, 1)
                                     (flat - peer * a.per_rank) * a.hidden;
                            });
     }
+    tile = next;
   }
   bulk_wait<0>();  // this thread's row stores are complete before the kernel ends
 }
@@ -293,9 +307,9 @@ void moe_forward_megakernel(const at::Tensor& peer_bases, int64_t tokens_offset,
                  "moe_forward_megakernel: weights need contiguous rows and positive strides");
   const int64_t max_mblocks = cap / kGemmBlockM + E + 1;
   MOK_HOST_CHECK(counters.scalar_type() == at::kInt && counters.is_contiguous() &&
-                     counters.numel() >= 2 * max_mblocks,
-                 "moe_forward_megakernel: counters must be int32 with >= ", 2 * max_mblocks,
-                 " zeros");
+                     counters.numel() >= 2 * max_mblocks + 1,
+                 "moe_forward_megakernel: counters must be int32 with >= ",
+                 2 * max_mblocks + 1, " zeros");
   // Without pulling (a profiling variant) no block needs to be a comm block.
   const int64_t min_comm = (profile_skip & kSkipPull) ? 0 : 1;
   MOK_HOST_CHECK(comm_blocks >= min_comm && comm_blocks < sms,
@@ -326,6 +340,7 @@ void moe_forward_megakernel(const at::Tensor& peer_bases, int64_t tokens_offset,
   args.h_out = reinterpret_cast<__nv_bfloat16*>(h_out.data_ptr());
   args.rows_ready = reinterpret_cast<uint32_t*>(counters.data_ptr<int32_t>());
   args.fc1_done = args.rows_ready + max_mblocks;
+  args.tile_counter = args.fc1_done + max_mblocks;
   args.timeout_ns = static_cast<uint64_t>(timeout_ns);
   args.report = timeout_report_device();
   args.skip = static_cast<int>(profile_skip);

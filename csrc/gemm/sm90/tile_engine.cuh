@@ -33,6 +33,7 @@ enum WaitRole : int {
   kWaitFc1Done = 3,
   kWaitPullSlot = 4,  // row puller: a ring slot to load into
   kWaitPullRow = 5,   // row puller: a loaded row to store
+  kWaitTileQueue = 6, // megakernel: a tile index from / a free entry in the block's tile queue
 };
 constexpr int kReportInts = 4;  // {role, block, tile, stage}
 

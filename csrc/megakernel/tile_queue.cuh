@@ -1,0 +1,64 @@
+// The forward megakernel's dynamic tile schedule. One global counter hands out tile indices in
+// increasing order (atomicAdd), so a block takes its next tile when it is ready for one: the
+// row-pulling blocks join the GEMM work once their rows are pulled, and a block that drew
+// light tiles is not left idle. Inside a block the producer thread takes the index and passes
+// it to the consumer warps through a small ring in shared memory.
+//
+// Why indices stay deadlock-free: they are taken in increasing order over the whole grid, a
+// tile depends only on lower ones (or on the pull, which depends on nothing), and every block
+// is resident, so the lowest unfinished tile can always proceed.
+#pragma once
+
+#include <cstdint>
+
+#include "config/kernel_config.cuh"
+#include "gemm/sm90/tile_engine.cuh"
+#include "gemm/sm90/tma.cuh"
+
+namespace mok {
+
+struct TileQueue {
+  int32_t tile[kTileQueueDepth];     // -1: no tiles left
+  uint64_t full[kTileQueueDepth];    // the producer's arrive
+  uint64_t empty[kTileQueueDepth];   // one arrive per consumer warp, once it has read the index
+};
+
+constexpr int kTileQueueReaders = 4 * kGemmConsumers;  // consumer warps
+
+__device__ __forceinline__ void init_tile_queue(TileQueue& q) {
+  for (int i = 0; i < kTileQueueDepth; ++i) {
+    sm90::mbar_init(&q.full[i], 1);
+    sm90::mbar_init(&q.empty[i], kTileQueueReaders);
+  }
+}
+
+// Producer thread: the next tile of [first, end) from the grid-wide counter, or -1.
+__device__ __forceinline__ int take_tile(uint32_t* counter, int first, int end) {
+  const int tile = first + static_cast<int>(atomicAdd(counter, 1u));
+  return tile < end ? tile : -1;
+}
+
+// Producer thread: entry `seq` of the ring (the plain shared store is published by the
+// arrive's release and read after the consumers' acquiring wait).
+__device__ __forceinline__ void push_tile(TileQueue& q, int seq, int tile, uint64_t timeout_ns,
+                                          int* report) {
+  const int slot = seq % kTileQueueDepth;
+  sm90::mbar_wait(&q.empty[slot], ((seq / kTileQueueDepth) & 1) ^ 1, timeout_ns,
+                  sm90::kWaitTileQueue, tile, slot, report);
+  q.tile[slot] = tile;
+  sm90::mbar_arrive(&q.full[slot]);
+}
+
+// Every thread of a consumer warp: entry `seq`.
+__device__ __forceinline__ int pop_tile(TileQueue& q, int seq, uint64_t timeout_ns,
+                                        int* report) {
+  const int slot = seq % kTileQueueDepth;
+  sm90::mbar_wait(&q.full[slot], (seq / kTileQueueDepth) & 1, timeout_ns, sm90::kWaitTileQueue,
+                  seq, slot, report);
+  const int tile = q.tile[slot];
+  __syncwarp();
+  if (threadIdx.x % 32 == 0) sm90::mbar_arrive(&q.empty[slot]);
+  return tile;
+}
+
+}  // namespace mok
