@@ -176,8 +176,13 @@ __global__ void __launch_bounds__(kGemmThreads, 1)
     warpgroup_reg_dealloc<kGemmProducerRegs>();
     if (threadIdx.x != 0) return;
     int it = 0;
+    // One index is taken ahead, so the atomic's round trip overlaps this tile's loads instead
+    // of leaving the stage ring empty between tiles (holding it keeps the order argument:
+    // the block runs it next, after lower tiles only).
+    int ahead = take_tile(a.tile_counter, first_tile, end_tile);
     for (int seq = 0;; ++seq) {
-      const int tile = take_tile(a.tile_counter, first_tile, end_tile);
+      const int tile = ahead;
+      if (tile >= 0) ahead = take_tile(a.tile_counter, first_tile, end_tile);
       push_tile(s.queue, seq, tile, a.timeout_ns, a.report);
       if (tile < 0) break;
       const Where w = locate(tile);
