@@ -79,6 +79,12 @@ class KernelKnobs:
     # Forward kernels: "separate" (v1: row movers, torch grouped GEMMs, epilogue kernels) or
     # "megakernel" (one persistent launch; comm_sms_forward blocks pull rows).
     forward_kernel: Literal["separate", "megakernel"] = "separate"
+    # What backward starts from. "saved": forward keeps the pulled token rows and FC1's output
+    # h, sized for the worst case (EP · max_tokens_per_rank · topk rows of H and of 2F or F,
+    # per MoE layer, until its backward). "recomputed": forward keeps only the schedule
+    # (8 bytes per row); backward pulls the token rows again and recomputes h (one more row
+    # pull and FC1 per backward, bit-identical gradients).
+    backward_inputs: Literal["saved", "recomputed"] = "saved"
     # Every wait on a peer flag fails with an error naming rank and stage after this long.
     spin_timeout_ms: int = _bounded(10000, min=1)
     # Validate expert ids / probs values on the host before each call (synchronizes).

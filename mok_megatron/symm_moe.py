@@ -9,12 +9,16 @@ forward   publish x, ids, probs, T into the workspace | barrier
           pull x rows from their source ranks | FC1 | act * p | FC2
           push result rows to (source rank, token, k) slots | barrier
           fixed-order k-sum of our own slots -> y
-backward  publish dY | barrier | pull dY rows | dA = dY W2 | act backward (dh, dp)
+backward  publish dY (and x again, if recomputing) | barrier | pull dY rows
+          [recomputing: pull x rows, h = FC1 exactly as forward computed it]
+          dA = dY W2 | act backward (dh, dp)
           dX rows = dh W1, pushed with dp to the source slots | dW1, dW2 | barrier
           fixed-order k-sum -> dx; slot dprobs -> dprobs
 
 Row buffers are sized for the worst case (every slot of every rank routed here), so any
-skew fits; only the rows that exist are computed and moved.
+skew fits; only the rows that exist are computed and moved. What forward keeps for backward
+is the recipe's kernel.backward_inputs: the rows and h themselves ("saved", worst-case sized),
+or only the schedule ("recomputed").
 """
 
 from __future__ import annotations
@@ -44,6 +48,7 @@ class _Plan:
     position: torch.Tensor  # int32 [E_local] on the device: expert -> its row in the views
     megakernel: bool  # forward in one persistent launch (recipe kernel.forward_kernel)
     comm_blocks: int  # blocks of that launch that pull rows
+    recompute: bool  # backward pulls the rows again and recomputes h (kernel.backward_inputs)
 
 
 _positions: dict[tuple, torch.Tensor] = {}
@@ -124,21 +129,32 @@ class _SymmMoE(torch.autograd.Function):
         ops.reduce_slots(ws.slots(T, K), ids32, y)
         ctx.plan = plan
         ctx.probs_dtype = probs.dtype
-        ctx.save_for_backward(ids32, rows, h, offsets, row_slot, row_prob)
+        if plan.recompute:
+            # x is the layer's input, alive anyway; nothing here is sized by the routing.
+            ctx.save_for_backward(ids32, x, offsets, row_slot, row_prob)
+        else:
+            ctx.save_for_backward(ids32, rows, h, offsets, row_slot, row_prob)
         return y
 
     @staticmethod
     def backward(ctx, dy):
         plan = ctx.plan
         ws = plan.ws
-        ids32, rows, h, offsets, row_slot, row_prob = ctx.saved_tensors
+        if plan.recompute:
+            ids32, x, offsets, row_slot, row_prob = ctx.saved_tensors
+        else:
+            ids32, rows, h, offsets, row_slot, row_prob = ctx.saved_tensors
         T, K = ids32.shape
         num_rows = offsets[plan.num_local:]
         offs = offsets[1:]
-        cap, H = rows.shape
+        cap, H = row_slot.numel(), dy.shape[1]
         max_tokens = ws.layout.max_tokens
         ws.tokens(T).copy_(dy)
+        if plan.recompute:
+            ws.inputs(T).copy_(x)
         ws.barrier(ops.Stage.BACKWARD_PUBLISHED)
+        if plan.recompute:
+            rows, h = _recompute_rows_and_h(plan, offsets, row_slot, row_prob, K)
 
         dout = torch.empty(cap, H, dtype=torch.bfloat16, device=dy.device)
         ops.pull_rows(ws.peer_bases, ws.offsets["tokens"], row_slot, num_rows, max_tokens, K,
@@ -165,6 +181,26 @@ class _SymmMoE(torch.autograd.Function):
         ops.gather_slot_values(ws.slot_values(T, K), ids32, dprobs)
         return (dx, None, dprobs.to(ctx.probs_dtype), None,
                 *_split(dw1, plan.order), *_split(dw2, plan.order))
+
+
+def _recompute_rows_and_h(plan: _Plan, offsets, row_slot, row_prob, topk: int):
+    """The rows and h forward had, bit for bit: the token rows pulled again from the peers'
+    republished inputs, and FC1 by the same kernel forward used (the megakernel's FC1 tiles
+    are the tile engine's, so the standalone engine reproduces them)."""
+    ws = plan.ws
+    cap, H = row_slot.numel(), ws.layout.hidden
+    num_rows = offsets[plan.num_local:]
+    rows = torch.empty(cap, H, dtype=torch.bfloat16, device=row_slot.device)
+    ops.pull_rows(ws.peer_bases, ws.offsets["inputs"], row_slot, num_rows, ws.layout.max_tokens,
+                  topk, rows)
+    if plan.megakernel:
+        h = torch.empty(cap, plan.w1.shape[1], dtype=torch.bfloat16, device=rows.device)
+        act = torch.empty(cap, plan.w2.shape[2], dtype=torch.bfloat16, device=rows.device)
+        ops.grouped_gemm(rows, plan.w1, offsets, act, row_prob=row_prob,
+                         activation=plan.activation, h_out=h, timeout_ns=ws.timeout_ns)
+    else:
+        h = _grouped(rows, plan.w1.transpose(1, 2), offsets[1:])
+    return rows, h
 
 
 def _split(dw: torch.Tensor, order: Optional[list]):
@@ -203,11 +239,14 @@ def moe_experts_cuda(x, ids, probs, w1, w2, *, group: Optional[dist.ProcessGroup
     validate_routing(x, ids, probs, w1_stack.shape[0] * world,
                      check_values=recipe.kernel.check_inputs)
     _check(x, w1_stack, w2_stack, activation, world, recipe)
-    layout = WorkspaceLayout(recipe.kernel.max_tokens_per_rank, ids.shape[1], x.shape[1])
+    recompute = recipe.kernel.backward_inputs == "recomputed"
+    layout = WorkspaceLayout(recipe.kernel.max_tokens_per_rank, ids.shape[1], x.shape[1],
+                             inputs=recompute)
     ws = get_workspace(group, x.device, layout, recipe.kernel.spin_timeout_ms)
     num_local = w1_stack.shape[0]
     position = _expert_position(order or list(range(num_local)), x.device)
     plan = _Plan(ws, activation, num_local, w1_stack, w2_stack, order, position,
-                 recipe.kernel.forward_kernel == "megakernel", recipe.kernel.comm_sms_forward)
+                 recipe.kernel.forward_kernel == "megakernel", recipe.kernel.comm_sms_forward,
+                 recompute)
     w_inputs = (w1, w2) if order is None else (*w1, *w2)
     return _SymmMoE.apply(x.contiguous(), ids, probs, plan, *w_inputs)

@@ -9,6 +9,8 @@ peer's region is its base pointer plus the same offset:
     count        int32                       tokens this rank published (T_r)
     ids, probs   [max_tokens, topk]          routing this rank published
     tokens       [max_tokens, H] bf16        x (forward) or dY (backward), pulled by owners
+    inputs       [max_tokens, H] bf16        x again in backward, only with
+                                             kernel.backward_inputs: recomputed
     slots        [max_tokens * topk, H] bf16 owner results pushed back, one per (token, k)
     slot_values  [max_tokens * topk] fp32    owner dprobs pushed back, one per (token, k)
 
@@ -42,6 +44,7 @@ class WorkspaceLayout:
     max_tokens: int
     topk: int
     hidden: int
+    inputs: bool = False  # the `inputs` region (backward recomputes from the token rows)
 
     def offsets(self) -> dict[str, int]:
         sizes = {
@@ -50,6 +53,7 @@ class WorkspaceLayout:
             "ids": self.max_tokens * self.topk * 4,
             "probs": self.max_tokens * self.topk * 4,
             "tokens": self.max_tokens * self.hidden * 2,
+            "inputs": self.max_tokens * self.hidden * 2 if self.inputs else 0,
             "slots": self.max_tokens * self.topk * self.hidden * 2,
             "slot_values": self.max_tokens * self.topk * 4,
         }
@@ -65,8 +69,8 @@ class WorkspaceLayout:
         return self.offsets()["end"]
 
     def matches(self, other: "WorkspaceLayout") -> bool:
-        return (self.max_tokens, self.topk, self.hidden) == (
-            other.max_tokens, other.topk, other.hidden)
+        return (self.max_tokens, self.topk, self.hidden, self.inputs) == (
+            other.max_tokens, other.topk, other.hidden, other.inputs)
 
 
 class Workspace:
@@ -122,6 +126,11 @@ class Workspace:
 
     def tokens(self, tokens: int) -> torch.Tensor:
         return self._view("tokens", (tokens, self.layout.hidden), torch.bfloat16)
+
+    def inputs(self, tokens: int) -> torch.Tensor:
+        if not self.layout.inputs:
+            raise RuntimeError("this workspace has no inputs region (backward_inputs: saved)")
+        return self._view("inputs", (tokens, self.layout.hidden), torch.bfloat16)
 
     def slots(self, tokens: int, topk: int) -> torch.Tensor:
         return self._view("slots", (tokens * topk, self.layout.hidden), torch.bfloat16)

@@ -123,10 +123,11 @@ def row_counts(ids: torch.Tensor, num_experts: int) -> tuple[int, int]:
 # ------------------------------------------------------------------------------ paths
 
 
-def mok_path(group, tokens, forward_kernel="separate", comm_sms=16):
+def mok_path(group, tokens, forward_kernel="separate", comm_sms=16, backward_inputs="saved"):
     recipe = Recipe(name="bench", backend="cuda",
                     kernel=KernelKnobs(max_tokens_per_rank=max(tokens, 1),
-                                       forward_kernel=forward_kernel, comm_sms_forward=comm_sms))
+                                       forward_kernel=forward_kernel, comm_sms_forward=comm_sms,
+                                       backward_inputs=backward_inputs))
 
     def run(x, ids, probs, w1, w2):
         return moe_experts(x, ids, probs, w1, w2, group=group, recipe=recipe)
@@ -234,9 +235,11 @@ def run_case(model, variant, tokens, peaks, args, group):
     E = spec.num_experts
     x, ids, probs, w1, w2, dy = make_problem(model, E, tokens, args.seed)
     rows, remote = row_counts(ids, E)
-    paths = {"mok": mok_path(group, tokens), "alltoall": MegatronAlltoAll(model, E)}
+    paths = {"mok": mok_path(group, tokens, backward_inputs=args.backward_inputs),
+             "alltoall": MegatronAlltoAll(model, E)}
     if args.megakernel:
-        paths["mok_megakernel"] = mok_path(group, tokens, "megakernel", args.comm_sms)
+        paths["mok_megakernel"] = mok_path(group, tokens, "megakernel", args.comm_sms,
+                                           args.backward_inputs)
     leaves = [x.requires_grad_(), probs.requires_grad_(), w1, w2]
 
     # Weight gradients are compared on the first experts only: full clones of both paths'
@@ -353,6 +356,8 @@ def main(argv=None):
                    help="also time the forward megakernel (kernel.forward_kernel: megakernel)")
     p.add_argument("--comm-sms", type=int, default=16,
                    help="row-pulling blocks of the megakernel (kernel.comm_sms_forward)")
+    p.add_argument("--backward-inputs", default="saved", choices=["saved", "recomputed"],
+                   help="what the mok paths keep for backward (kernel.backward_inputs)")
     p.add_argument("--out", type=Path, default=None)
     args = p.parse_args(argv)
 

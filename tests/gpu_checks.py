@@ -123,6 +123,19 @@ def check_megakernel_settings(spec: ProblemSpec, rank: int, group,
     print(spec.name, "megakernel == separate bitwise:", same)
 
 
+def check_recomputed_backward(spec: ProblemSpec, rank: int, group, **knobs) -> None:
+    """Backward from recomputed rows and h gives the gradients of backward from saved ones,
+    bit for bit (and the forward output is untouched by the setting)."""
+    problem = spec.build()
+    max_tokens = max(max(spec.tokens_per_rank), 1)
+    saved = run_cuda(problem, rank, group, max_tokens, backward_inputs="saved", **knobs)
+    recomputed = run_cuda(problem, rank, group, max_tokens, backward_inputs="recomputed",
+                          **knobs)
+    for name in NAMES:
+        assert torch.equal(saved[name], recomputed[name]), (
+            f"{spec.name}: {name} differs between saved and recomputed backward inputs")
+
+
 def check_cuda_graph(spec: ProblemSpec, rank: int, group, **knobs) -> None:
     """Forward + backward captured once, replayed with new inputs copied into the static
     tensors, gives the eager results bit for bit (so nothing in the path syncs or bakes in

@@ -114,6 +114,8 @@ BROKEN = [
     ("recipes", "bf16", "kernel.macrobatch_tokens", 32768, "kernel.macrobatch_tokens",
      "not implemented yet (the macrobatch ring is not built; buffers are sized for the worst "
      "case): leave it at 16384"),
+    ("recipes", "bf16", "kernel.backward_inputs", "dropped", "kernel.backward_inputs",
+     "expected one of 'saved', 'recomputed'"),
     ("recipes", "bf16", "kernel", [1], "kernel", "expected a mapping, got list [1]"),
     ("recipes", "bf16", "megatron_args.bf16", False, "megatron_args.bf16",
      "expected true (a bare flag)"),

@@ -78,3 +78,19 @@ def test_megakernel_bit_identical_across_comm_blocks(group):
 def test_megakernel_cuda_graph_replay(group):
     gpu_checks.check_cuda_graph(_specs(dist.get_world_size(group))[1], dist.get_rank(group),
                                 group, **MEGAKERNEL)
+
+
+@pytest.mark.parametrize("forward_kernel", ["separate", "megakernel"])
+def test_recomputed_backward_bit_identical_to_saved(group, forward_kernel):
+    spec = _specs(dist.get_world_size(group))[3]  # ragged, one rank without tokens
+    gpu_checks.check_recomputed_backward(spec, dist.get_rank(group), group,
+                                         forward_kernel=forward_kernel)
+
+
+def test_recomputed_backward_matches_reference(group):
+    spec = _specs(dist.get_world_size(group))[2]  # hot expert
+    errors = gpu_checks.check_against_reference(spec, dist.get_rank(group), group,
+                                                backward_inputs="recomputed",
+                                                forward_kernel="megakernel")
+    print("recomputed", spec.name, dist.get_rank(group),
+          {k: f"{v:.2e}" for k, v in errors.items()})

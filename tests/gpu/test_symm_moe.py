@@ -50,6 +50,18 @@ def test_cuda_graph_replay():
     gpu_checks.check_cuda_graph(SPECS[1], 0, None)
 
 
+@pytest.mark.parametrize("spec", SPECS, ids=lambda s: s.name)
+def test_recomputed_backward_matches_reference(spec):
+    errors = gpu_checks.check_against_reference(spec, 0, None, backward_inputs="recomputed")
+    print(spec.name, {k: f"{v:.2e}" for k, v in errors.items()})
+
+
+@pytest.mark.parametrize("forward_kernel", ["separate", "megakernel"])
+@pytest.mark.parametrize("spec", [SPECS[1], SPECS[4]], ids=lambda s: s.name)
+def test_recomputed_backward_bit_identical_to_saved(spec, forward_kernel):
+    gpu_checks.check_recomputed_backward(spec, 0, None, forward_kernel=forward_kernel)
+
+
 def test_workspace_release_and_recreate():
     from mok_megatron import workspace
 
