@@ -155,8 +155,9 @@ def moe_forward_megakernel(peer_bases, tokens_offset, slots_offset, offsets, row
                            counters, comm_blocks: int, timeout_ns: int,
                            profile_skip: int = 0) -> None:
     """Pull-dispatch + FC1/activation + FC2 + push-combine in one persistent launch
-    (csrc/megakernel/moe_forward.cu). ``counters``: ``megakernel_counters(...)``, zeroed
-    before every launch. ``profile_skip``
+    (csrc/megakernel/moe_forward.cu). ``h_out``: FC1's output for backward, or None (not
+    kept). ``counters``: ``megakernel_counters(...)``, zeroed before every launch.
+    ``profile_skip``
     (timing only, results meaningless when set): PROFILE_SKIP bits of stages to leave out."""
     _cuda("peer_bases", peer_bases, torch.int64)
     _cuda("offsets", offsets, torch.int32)
@@ -164,7 +165,8 @@ def moe_forward_megakernel(peer_bases, tokens_offset, slots_offset, offsets, row
     _cuda("row_prob", row_prob, torch.float32)
     _cuda("counters", counters, torch.int32)
     for name, t in (("rows", rows), ("act", act), ("h_out", h_out)):
-        _cuda(name, t, torch.bfloat16)
+        if t is not None:
+            _cuda(name, t, torch.bfloat16)
     _check(w1.dtype == torch.bfloat16 and w2.dtype == torch.bfloat16, "weights must be bf16")
     extension().moe_forward_megakernel(peer_bases, tokens_offset, slots_offset, offsets,
                                        row_slot, row_prob, max_tokens, topk, w1, w2,

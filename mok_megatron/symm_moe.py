@@ -109,7 +109,9 @@ class _SymmMoE(torch.autograd.Function):
         ffn = plan.w2.shape[2]
         act = torch.empty(cap, ffn, dtype=torch.bfloat16, device=x.device)
         if plan.megakernel:
-            h = torch.empty(cap, plan.w1.shape[1], dtype=torch.bfloat16, device=x.device)
+            # h is computed again in backward when recomputing: not stored here at all.
+            h = None if plan.recompute else torch.empty(cap, plan.w1.shape[1],
+                                                        dtype=torch.bfloat16, device=x.device)
             counters = ops.megakernel_counters(cap, plan.num_local, x.device)
             ops.moe_forward_megakernel(ws.peer_bases, ws.offsets["tokens"], ws.offsets["slots"],
                                        offsets, row_slot, row_prob, max_tokens, K, plan.w1,

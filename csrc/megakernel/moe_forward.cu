@@ -54,7 +54,7 @@ struct ForwardArgs {
   int num_experts, hidden, ffn, per_rank, topk, comm_blocks, world;
   __nv_bfloat16* rows;        // [cap, H]  pulled token rows
   __nv_bfloat16* act;         // [cap, F]  act(h) * prob
-  __nv_bfloat16* h_out;       // [cap, F1] FC1 output for backward
+  __nv_bfloat16* h_out;       // [cap, F1] FC1 output for backward, or null: not kept
   uint32_t* rows_ready;       // [m-blocks] rows pulled
   uint32_t* fc1_done;         // [m-blocks] FC1 tile halves stored (one per consumer)
   uint32_t* tile_counter;     // [1] tiles handed out (tile_queue.cuh)
@@ -285,7 +285,8 @@ void moe_forward_megakernel(const at::Tensor& peer_bases, int64_t tokens_offset,
                             const at::Tensor& row_slot, const at::Tensor& row_prob,
                             int64_t max_tokens, int64_t topk, const at::Tensor& w1,
                             const at::Tensor& w2, int64_t activation, at::Tensor& rows,
-                            at::Tensor& act, at::Tensor& h_out, at::Tensor& counters,
+                            at::Tensor& act, const c10::optional<at::Tensor>& h_out,
+                            at::Tensor& counters,
                             int64_t comm_blocks, int64_t timeout_ns, int64_t profile_skip) {
   const int64_t E = w1.size(0), H = rows.size(1), F = w2.size(2);
   const bool gated = is_gated(static_cast<int>(activation));
@@ -304,9 +305,10 @@ void moe_forward_megakernel(const at::Tensor& peer_bases, int64_t tokens_offset,
   MOK_HOST_CHECK(pull_slots(static_cast<int>(H)) >= kPullMinSlots, "moe_forward_megakernel: H = ",
                  H, " rows are too wide for the row-pulling ring (at most ",
                  kPullBytes / (2 * kPullMinSlots), ")");
-  MOK_HOST_CHECK(rows.is_contiguous() && act.is_contiguous() && h_out.is_contiguous() &&
-                     act.size(0) == cap && act.size(1) == F && h_out.size(0) == cap &&
-                     h_out.size(1) == F1,
+  MOK_HOST_CHECK(rows.is_contiguous() && act.is_contiguous() && act.size(0) == cap &&
+                     act.size(1) == F &&
+                     (!h_out || (h_out->is_contiguous() && h_out->scalar_type() == at::kBFloat16 &&
+                                 h_out->size(0) == cap && h_out->size(1) == F1)),
                  "moe_forward_megakernel: rows [cap, H], act [cap, F], h [cap, F1], contiguous");
   MOK_HOST_CHECK(w1.stride(2) == 1 && w2.stride(2) == 1 && w1.stride(0) > 0 && w2.stride(0) > 0,
                  "moe_forward_megakernel: weights need contiguous rows and positive strides");
@@ -342,7 +344,7 @@ void moe_forward_megakernel(const at::Tensor& peer_bases, int64_t tokens_offset,
   args.world = static_cast<int>(peer_bases.numel());
   args.rows = reinterpret_cast<__nv_bfloat16*>(rows.data_ptr());
   args.act = reinterpret_cast<__nv_bfloat16*>(act.data_ptr());
-  args.h_out = reinterpret_cast<__nv_bfloat16*>(h_out.data_ptr());
+  args.h_out = h_out ? reinterpret_cast<__nv_bfloat16*>(h_out->data_ptr()) : nullptr;
   args.rows_ready = reinterpret_cast<uint32_t*>(counters.data_ptr<int32_t>());
   args.fc1_done = args.rows_ready + max_mblocks;
   args.tile_counter = args.fc1_done + max_mblocks;
@@ -355,7 +357,8 @@ void moe_forward_megakernel(const at::Tensor& peer_bases, int64_t tokens_offset,
   const CUtensorMap w1_map = weight_tensor_map(w1, gated ? 2 : 1);
   const CUtensorMap w2_map = weight_tensor_map(w2, 1);
   const CUtensorMap act_store_map = staged_rows_map(act.data_ptr(), cap, F, 1, F);
-  const CUtensorMap h_store_map = staged_rows_map(h_out.data_ptr(), cap, F, gated ? 2 : 1, F1);
+  const CUtensorMap h_store_map =
+      h_out ? staged_rows_map(h_out->data_ptr(), cap, F, gated ? 2 : 1, F1) : CUtensorMap{};
   MOK_DISPATCH_ACTIVATION(activation, KACT,
                           launch_persistent(moe_forward_kernel<KACT>, kSharedBytes, rows_map,
                                             w1_map, act_map, w2_map, act_store_map,
