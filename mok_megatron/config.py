@@ -72,7 +72,10 @@ class KernelKnobs:
     comm_sms_backward: int = _bounded(16, min=1, max=_MAX_COMM_SMS)
     # Overlap unit: tokens a compute tile waits for before it starts.
     minibatch_tokens: int = _bounded(2048, min=1)
-    # Tokens held by the activation ring buffer; backward walks it in reverse.
+    # Rows (token copies routed here) per macrobatch of the megakernel's ring, which bounds its
+    # pulled rows and activations (3 macrobatches resident) whatever the routing. Used with
+    # forward_kernel: megakernel and backward_inputs: recomputed (otherwise forward keeps every
+    # row for backward anyway); rounded up to 128-row m-blocks.
     macrobatch_tokens: int = _bounded(16384, min=1)
     # Multiplier on the GPU-built schedule's per-expert capacity.
     schedule_capacity: float = _bounded(1.0, gt=0.0)
@@ -279,9 +282,9 @@ def _check_bounds(bounds: dict[str, float], value: Any, key: str) -> None:
 
 
 # Checks that span several fields: (key relative to the object, problem) for each violation.
-# Knobs of the macrobatch ring, which is not built yet: a recipe may state them only at their
-# defaults, so nobody tunes a setting that changes nothing.
-_RESERVED_KNOBS = ("minibatch_tokens", "macrobatch_tokens", "schedule_capacity")
+# Knobs reserved for later work (nothing reads them yet): a recipe may state them only at
+# their defaults, so nobody tunes a setting that changes nothing.
+_RESERVED_KNOBS = ("minibatch_tokens", "schedule_capacity")
 
 
 def _kernel_problems(k: KernelKnobs) -> Iterator[tuple[str, str]]:
@@ -292,8 +295,13 @@ def _kernel_problems(k: KernelKnobs) -> Iterator[tuple[str, str]]:
     for name in _RESERVED_KNOBS:
         default = KernelKnobs.__dataclass_fields__[name].default
         if getattr(k, name) != default:
-            yield (name, f"not implemented yet (the macrobatch ring is not built; buffers are "
-                         f"sized for the worst case): leave it at {default}")
+            yield (name, f"not implemented yet (nothing reads it): leave it at {default}")
+    ring_default = KernelKnobs.__dataclass_fields__["macrobatch_tokens"].default
+    if k.macrobatch_tokens != ring_default and (k.forward_kernel != "megakernel"
+                                                or k.backward_inputs != "recomputed"):
+        yield ("macrobatch_tokens", "sizes the megakernel's ring, which runs only with "
+                                    "forward_kernel: megakernel and backward_inputs: recomputed; "
+                                    f"leave it at {ring_default} otherwise")
 
 
 def _dispatcher_problems(d: DispatcherConfig) -> Iterator[tuple[str, str]]:

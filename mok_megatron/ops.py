@@ -153,10 +153,13 @@ def grouped_gemm(a: torch.Tensor, w: torch.Tensor, offsets: torch.Tensor, out: t
 def moe_forward_megakernel(peer_bases, tokens_offset, slots_offset, offsets, row_slot, row_prob,
                            max_tokens, topk, w1, w2, activation: str, rows, act, h_out,
                            counters, comm_blocks: int, timeout_ns: int,
-                           profile_skip: int = 0) -> None:
+                           ring_mblocks: int = 0, profile_skip: int = 0) -> None:
     """Pull-dispatch + FC1/activation + FC2 + push-combine in one persistent launch
     (csrc/megakernel/moe_forward.cu). ``h_out``: FC1's output for backward, or None (not
     kept). ``counters``: ``megakernel_counters(...)``, zeroed before every launch.
+    ``ring_mblocks`` > 0: ``rows`` and ``act`` are a ring of MACROBATCH_RING_SLOTS macrobatches
+    of that many 128-row m-blocks (``macrobatch_ring_rows`` rows; needs ``h_out=None``);
+    0: they hold every schedule row.
     ``profile_skip``
     (timing only, results meaningless when set): PROFILE_SKIP bits of stages to leave out."""
     _cuda("peer_bases", peer_bases, torch.int64)
@@ -171,23 +174,42 @@ def moe_forward_megakernel(peer_bases, tokens_offset, slots_offset, offsets, row
     extension().moe_forward_megakernel(peer_bases, tokens_offset, slots_offset, offsets,
                                        row_slot, row_prob, max_tokens, topk, w1, w2,
                                        ACTIVATION_IDS[activation], rows, act, h_out, counters,
-                                       comm_blocks, timeout_ns, profile_skip)
+                                       comm_blocks, ring_mblocks, MACROBATCH_RING_SLOTS,
+                                       timeout_ns, profile_skip)
 
 
 PROFILE_SKIP = {"pull": 1, "waits": 2, "fc1": 4, "fc2": 8}  # csrc megakernel ProfileSkip
 MEGAKERNEL_BLOCK_M = 128  # csrc/config/kernel_config.cuh kGemmBlockM
 
 
-def megakernel_counters(rows: int, num_experts: int, device) -> torch.Tensor:
+# Macrobatches the megakernel's ring holds at once: FC2 lags FC1 by one macrobatch and the
+# pull runs one ahead of FC1 (csrc/megakernel/macrobatch_ring.cuh; at least 2).
+MACROBATCH_RING_SLOTS = 3
+
+
+def _max_mblocks(rows: int, num_experts: int) -> int:
+    return rows // MEGAKERNEL_BLOCK_M + num_experts + 1
+
+
+def megakernel_counters(rows: int, num_experts: int, device,
+                        ring_mblocks: int = 0) -> torch.Tensor:
     """Zeroed counters for a megakernel launch over `rows` scheduled rows: per m-block (at
-    most rows / 128 + num_experts + 1) rows pulled and FC1 tile halves stored, then the one
-    counter that hands out tiles."""
-    return torch.zeros(2 * (rows // MEGAKERNEL_BLOCK_M + num_experts + 1) + 1,
-                       dtype=torch.int32, device=device)
+    most rows / 128 + num_experts + 1) rows pulled and FC1 tile halves stored, per
+    macrobatch FC2 tile halves done, then the one counter that hands out tiles."""
+    mblocks = _max_mblocks(rows, num_experts)
+    macros = -(-mblocks // ring_mblocks) if ring_mblocks > 0 else 1
+    return torch.zeros(2 * mblocks + macros + 1, dtype=torch.int32, device=device)
+
+
+def macrobatch_ring_rows(rows: int, num_experts: int, ring_mblocks: int) -> int:
+    """Rows of the megakernel's rows / act buffers with the ring on (never more than the
+    padded schedule needs)."""
+    return min(MACROBATCH_RING_SLOTS * ring_mblocks,
+               _max_mblocks(rows, num_experts)) * MEGAKERNEL_BLOCK_M
 
 
 WAIT_ROLES = ("gemm producer", "gemm mma", "rows ready", "fc1 done", "pull slot",
-              "pull row", "tile queue")  # csrc sm90::WaitRole
+              "pull row", "tile queue", "ring slot")  # csrc sm90::WaitRole
 
 
 def timeout_report() -> Optional[dict]:

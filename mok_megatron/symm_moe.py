@@ -49,6 +49,7 @@ class _Plan:
     megakernel: bool  # forward in one persistent launch (recipe kernel.forward_kernel)
     comm_blocks: int  # blocks of that launch that pull rows
     recompute: bool  # backward pulls the rows again and recomputes h (kernel.backward_inputs)
+    ring_mblocks: int  # megakernel with recompute: m-blocks per macrobatch of its ring
 
 
 _positions: dict[tuple, torch.Tensor] = {}
@@ -105,19 +106,24 @@ class _SymmMoE(torch.autograd.Function):
         cap = row_slot.numel()
         max_tokens = ws.layout.max_tokens
 
-        rows = torch.empty(cap, H, dtype=torch.bfloat16, device=x.device)
         ffn = plan.w2.shape[2]
-        act = torch.empty(cap, ffn, dtype=torch.bfloat16, device=x.device)
         if plan.megakernel:
-            # h is computed again in backward when recomputing: not stored here at all.
+            # When backward recomputes, rows and act are only transient: a ring of macrobatches
+            # bounds them whatever the routing, and h is not stored at all.
+            ring = plan.ring_mblocks if plan.recompute else 0
+            n = ops.macrobatch_ring_rows(cap, plan.num_local, ring) if ring else cap
+            rows = torch.empty(n, H, dtype=torch.bfloat16, device=x.device)
+            act = torch.empty(n, ffn, dtype=torch.bfloat16, device=x.device)
             h = None if plan.recompute else torch.empty(cap, plan.w1.shape[1],
                                                         dtype=torch.bfloat16, device=x.device)
-            counters = ops.megakernel_counters(cap, plan.num_local, x.device)
+            counters = ops.megakernel_counters(cap, plan.num_local, x.device, ring)
             ops.moe_forward_megakernel(ws.peer_bases, ws.offsets["tokens"], ws.offsets["slots"],
                                        offsets, row_slot, row_prob, max_tokens, K, plan.w1,
                                        plan.w2, plan.activation, rows, act, h, counters,
-                                       plan.comm_blocks, ws.timeout_ns)
+                                       plan.comm_blocks, ws.timeout_ns, ring_mblocks=ring)
         else:
+            rows = torch.empty(cap, H, dtype=torch.bfloat16, device=x.device)
+            act = torch.empty(cap, ffn, dtype=torch.bfloat16, device=x.device)
             ops.pull_rows(ws.peer_bases, ws.offsets["tokens"], row_slot, num_rows, max_tokens,
                           K, rows)
             h = _grouped(rows, plan.w1.transpose(1, 2), offs)
@@ -249,6 +255,6 @@ def moe_experts_cuda(x, ids, probs, w1, w2, *, group: Optional[dist.ProcessGroup
     position = _expert_position(order or list(range(num_local)), x.device)
     plan = _Plan(ws, activation, num_local, w1_stack, w2_stack, order, position,
                  recipe.kernel.forward_kernel == "megakernel", recipe.kernel.comm_sms_forward,
-                 recompute)
+                 recompute, -(-recipe.kernel.macrobatch_tokens // ops.MEGAKERNEL_BLOCK_M))
     w_inputs = (w1, w2) if order is None else (*w1, *w2)
     return _SymmMoE.apply(x.contiguous(), ids, probs, plan, *w_inputs)

@@ -123,11 +123,13 @@ def row_counts(ids: torch.Tensor, num_experts: int) -> tuple[int, int]:
 # ------------------------------------------------------------------------------ paths
 
 
-def mok_path(group, tokens, forward_kernel="separate", comm_sms=16, backward_inputs="saved"):
+def mok_path(group, tokens, forward_kernel="separate", comm_sms=16, backward_inputs="saved",
+             macrobatch_tokens=KernelKnobs.macrobatch_tokens):
     recipe = Recipe(name="bench", backend="cuda",
                     kernel=KernelKnobs(max_tokens_per_rank=max(tokens, 1),
                                        forward_kernel=forward_kernel, comm_sms_forward=comm_sms,
-                                       backward_inputs=backward_inputs))
+                                       backward_inputs=backward_inputs,
+                                       macrobatch_tokens=macrobatch_tokens))
 
     def run(x, ids, probs, w1, w2):
         return moe_experts(x, ids, probs, w1, w2, group=group, recipe=recipe)
@@ -239,7 +241,7 @@ def run_case(model, variant, tokens, peaks, args, group):
              "alltoall": MegatronAlltoAll(model, E)}
     if args.megakernel:
         paths["mok_megakernel"] = mok_path(group, tokens, "megakernel", args.comm_sms,
-                                           args.backward_inputs)
+                                           args.backward_inputs, args.macrobatch_tokens)
     leaves = [x.requires_grad_(), probs.requires_grad_(), w1, w2]
 
     # Weight gradients are compared on the first experts only: full clones of both paths'
@@ -358,6 +360,9 @@ def main(argv=None):
                    help="row-pulling blocks of the megakernel (kernel.comm_sms_forward)")
     p.add_argument("--backward-inputs", default="saved", choices=["saved", "recomputed"],
                    help="what the mok paths keep for backward (kernel.backward_inputs)")
+    p.add_argument("--macrobatch-tokens", type=int, default=KernelKnobs.macrobatch_tokens,
+                   help="rows per macrobatch of the megakernel's ring (with --backward-inputs "
+                        "recomputed)")
     p.add_argument("--out", type=Path, default=None)
     args = p.parse_args(argv)
 

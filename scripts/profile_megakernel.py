@@ -62,7 +62,8 @@ def megakernel(p: dict, comm_blocks: int, skip: int = 0):
         ops.moe_forward_megakernel(p["bases"], p["x"].data_ptr(), p["slots"].data_ptr(),
                                    p["offsets"], p["row_slot"], p["row_prob"], p["tokens"],
                                    p["topk"], p["w1"], p["w2"], "swiglu", p["rows"], p["act"],
-                                   p["h"], p["counters"], comm_blocks, p["timeout_ns"], skip)
+                                   p["h"], p["counters"], comm_blocks, p["timeout_ns"],
+                                   profile_skip=skip)
     return run
 
 

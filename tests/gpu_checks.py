@@ -136,6 +136,22 @@ def check_recomputed_backward(spec: ProblemSpec, rank: int, group, **knobs) -> N
             f"{spec.name}: {name} differs between saved and recomputed backward inputs")
 
 
+def check_macrobatch_ring(spec: ProblemSpec, rank: int, group,
+                          macrobatch_tokens: tuple[int, ...] = (128, 384, 16384)) -> None:
+    """The megakernel with its macrobatch ring (recomputed backward inputs; small macrobatches
+    make the ring wrap many times) gives the results of the megakernel without it, bit for
+    bit, for every macrobatch size."""
+    problem = spec.build()
+    max_tokens = max(max(spec.tokens_per_rank), 1)
+    plain = run_cuda(problem, rank, group, max_tokens, forward_kernel="megakernel")
+    for size in macrobatch_tokens:
+        ring = run_cuda(problem, rank, group, max_tokens, forward_kernel="megakernel",
+                        backward_inputs="recomputed", macrobatch_tokens=size)
+        for name in NAMES:
+            assert torch.equal(plain[name], ring[name]), (
+                f"{spec.name}: {name} differs with macrobatch_tokens={size}")
+
+
 def check_cuda_graph(spec: ProblemSpec, rank: int, group, **knobs) -> None:
     """Forward + backward captured once, replayed with new inputs copied into the static
     tensors, gives the eager results bit for bit (so nothing in the path syncs or bakes in

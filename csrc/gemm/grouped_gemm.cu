@@ -98,7 +98,7 @@ __global__ void __launch_bounds__(kGemmThreads, 1)
     const int row0 = s.row_begin[tc.expert] + m_row0 + kStagedRows * consumer;
     store_rows_staged<kAct>(acc, s.epilogue.out[consumer],
                             EpilogueTensor{&out_map, out, out_stride},
-                            EpilogueTensor{&h_map, h_out, h_stride}, row0,
+                            EpilogueTensor{&h_map, h_out, h_stride}, row0, row0,
                             rows_left >= kStagedRows * (consumer + 1),
                             max(0, min(kStagedRows, rows_left - kStagedRows * consumer)),
                             tc.n_block * kTileN, n_out, row_prob, consumer, leader);

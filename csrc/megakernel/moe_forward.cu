@@ -28,6 +28,8 @@
 #include <cuda_bf16.h>
 #include <torch/extension.h>
 
+#include <algorithm>
+
 #include "common/error.cuh"
 #include "common/ptx.cuh"
 #include "gemm/persistent_launch.cuh"
@@ -35,6 +37,7 @@
 #include "gemm/sm90/tile_engine.cuh"
 #include "gemm/sm90/tile_epilogue.cuh"
 #include "gemm/timeout_report.h"
+#include "megakernel/macrobatch_ring.cuh"
 #include "megakernel/row_pull.cuh"
 #include "megakernel/tile_queue.cuh"
 #include "ops.h"
@@ -52,11 +55,13 @@ struct ForwardArgs {
   const int32_t* row_slot;    // [rows] flat (source, token, k) of each row
   const float* row_prob;      // [rows]
   int num_experts, hidden, ffn, per_rank, topk, comm_blocks, world;
-  __nv_bfloat16* rows;        // [cap, H]  pulled token rows
-  __nv_bfloat16* act;         // [cap, F]  act(h) * prob
+  __nv_bfloat16* rows;        // [cap or ring rows, H]  pulled token rows
+  __nv_bfloat16* act;         // [cap or ring rows, F]  act(h) * prob
   __nv_bfloat16* h_out;       // [cap, F1] FC1 output for backward, or null: not kept
   uint32_t* rows_ready;       // [m-blocks] rows pulled
   uint32_t* fc1_done;         // [m-blocks] FC1 tile halves stored (one per consumer)
+  uint32_t* fc2_done;         // [macrobatches] FC2 tile halves done reading act
+  int ring_on, ring_mblocks, ring_slots;  // macrobatch_ring.cuh
   uint32_t* tile_counter;     // [1] tiles handed out (tile_queue.cuh)
   uint64_t timeout_ns;
   int* report;
@@ -130,45 +135,73 @@ __global__ void __launch_bounds__(kGemmThreads, 1)
     init_ring(s.ring);
   }
   __syncthreads();
+  const MacrobatchRing ring =
+      MacrobatchRing::make(a.ring_on != 0, a.ring_mblocks, a.ring_slots, s.mblock_begin[E]);
 
   if (blockIdx.x < a.comm_blocks) {
     if (!(a.skip & kSkipPull)) {
+      // With the ring, row r goes to its m-block's slot once FC2 of the macrobatch that held
+      // the slot before has read it.
+      const bool wait_slot = !(a.skip & (kSkipFc2 | kSkipWaits));
+      auto place = [&](int r) -> int64_t {
+        if (!ring.on) return r;
+        const int e = expert_at(s.row_begin, E, r);
+        const int local = r - s.row_begin[e];
+        const int mblock = s.mblock_begin[e] + local / kGemmBlockM;
+        const int earlier = ring.macro_of(mblock) - ring.slots;
+        if (earlier >= 0 && wait_slot) {
+          wait_count(&a.fc2_done[earlier],
+                     ring.mblocks_in(earlier) * fc2_nblocks * kGemmConsumers, a,
+                     kWaitRingSlot, r, earlier);
+          fence_proxy_async_global();
+        }
+        return ring.slot_row0(mblock) + local % kGemmBlockM;
+      };
       pull_rows_bulk(RowSource{a.peer_bases, a.tokens_offset, a.row_slot, a.per_rank, a.topk,
                                a.world},
                      a.rows, a.hidden, s.row_begin[E], blockIdx.x, a.comm_blocks, pull_ring,
                      MBlockTable{s.row_begin, s.mblock_begin, E}, a.rows_ready, a.timeout_ns,
-                     a.report);
+                     a.report, place);
     }
     // Its rows are pulled (every slot's bulk store has completed): the block's shared memory
     // is free, and it joins the GEMM tiles below.
     __syncthreads();
   }
 
-  const int fc1_tiles = s.mblock_begin[E] * fc1_nblocks;
-  const int first_tile = (a.skip & kSkipFc1) ? fc1_tiles : 0;
-  const int end_tile =
-      (a.skip & kSkipFc2) ? fc1_tiles : fc1_tiles + s.mblock_begin[E] * fc2_nblocks;
+  const int end_tile = ring.mblocks * (fc1_nblocks + fc2_nblocks);
   const bool wait_rows = !(a.skip & (kSkipPull | kSkipWaits));
   const bool wait_fc1 = !(a.skip & (kSkipFc1 | kSkipWaits));
   const int fc1_kblocks = (a.hidden + kGemmBlockK - 1) / kGemmBlockK;
   const int fc2_kblocks = (a.ffn + kGemmBlockK - 1) / kGemmBlockK;
 
-  // Where tile t is: phase (FC1 or FC2), expert, m-block (global index) and columns.
+  // Where tile t is: phase (FC1 or FC2), expert, m-block (global index), columns, its rows'
+  // place in the schedule (row0) and in rows / act (slot0: the same without the ring).
   struct Where {
     bool fc1;
-    TileCoord tc;
-    int mblock, row0, rows_left, k_blocks;
+    int expert, mblock, n_block, row0, slot0, rows_left, k_blocks;
   };
   auto locate = [&](int tile) {
+    const PhaseTile pt = tile_at(ring, fc1_nblocks, fc2_nblocks, tile);
     Where w;
-    w.fc1 = tile < fc1_tiles;
-    w.tc = w.fc1 ? decode_tile(s.mblock_begin, E, fc1_nblocks, tile)
-                 : decode_tile(s.mblock_begin, E, fc2_nblocks, tile - fc1_tiles);
-    w.mblock = s.mblock_begin[w.tc.expert] + w.tc.m_block;
-    w.row0 = s.row_begin[w.tc.expert] + w.tc.m_block * kGemmBlockM;
-    w.rows_left = s.row_begin[w.tc.expert + 1] - w.row0;
+    w.fc1 = pt.fc1;
+    w.mblock = pt.mblock;
+    w.n_block = pt.n_block;
+    w.expert = expert_at(s.mblock_begin, E, pt.mblock);
+    w.row0 = s.row_begin[w.expert] + (pt.mblock - s.mblock_begin[w.expert]) * kGemmBlockM;
+    w.slot0 = ring.on ? static_cast<int>(ring.slot_row0(pt.mblock)) : w.row0;
+    w.rows_left = s.row_begin[w.expert + 1] - w.row0;
     w.k_blocks = w.fc1 ? fc1_kblocks : fc2_kblocks;
     return w;
+  };
+  // Profiling variants leave FC1 or FC2 tiles out: the producer passes over them.
+  auto skipped = [&](int tile) {
+    const bool fc1 = tile_at(ring, fc1_nblocks, fc2_nblocks, tile).fc1;
+    return (fc1 && (a.skip & kSkipFc1)) || (!fc1 && (a.skip & kSkipFc2));
+  };
+  auto take = [&]() {
+    int tile = take_tile(a.tile_counter, 0, end_tile);
+    while (tile >= 0 && skipped(tile)) tile = take_tile(a.tile_counter, 0, end_tile);
+    return tile;
   };
 
   const int warpgroup = threadIdx.x / 128;
@@ -179,10 +212,10 @@ __global__ void __launch_bounds__(kGemmThreads, 1)
     // One index is taken ahead, so the atomic's round trip overlaps this tile's loads instead
     // of leaving the stage ring empty between tiles (holding it keeps the order argument:
     // the block runs it next, after lower tiles only).
-    int ahead = take_tile(a.tile_counter, first_tile, end_tile);
+    int ahead = take();
     for (int seq = 0;; ++seq) {
       const int tile = ahead;
-      if (tile >= 0) ahead = take_tile(a.tile_counter, first_tile, end_tile);
+      if (tile >= 0) ahead = take();
       push_tile(s.queue, seq, tile, a.timeout_ns, a.report);
       if (tile < 0) break;
       const Where w = locate(tile);
@@ -198,13 +231,11 @@ __global__ void __launch_bounds__(kGemmThreads, 1)
         uint64_t* full = &s.ring.full[stage];
         uint8_t* b = s.ring.b[stage];
         if (w.fc1) {
-          const int n0 = w.tc.n_block * kFc1Cols;
-          tma_load_4d(s.ring.a[stage], &rows_map, full, k0, w.row0, 0, 0);
-          load_weight_tile<kGated>(b, &w1_map, full, k0, n0, w.tc.expert);
+          tma_load_4d(s.ring.a[stage], &rows_map, full, k0, w.slot0, 0, 0);
+          load_weight_tile<kGated>(b, &w1_map, full, k0, w.n_block * kFc1Cols, w.expert);
         } else {
-          tma_load_4d(s.ring.a[stage], &act_map, full, k0, w.row0, 0, 0);
-          load_weight_tile<false>(b, &w2_map, full, k0, w.tc.n_block * kGemmBlockN,
-                                  w.tc.expert);
+          tma_load_4d(s.ring.a[stage], &act_map, full, k0, w.slot0, 0, 0);
+          load_weight_tile<false>(b, &w2_map, full, k0, w.n_block * kGemmBlockN, w.expert);
         }
       });
     }
@@ -238,6 +269,11 @@ __global__ void __launch_bounds__(kGemmThreads, 1)
     consume_tile(s.ring, it, w.k_blocks, tile, consumer, leader, acc, a.timeout_ns, a.report);
     // The block's next tile (the producer took it once it had issued this tile's loads).
     const int next = pop_tile(s.queue, seq++, a.timeout_ns, a.report);
+    if (!w.fc1 && leader) {
+      // This warpgroup's MMAs have read all of the tile's act rows (wgmma_wait<0>): count it
+      // toward freeing the macrobatch's ring slot.
+      red_release_gpu_add_u32(&a.fc2_done[ring.macro_of(w.mblock)], 1);
+    }
     const int row0 = w.row0 + kStagedRows * consumer;
     const int rows_valid = max(0, min(kStagedRows, w.rows_left - kStagedRows * consumer));
     if (w.fc1) {
@@ -245,17 +281,17 @@ __global__ void __launch_bounds__(kGemmThreads, 1)
       // is counted late only while the next one is FC1 too (FC1 tiles never wait for FC1),
       // so no FC2 tile can wait on a count this block holds back.
       if (pending_mblock >= 0) publish_fc1(pending_mblock);
-      store_rows_staged<kAct>(acc, buf, act_out, h_out, row0,
+      store_rows_staged<kAct>(acc, buf, act_out, h_out, w.slot0 + kStagedRows * consumer, row0,
                               w.rows_left >= kStagedRows * (consumer + 1), rows_valid,
-                              w.tc.n_block * kFc1Cols, a.ffn, a.row_prob, consumer, leader);
+                              w.n_block * kFc1Cols, a.ffn, a.row_prob, consumer, leader);
       pending_mblock = w.mblock;
-      if (next < 0 || next >= fc1_tiles) {
+      if (next < 0 || !tile_at(ring, fc1_nblocks, fc2_nblocks, next).fc1) {
         publish_fc1(pending_mblock);
         pending_mblock = -1;
       }
     } else {
       // Each result row goes to its (token, k) slot on the source rank.
-      store_rows_scattered(acc, buf, rows_valid, w.tc.n_block * kGemmBlockN, a.hidden,
+      store_rows_scattered(acc, buf, rows_valid, w.n_block * kGemmBlockN, a.hidden,
                            consumer, [&](int r) {
                              const int64_t flat = a.row_slot[row0 + r];
                              const int64_t peer = flat / a.per_rank;
@@ -286,12 +322,17 @@ void moe_forward_megakernel(const at::Tensor& peer_bases, int64_t tokens_offset,
                             int64_t max_tokens, int64_t topk, const at::Tensor& w1,
                             const at::Tensor& w2, int64_t activation, at::Tensor& rows,
                             at::Tensor& act, const c10::optional<at::Tensor>& h_out,
-                            at::Tensor& counters,
-                            int64_t comm_blocks, int64_t timeout_ns, int64_t profile_skip) {
+                            at::Tensor& counters, int64_t comm_blocks, int64_t ring_mblocks,
+                            int64_t ring_slots, int64_t timeout_ns, int64_t profile_skip) {
   const int64_t E = w1.size(0), H = rows.size(1), F = w2.size(2);
   const bool gated = is_gated(static_cast<int>(activation));
   const int64_t F1 = gated ? 2 * F : F;
-  const int64_t cap = rows.size(0);
+  const int64_t cap = row_slot.numel();  // schedule rows (worst case)
+  const int64_t max_mblocks = cap / kGemmBlockM + E + 1;
+  const bool ring_on = ring_mblocks > 0;
+  const int64_t max_macro = ring_on ? (max_mblocks + ring_mblocks - 1) / ring_mblocks : 1;
+  const int64_t buffer_rows =
+      ring_on ? std::min(ring_slots * ring_mblocks, max_mblocks) * kGemmBlockM : cap;
   const int sms = at::cuda::getCurrentDeviceProperties()->multiProcessorCount;
   MOK_HOST_CHECK(w1.dim() == 3 && w2.dim() == 3 && w1.size(1) == F1 && w1.size(2) == H &&
                      w2.size(0) == E && w2.size(1) == H,
@@ -305,18 +346,21 @@ void moe_forward_megakernel(const at::Tensor& peer_bases, int64_t tokens_offset,
   MOK_HOST_CHECK(pull_slots(static_cast<int>(H)) >= kPullMinSlots, "moe_forward_megakernel: H = ",
                  H, " rows are too wide for the row-pulling ring (at most ",
                  kPullBytes / (2 * kPullMinSlots), ")");
-  MOK_HOST_CHECK(rows.is_contiguous() && act.is_contiguous() && act.size(0) == cap &&
-                     act.size(1) == F &&
+  MOK_HOST_CHECK(!ring_on || (ring_slots >= 2 && !h_out),
+                 "moe_forward_megakernel: the macrobatch ring needs >= 2 slots and no h_out "
+                 "(h is recomputed in backward), got ", ring_slots, " slots");
+  MOK_HOST_CHECK(rows.is_contiguous() && act.is_contiguous() && rows.size(0) >= buffer_rows &&
+                     act.size(0) == rows.size(0) && act.size(1) == F &&
                      (!h_out || (h_out->is_contiguous() && h_out->scalar_type() == at::kBFloat16 &&
                                  h_out->size(0) == cap && h_out->size(1) == F1)),
-                 "moe_forward_megakernel: rows [cap, H], act [cap, F], h [cap, F1], contiguous");
+                 "moe_forward_megakernel: rows [>= ", buffer_rows, ", H], act [rows, F], h [",
+                 cap, ", F1], contiguous");
   MOK_HOST_CHECK(w1.stride(2) == 1 && w2.stride(2) == 1 && w1.stride(0) > 0 && w2.stride(0) > 0,
                  "moe_forward_megakernel: weights need contiguous rows and positive strides");
-  const int64_t max_mblocks = cap / kGemmBlockM + E + 1;
   MOK_HOST_CHECK(counters.scalar_type() == at::kInt && counters.is_contiguous() &&
-                     counters.numel() >= 2 * max_mblocks + 1,
+                     counters.numel() >= 2 * max_mblocks + max_macro + 1,
                  "moe_forward_megakernel: counters must be int32 with >= ",
-                 2 * max_mblocks + 1, " zeros");
+                 2 * max_mblocks + max_macro + 1, " zeros");
   // Without pulling (a profiling variant) no block needs to be a comm block.
   const int64_t min_comm = (profile_skip & kSkipPull) ? 0 : 1;
   MOK_HOST_CHECK(comm_blocks >= min_comm && comm_blocks < sms,
@@ -347,7 +391,11 @@ void moe_forward_megakernel(const at::Tensor& peer_bases, int64_t tokens_offset,
   args.h_out = h_out ? reinterpret_cast<__nv_bfloat16*>(h_out->data_ptr()) : nullptr;
   args.rows_ready = reinterpret_cast<uint32_t*>(counters.data_ptr<int32_t>());
   args.fc1_done = args.rows_ready + max_mblocks;
-  args.tile_counter = args.fc1_done + max_mblocks;
+  args.fc2_done = args.fc1_done + max_mblocks;
+  args.tile_counter = args.fc2_done + max_macro;
+  args.ring_on = ring_on ? 1 : 0;
+  args.ring_mblocks = static_cast<int>(ring_mblocks);
+  args.ring_slots = static_cast<int>(ring_slots);
   args.timeout_ns = static_cast<uint64_t>(timeout_ns);
   args.report = timeout_report_device();
   args.skip = static_cast<int>(profile_skip);
@@ -356,7 +404,7 @@ void moe_forward_megakernel(const at::Tensor& peer_bases, int64_t tokens_offset,
   const CUtensorMap act_map = rows_tensor_map(act);
   const CUtensorMap w1_map = weight_tensor_map(w1, gated ? 2 : 1);
   const CUtensorMap w2_map = weight_tensor_map(w2, 1);
-  const CUtensorMap act_store_map = staged_rows_map(act.data_ptr(), cap, F, 1, F);
+  const CUtensorMap act_store_map = staged_rows_map(act.data_ptr(), act.size(0), F, 1, F);
   const CUtensorMap h_store_map =
       h_out ? staged_rows_map(h_out->data_ptr(), cap, F, gated ? 2 : 1, F1) : CUtensorMap{};
   MOK_DISPATCH_ACTIVATION(activation, KACT,

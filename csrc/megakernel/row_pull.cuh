@@ -81,10 +81,13 @@ __device__ __forceinline__ const char* row_source(const RowSource& src, int flat
          int64_t((flat - peer * src.per_rank) / src.topk) * row_bytes;
 }
 
+// `place(r)`: the row of `rows` where schedule row r goes, once that memory may be written
+// (the macrobatch ring's slot is free); called by the storing lane just before its store.
+template <class Place>
 __device__ void pull_rows_bulk(const RowSource& src, __nv_bfloat16* rows, int hidden, int total,
                                int comm_block, int comm_blocks, const PullRing& ring,
                                const MBlockTable& table, uint32_t* rows_ready,
-                               uint64_t timeout_ns, int* report) {
+                               uint64_t timeout_ns, int* report, Place place) {
   const uint32_t row_bytes = uint32_t(hidden) * 2;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int lanes = ring.lanes;
@@ -131,7 +134,7 @@ __device__ void pull_rows_bulk(const RowSource& src, __nv_bfloat16* rows, int hi
         const int slot = q % ring.slots;
         sm90::mbar_wait(&ring.full[slot], (q / ring.slots) & 1, timeout_ns, sm90::kWaitPullRow,
                         r, slot, report);
-        sm90::bulk_store(rows + int64_t(r) * hidden, ring.data + size_t(slot) * row_bytes,
+        sm90::bulk_store(rows + place(r) * hidden, ring.data + size_t(slot) * row_bytes,
                          row_bytes);
         sm90::bulk_commit();
         sm90::bulk_wait_read<0>();  // the store has read the slot: free it for a load

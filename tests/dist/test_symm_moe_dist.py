@@ -94,3 +94,8 @@ def test_recomputed_backward_matches_reference(group):
                                                 forward_kernel="megakernel")
     print("recomputed", spec.name, dist.get_rank(group),
           {k: f"{v:.2e}" for k, v in errors.items()})
+
+
+def test_macrobatch_ring_bit_identical_to_no_ring(group):
+    gpu_checks.check_macrobatch_ring(_specs(dist.get_world_size(group))[2],  # hot expert
+                                     dist.get_rank(group), group)

@@ -1,6 +1,7 @@
 """The forward megakernel (kernel.forward_kernel: megakernel) on one GPU (EP=1): the v1 checks
 (reference agreement on uniform, skewed and adversarial routings, poisoned outputs, bitwise
-reruns, CUDA graphs), plus bit-identical results across numbers of row-pulling blocks."""
+reruns, CUDA graphs), plus bit-identical results across numbers of row-pulling blocks and
+with the macrobatch ring at several macrobatch sizes."""
 
 import pytest
 
@@ -25,3 +26,21 @@ def test_bit_identical_across_comm_blocks(spec):
 
 def test_cuda_graph_replay():
     gpu_checks.check_cuda_graph(SPECS[1], 0, None, **MEGAKERNEL)
+
+
+RING = {**MEGAKERNEL, "backward_inputs": "recomputed", "macrobatch_tokens": 256}
+
+
+@pytest.mark.parametrize("spec", SPECS, ids=lambda s: s.name)
+def test_ring_matches_reference_and_is_deterministic(spec):
+    errors = gpu_checks.check_against_reference(spec, 0, None, **RING)
+    print(spec.name, {k: f"{v:.2e}" for k, v in errors.items()})
+
+
+@pytest.mark.parametrize("spec", SPECS[:3], ids=lambda s: s.name)
+def test_ring_bit_identical_to_no_ring(spec):
+    gpu_checks.check_macrobatch_ring(spec, 0, None)
+
+
+def test_ring_cuda_graph_replay():
+    gpu_checks.check_cuda_graph(SPECS[1], 0, None, **RING)

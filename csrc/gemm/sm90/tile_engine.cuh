@@ -34,6 +34,7 @@ enum WaitRole : int {
   kWaitPullSlot = 4,  // row puller: a ring slot to load into
   kWaitPullRow = 5,   // row puller: a loaded row to store
   kWaitTileQueue = 6, // megakernel: a tile index from / a free entry in the block's tile queue
+  kWaitRingSlot = 7,  // row puller: FC2 of the macrobatch before to free its ring slot
 };
 constexpr int kReportInts = 4;  // {role, block, tile, stage}
 

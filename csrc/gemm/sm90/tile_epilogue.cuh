@@ -159,14 +159,16 @@ struct EpilogueTensor {
 
 // The whole epilogue of one consumer warpgroup for a tile whose rows are consecutive in the
 // output tensors: out, then (h.base != nullptr) h's gate and, gated, up halves, each a round
-// through the same buffer. row0 is the warpgroup's first row; `full` says all 64 rows belong
-// to the tile (decided by the caller with its own comparison: when ptxas derived the branch
-// from `rows_valid == 64` after a min/max, partial blocks took the TMA path).
+// through the same buffer. row0 is the warpgroup's first row in the output tensors, prob_row0
+// its first row in row_prob; `full` says all 64 rows belong to the tile (decided by the caller
+// with its own comparison: when ptxas derived the branch from `rows_valid == 64` after a
+// min/max, partial blocks took the TMA path).
 template <int kAct>
 __device__ __forceinline__ void store_rows_staged(const float (&d)[kAccRegs], uint8_t* buf,
                                                   const EpilogueTensor& out,
-                                                  const EpilogueTensor& h, int row0, bool full,
-                                                  int rows_valid, int col0, int n_out,
+                                                  const EpilogueTensor& h, int row0,
+                                                  int prob_row0, bool full, int rows_valid,
+                                                  int col0, int n_out,
                                                   const float* __restrict__ row_prob,
                                                   int consumer, bool leader) {
   constexpr int kCols = tile_cols<kAct>();
@@ -175,7 +177,7 @@ __device__ __forceinline__ void store_rows_staged(const float (&d)[kAccRegs], ui
 #pragma unroll
   for (int i = 0; i < 2; ++i) {
     const int r = 16 * warp + lane / 4 + 8 * i;
-    p[i] = (kAct == kPlain || r >= rows_valid) ? 1.f : row_prob[row0 + r];
+    p[i] = (kAct == kPlain || r >= rows_valid) ? 1.f : row_prob[prob_row0 + r];
   }
   auto target = [&](const EpilogueTensor& tensor, int half) {
     return StagedTarget{tensor.map, half, row0, full && tensor.map != nullptr, rows_valid};

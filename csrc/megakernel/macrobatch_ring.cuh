@@ -1,0 +1,81 @@
+// The forward megakernel's macrobatch ring: where pulled token rows and FC1's activations live,
+// and the order in which tiles run, so that their memory is bounded whatever the routing.
+//
+// The schedule's m-blocks (kGemmBlockM rows of one expert) are grouped into macrobatches of
+// `per_macro` consecutive m-blocks. With the ring on, rows and act hold `slots` macrobatches:
+// m-block j sits at ring slot (j / per_macro) % slots, padded to kGemmBlockM rows, so a
+// partial m-block never shares rows with the next one. A macrobatch's slot is reused once
+// every FC2 tile of the macrobatch `slots` earlier has read its act rows (fc2_done); the
+// row-pulling blocks wait for that before storing into it.
+//
+// Tile order (one index space, handed out in increasing order): FC1 of macrobatch 0, then for
+// k = 1 .. n-1 FC1 of k followed by FC2 of k - 1, then FC2 of n - 1. Every tile depends only on
+// lower indices: FC2(k) on FC1(k), FC1(k) on the pull of k, which waits for FC2(k - slots) -
+// lower as long as slots > 1 (FC2 lags FC1 by one macrobatch). Without the ring there is one
+// macrobatch (all FC1 tiles, then all FC2 tiles) and rows keep their schedule positions.
+#pragma once
+
+#include <cstdint>
+
+#include "config/kernel_config.cuh"
+
+namespace mok {
+
+struct MacrobatchRing {
+  bool on;
+  int per_macro;  // m-blocks per macrobatch (all of them when off)
+  int slots;      // macrobatches resident at once (ring on)
+  int mblocks;    // m-blocks of the whole schedule
+  int n_macro;    // macrobatches (>= 1)
+
+  __host__ __device__ static MacrobatchRing make(bool on, int per_macro, int slots,
+                                                 int mblocks) {
+    if (!on || per_macro <= 0) per_macro = mblocks > 0 ? mblocks : 1;
+    const int n = mblocks > 0 ? (mblocks + per_macro - 1) / per_macro : 1;
+    return {on, per_macro, slots, mblocks, n};
+  }
+  __device__ int macro_of(int mblock) const { return mblock / per_macro; }
+  __device__ int mblocks_in(int macro) const {
+    return macro < n_macro - 1 ? per_macro : mblocks - (n_macro - 1) * per_macro;
+  }
+  // First row of m-block j in rows / act with the ring on.
+  __device__ int64_t slot_row0(int mblock) const {
+    return (int64_t((mblock / per_macro) % slots) * per_macro + mblock % per_macro) *
+           kGemmBlockM;
+  }
+};
+
+struct PhaseTile {
+  bool fc1;
+  int mblock;   // global m-block index
+  int n_block;
+};
+
+// Tile t of the order above; nb1 / nb2: FC1 / FC2 tiles per m-block.
+__device__ __forceinline__ PhaseTile tile_at(const MacrobatchRing& r, int nb1, int nb2, int t) {
+  const int last = r.mblocks_in(r.n_macro - 1);
+  auto in = [&](bool fc1, int macro, int local) {
+    const int nb = fc1 ? nb1 : nb2;
+    return PhaseTile{fc1, macro * r.per_macro + local / nb, local % nb};
+  };
+  const int first = (r.n_macro == 1 ? last : r.per_macro) * nb1;
+  if (t < first) return in(true, 0, t);
+  t -= first;
+  const int fc1_full = r.per_macro * nb1;
+  const int pair = fc1_full + r.per_macro * nb2;
+  const int full_pairs = r.n_macro > 2 ? r.n_macro - 2 : 0;
+  if (t < full_pairs * pair) {
+    const int k = t / pair + 1, off = t % pair;
+    return off < fc1_full ? in(true, k, off) : in(false, k - 1, off - fc1_full);
+  }
+  t -= full_pairs * pair;
+  if (r.n_macro >= 2) {
+    if (t < last * nb1) return in(true, r.n_macro - 1, t);
+    t -= last * nb1;
+    if (t < r.per_macro * nb2) return in(false, r.n_macro - 2, t);
+    t -= r.per_macro * nb2;
+  }
+  return in(false, r.n_macro - 1, t);
+}
+
+}  // namespace mok
