@@ -140,28 +140,14 @@ __global__ void __launch_bounds__(kGemmThreads, 1)
 
   if (blockIdx.x < a.comm_blocks) {
     if (!(a.skip & kSkipPull)) {
-      // With the ring, row r goes to its m-block's slot once FC2 of the macrobatch that held
-      // the slot before has read it.
-      const bool wait_slot = !(a.skip & (kSkipFc2 | kSkipWaits));
-      auto place = [&](int r) -> int64_t {
-        if (!ring.on) return r;
-        const int e = expert_at(s.row_begin, E, r);
-        const int local = r - s.row_begin[e];
-        const int mblock = s.mblock_begin[e] + local / kGemmBlockM;
-        const int earlier = ring.macro_of(mblock) - ring.slots;
-        if (earlier >= 0 && wait_slot) {
-          wait_count(&a.fc2_done[earlier],
-                     ring.mblocks_in(earlier) * fc2_nblocks * kGemmConsumers, a,
-                     kWaitRingSlot, r, earlier);
-          fence_proxy_async_global();
-        }
-        return ring.slot_row0(mblock) + local % kGemmBlockM;
-      };
+      const RowPlacement placement{ring, s.row_begin, s.mblock_begin, E, s.row_begin[E],
+                                   a.fc2_done, fc2_nblocks * kGemmConsumers,
+                                   !(a.skip & (kSkipFc2 | kSkipWaits)), a.timeout_ns, a.report};
       pull_rows_bulk(RowSource{a.peer_bases, a.tokens_offset, a.row_slot, a.per_rank, a.topk,
                                a.world},
-                     a.rows, a.hidden, s.row_begin[E], blockIdx.x, a.comm_blocks, pull_ring,
+                     a.rows, a.hidden, blockIdx.x, a.comm_blocks, pull_ring,
                      MBlockTable{s.row_begin, s.mblock_begin, E}, a.rows_ready, a.timeout_ns,
-                     a.report, place);
+                     a.report, placement);
     }
     // Its rows are pulled (every slot's bulk store has completed): the block's shared memory
     // is free, and it joins the GEMM tiles below.

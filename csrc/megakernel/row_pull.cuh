@@ -10,8 +10,8 @@
 // Roles inside the block: warp 0 loads, warp 1 stores; each of their first `lanes` lanes owns
 // one row of every step (so up to `lanes` loads and stores are issued at once), and a slot
 // is free again as soon as its row's store has read it. Rows go in chunks of kPullChunkRows
-// consecutive rows; comm block b takes chunks b, b + comm_blocks, ... so the m-blocks fill in
-// schedule order. A chunk is published once all its stores have finished: bulk_wait (writes
+// consecutive rows of one macrobatch; comm block b takes chunks b, b + comm_blocks, ... so the
+// m-blocks fill in schedule order. A chunk is published once all its stores have finished: bulk_wait (writes
 // performed) -> fence.proxy.async (async-proxy writes before the generic release) ->
 // red.release per m-block; FC1's producer acquires, then fences the async proxy before its
 // TMA reads. (A first version - one storing thread, a publish every few rows - moved only
@@ -81,25 +81,43 @@ __device__ __forceinline__ const char* row_source(const RowSource& src, int flat
          int64_t((flat - peer * src.per_rank) / src.topk) * row_bytes;
 }
 
-// `place(r)`: the row of `rows` where schedule row r goes, once that memory may be written
-// (the macrobatch ring's slot is free); called by the storing lane just before its store.
-template <class Place>
-__device__ void pull_rows_bulk(const RowSource& src, __nv_bfloat16* rows, int hidden, int total,
+// Calls chunk(macro, c0, c1) for this comm block's chunks, in increasing row order: the
+// schedule walked macrobatch by macrobatch (`placement`, macrobatch_ring.cuh; one macrobatch
+// without the ring), each cut into chunks of kPullChunkRows rows that never cross a
+// macrobatch, chunk g going to comm block g % comm_blocks.
+template <class Placement, class Chunk>
+__device__ __forceinline__ void for_each_chunk(const Placement& placement, int comm_block,
+                                               int comm_blocks, Chunk chunk) {
+  int g = 0;
+  int m1 = placement.macro_begin(0);
+  for (int k = 0; k < placement.ring.n_macro; ++k) {
+    const int m0 = m1;
+    m1 = placement.macro_begin(k + 1);
+    for (int c0 = m0; c0 < m1; c0 += kPullChunkRows, ++g) {
+      if (g % comm_blocks == comm_block) chunk(k, c0, min(c0 + kPullChunkRows, m1));
+    }
+  }
+}
+
+// `placement`: where each schedule row goes in `rows` (place(r)) and, with the ring, the wait
+// for a macrobatch's slot to be free (wait_slot(k)), which the storing lanes pass before the
+// chunk's first store - after every earlier chunk of theirs has been published, so a chunk
+// never holds back rows a waited-for tile needs.
+template <class Placement>
+__device__ void pull_rows_bulk(const RowSource& src, __nv_bfloat16* rows, int hidden,
                                int comm_block, int comm_blocks, const PullRing& ring,
                                const MBlockTable& table, uint32_t* rows_ready,
-                               uint64_t timeout_ns, int* report, Place place) {
+                               uint64_t timeout_ns, int* report, const Placement& placement) {
   const uint32_t row_bytes = uint32_t(hidden) * 2;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int lanes = ring.lanes;
-  const int stride = comm_blocks * kPullChunkRows;
   if (warp == 0) {
     // Loader. The schedule entries of the next step are fetched one step ahead: the two
     // dependent global reads per row (row_slot, then the peer's base) otherwise cost more
     // than the copy of a 4 KB row.
     const int64_t lane_base = lane < src.world ? src.peer_bases[lane] + src.tokens_offset : 0;
     int seq = 0;  // rows this block has handled: row seq sits in slot seq % slots
-    for (int c0 = comm_block * kPullChunkRows; c0 < total; c0 += stride) {
-      const int c1 = min(c0 + kPullChunkRows, total);
+    for_each_chunk(placement, comm_block, comm_blocks, [&](int, int c0, int c1) {
       int flat_next = lane < lanes && c0 + lane < c1 ? src.row_slot[c0 + lane] : 0;
       for (int base = c0; base < c1; base += lanes) {
         // Every row number q is used exactly once, so each slot's barriers advance one
@@ -119,12 +137,12 @@ __device__ void pull_rows_bulk(const RowSource& src, __nv_bfloat16* rows, int hi
         sm90::bulk_load(ring.data + size_t(slot) * row_bytes, from, row_bytes,
                         &ring.full[slot]);
       }
-    }
+    });
   } else if (warp == 1) {
     // Storer: same row numbering as the loader.
     int seq = 0;
-    for (int c0 = comm_block * kPullChunkRows; c0 < total; c0 += stride) {
-      const int c1 = min(c0 + kPullChunkRows, total);
+    for_each_chunk(placement, comm_block, comm_blocks, [&](int macro, int c0, int c1) {
+      placement.wait_slot(macro);
       for (int base = c0; base < c1; base += lanes) {
         const int step = min(lanes, c1 - base);
         const int q = seq + lane;
@@ -134,8 +152,8 @@ __device__ void pull_rows_bulk(const RowSource& src, __nv_bfloat16* rows, int hi
         const int slot = q % ring.slots;
         sm90::mbar_wait(&ring.full[slot], (q / ring.slots) & 1, timeout_ns, sm90::kWaitPullRow,
                         r, slot, report);
-        sm90::bulk_store(rows + place(r) * hidden, ring.data + size_t(slot) * row_bytes,
-                         row_bytes);
+        sm90::bulk_store(rows + placement.place(r) * hidden,
+                         ring.data + size_t(slot) * row_bytes, row_bytes);
         sm90::bulk_commit();
         sm90::bulk_wait_read<0>();  // the store has read the slot: free it for a load
         sm90::mbar_arrive(&ring.empty[slot]);
@@ -148,7 +166,7 @@ __device__ void pull_rows_bulk(const RowSource& src, __nv_bfloat16* rows, int hi
         fence_proxy_async_global();
         publish_rows(table, c0, c1, rows_ready);
       }
-    }
+    });
   }
 }
 
