@@ -247,6 +247,16 @@ __global__ void __launch_bounds__(kGemmThreads, 1)
       red_release_gpu_add_u32(&a.fc1_done[mblock], 1);
     }
   };
+  // A stored FC1 tile of m-block j may be counted only after the block's next tile's
+  // mainloop if that next tile cannot be waiting, however indirectly, for the count: it must
+  // be an FC1 tile (FC1 waits for pulled rows only) whose rows' ring slot does not wait for
+  // FC2 of j's macrobatch or a later one. With the ring, the next tile can lie many
+  // macrobatches ahead (other blocks take the tiles in between).
+  auto may_defer = [&](int mblock, int next) {
+    if (next < 0) return false;
+    const PhaseTile nt = tile_at(ring, fc1_nblocks, fc2_nblocks, next);
+    return nt.fc1 && (!ring.on || ring.macro_of(nt.mblock) - ring.slots < ring.macro_of(mblock));
+  };
   int pending_mblock = -1;  // this block's last FC1 tile: stored, not yet counted
   float acc[kAccRegs];
   int it = 0, seq = 0;
@@ -263,15 +273,13 @@ __global__ void __launch_bounds__(kGemmThreads, 1)
     const int row0 = w.row0 + kStagedRows * consumer;
     const int rows_valid = max(0, min(kStagedRows, w.rows_left - kStagedRows * consumer));
     if (w.fc1) {
-      // The previous FC1 tile's stores drained during this tile's MMAs; count it now. A tile
-      // is counted late only while the next one is FC1 too (FC1 tiles never wait for FC1),
-      // so no FC2 tile can wait on a count this block holds back.
+      // The previous FC1 tile's stores drained during this tile's MMAs; count it now.
       if (pending_mblock >= 0) publish_fc1(pending_mblock);
       store_rows_staged<kAct>(acc, buf, act_out, h_out, w.slot0 + kStagedRows * consumer, row0,
                               w.rows_left >= kStagedRows * (consumer + 1), rows_valid,
                               w.n_block * kFc1Cols, a.ffn, a.row_prob, consumer, leader);
       pending_mblock = w.mblock;
-      if (next < 0 || !tile_at(ring, fc1_nblocks, fc2_nblocks, next).fc1) {
+      if (!may_defer(w.mblock, next)) {
         publish_fc1(pending_mblock);
         pending_mblock = -1;
       }
