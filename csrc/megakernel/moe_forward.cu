@@ -336,7 +336,8 @@ void moe_forward_megakernel(const at::Tensor& peer_bases, int64_t tokens_offset,
                  kGemmMaxExperts, " local experts, got ", E);
   MOK_HOST_CHECK(offsets.numel() == E + 1 && offsets.scalar_type() == at::kInt,
                  "moe_forward_megakernel: offsets must be int32 [E + 1]");
-  MOK_HOST_CHECK(H % 8 == 0 && F % 8 == 0, "moe_forward_megakernel: H and F must be multiples of 8");
+  MOK_HOST_CHECK(H % 8 == 0 && F % 8 == 0,
+                 "moe_forward_megakernel: H and F must be multiples of 8");
   MOK_HOST_CHECK(pull_slots(static_cast<int>(H)) >= kPullMinSlots, "moe_forward_megakernel: H = ",
                  H, " rows are too wide for the row-pulling ring (at most ",
                  kPullBytes / (2 * kPullMinSlots), ")");

@@ -11,9 +11,9 @@
 // one row of every step (so up to `lanes` loads and stores are issued at once), and a slot
 // is free again as soon as its row's store has read it. Rows go in chunks of kPullChunkRows
 // consecutive rows of one macrobatch; comm block b takes chunks b, b + comm_blocks, ... so the
-// m-blocks fill in schedule order. A chunk is published once all its stores have finished: bulk_wait (writes
-// performed) -> fence.proxy.async (async-proxy writes before the generic release) ->
-// red.release per m-block; FC1's producer acquires, then fences the async proxy before its
+// m-blocks fill in schedule order. A chunk is published once all its stores have finished:
+// bulk_wait (writes performed) -> fence.proxy.async (async-proxy writes before the generic
+// release) -> red.release per m-block; FC1's producer acquires, then fences the async proxy before its
 // TMA reads. (A first version - one storing thread, a publish every few rows - moved only
 // ~13 GB/s per block: docs/perf-log.md.)
 #pragma once
