@@ -13,9 +13,9 @@
 // consecutive rows of one macrobatch; comm block b takes chunks b, b + comm_blocks, ... so the
 // m-blocks fill in schedule order. A chunk is published once all its stores have finished:
 // bulk_wait (writes performed) -> fence.proxy.async (async-proxy writes before the generic
-// release) -> red.release per m-block; FC1's producer acquires, then fences the async proxy before its
-// TMA reads. (A first version - one storing thread, a publish every few rows - moved only
-// ~13 GB/s per block: docs/perf-log.md.)
+// release) -> red.release per m-block; FC1's producer acquires, then fences the async proxy
+// before its TMA reads. (A first version - one storing thread, a publish every few rows -
+// moved only ~13 GB/s per block: docs/perf-log.md.)
 #pragma once
 
 #include <cuda_bf16.h>
