@@ -49,7 +49,8 @@ void grouped_gemm(const at::Tensor& a, const at::Tensor& w, const at::Tensor& of
 
 // megakernel/moe_forward.cu: pull-dispatch + FC1/activation + FC2 + push-combine in one
 // persistent launch. counters: int32 zeros (ops.megakernel_counters sizes them). h_out
-// (optional) receives FC1's output for backward. ring_mblocks > 0: rows and act are a ring of
+// (optional) receives FC1's output for backward. minibatch_rows: rows the pull publishes at
+// once. ring_mblocks > 0: rows and act are a ring of
 // ring_slots macrobatches of ring_mblocks m-blocks (megakernel/macrobatch_ring.cuh).
 void moe_forward_megakernel(const at::Tensor& peer_bases, int64_t tokens_offset,
                             int64_t slots_offset, const at::Tensor& offsets,
@@ -57,7 +58,8 @@ void moe_forward_megakernel(const at::Tensor& peer_bases, int64_t tokens_offset,
                             int64_t max_tokens, int64_t topk, const at::Tensor& w1,
                             const at::Tensor& w2, int64_t activation, at::Tensor& rows,
                             at::Tensor& act, const c10::optional<at::Tensor>& h_out,
-                            at::Tensor& counters, int64_t comm_blocks, int64_t ring_mblocks,
-                            int64_t ring_slots, int64_t timeout_ns, int64_t profile_skip);
+                            at::Tensor& counters, int64_t comm_blocks, int64_t minibatch_rows,
+                            int64_t ring_mblocks, int64_t ring_slots, int64_t timeout_ns,
+                            int64_t profile_skip);
 
 }  // namespace mok

@@ -70,8 +70,9 @@ class KernelKnobs:
     # SMs that move tokens (pull-dispatch, push-combine) while the others run GEMMs.
     comm_sms_forward: int = _bounded(16, min=1, max=_MAX_COMM_SMS)
     comm_sms_backward: int = _bounded(16, min=1, max=_MAX_COMM_SMS)
-    # Overlap unit: tokens a compute tile waits for before it starts.
-    minibatch_tokens: int = _bounded(2048, min=1)
+    # Overlap unit of the megakernel: rows (token copies routed here) its pull copies and
+    # publishes together; an FC1 tile starts once its 128-row m-block's rows are published.
+    minibatch_tokens: int = _bounded(128, min=1)
     # Rows (token copies routed here) per macrobatch of the megakernel's ring, which bounds its
     # pulled rows and activations (3 macrobatches resident) whatever the routing. Used with
     # forward_kernel: megakernel and backward_inputs: recomputed (otherwise forward keeps every
@@ -284,7 +285,7 @@ def _check_bounds(bounds: dict[str, float], value: Any, key: str) -> None:
 # Checks that span several fields: (key relative to the object, problem) for each violation.
 # Knobs reserved for later work (nothing reads them yet): a recipe may state them only at
 # their defaults, so nobody tunes a setting that changes nothing.
-_RESERVED_KNOBS = ("minibatch_tokens", "schedule_capacity")
+_RESERVED_KNOBS = ("schedule_capacity",)
 
 
 def _kernel_problems(k: KernelKnobs) -> Iterator[tuple[str, str]]:
@@ -296,6 +297,10 @@ def _kernel_problems(k: KernelKnobs) -> Iterator[tuple[str, str]]:
         default = KernelKnobs.__dataclass_fields__[name].default
         if getattr(k, name) != default:
             yield (name, f"not implemented yet (nothing reads it): leave it at {default}")
+    if (k.minibatch_tokens != KernelKnobs.__dataclass_fields__["minibatch_tokens"].default
+            and k.forward_kernel != "megakernel"):
+        yield ("minibatch_tokens", "sets the megakernel's overlap unit; with forward_kernel: "
+                                   "separate nothing reads it: leave it at 128")
     ring_default = KernelKnobs.__dataclass_fields__["macrobatch_tokens"].default
     if k.macrobatch_tokens != ring_default and (k.forward_kernel != "megakernel"
                                                 or k.backward_inputs != "recomputed"):

@@ -150,13 +150,18 @@ def grouped_gemm(a: torch.Tensor, w: torch.Tensor, offsets: torch.Tensor, out: t
     extension().grouped_gemm(a, w, offsets, row_prob, act_id, out, h_out, timeout_ns)
 
 
+MEGAKERNEL_BLOCK_M = 128  # csrc/config/kernel_config.cuh kGemmBlockM
+
+
 def moe_forward_megakernel(peer_bases, tokens_offset, slots_offset, offsets, row_slot, row_prob,
                            max_tokens, topk, w1, w2, activation: str, rows, act, h_out,
                            counters, comm_blocks: int, timeout_ns: int,
-                           ring_mblocks: int = 0, profile_skip: int = 0) -> None:
+                           minibatch_rows: int = MEGAKERNEL_BLOCK_M, ring_mblocks: int = 0,
+                           profile_skip: int = 0) -> None:
     """Pull-dispatch + FC1/activation + FC2 + push-combine in one persistent launch
     (csrc/megakernel/moe_forward.cu). ``h_out``: FC1's output for backward, or None (not
     kept). ``counters``: ``megakernel_counters(...)``, zeroed before every launch.
+    ``minibatch_rows``: rows the pull copies and publishes together (the overlap unit).
     ``ring_mblocks`` > 0: ``rows`` and ``act`` are a ring of MACROBATCH_RING_SLOTS macrobatches
     of that many 128-row m-blocks (``macrobatch_ring_rows`` rows; needs ``h_out=None``);
     0: they hold every schedule row.
@@ -174,12 +179,11 @@ def moe_forward_megakernel(peer_bases, tokens_offset, slots_offset, offsets, row
     extension().moe_forward_megakernel(peer_bases, tokens_offset, slots_offset, offsets,
                                        row_slot, row_prob, max_tokens, topk, w1, w2,
                                        ACTIVATION_IDS[activation], rows, act, h_out, counters,
-                                       comm_blocks, ring_mblocks, MACROBATCH_RING_SLOTS,
-                                       timeout_ns, profile_skip)
+                                       comm_blocks, minibatch_rows, ring_mblocks,
+                                       MACROBATCH_RING_SLOTS, timeout_ns, profile_skip)
 
 
 PROFILE_SKIP = {"pull": 1, "waits": 2, "fc1": 4, "fc2": 8}  # csrc megakernel ProfileSkip
-MEGAKERNEL_BLOCK_M = 128  # csrc/config/kernel_config.cuh kGemmBlockM
 
 
 # Macrobatches the megakernel's ring holds at once: FC2 lags FC1 by one macrobatch and the

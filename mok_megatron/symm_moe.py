@@ -50,6 +50,7 @@ class _Plan:
     comm_blocks: int  # blocks of that launch that pull rows
     recompute: bool  # backward pulls the rows again and recomputes h (kernel.backward_inputs)
     ring_mblocks: int  # megakernel with recompute: m-blocks per macrobatch of its ring
+    minibatch_rows: int  # megakernel: rows its pull publishes together
 
 
 _positions: dict[tuple, torch.Tensor] = {}
@@ -120,7 +121,8 @@ class _SymmMoE(torch.autograd.Function):
             ops.moe_forward_megakernel(ws.peer_bases, ws.offsets["tokens"], ws.offsets["slots"],
                                        offsets, row_slot, row_prob, max_tokens, K, plan.w1,
                                        plan.w2, plan.activation, rows, act, h, counters,
-                                       plan.comm_blocks, ws.timeout_ns, ring_mblocks=ring)
+                                       plan.comm_blocks, ws.timeout_ns,
+                                       minibatch_rows=plan.minibatch_rows, ring_mblocks=ring)
         else:
             rows = torch.empty(cap, H, dtype=torch.bfloat16, device=x.device)
             act = torch.empty(cap, ffn, dtype=torch.bfloat16, device=x.device)
@@ -255,6 +257,7 @@ def moe_experts_cuda(x, ids, probs, w1, w2, *, group: Optional[dist.ProcessGroup
     position = _expert_position(order or list(range(num_local)), x.device)
     plan = _Plan(ws, activation, num_local, w1_stack, w2_stack, order, position,
                  recipe.kernel.forward_kernel == "megakernel", recipe.kernel.comm_sms_forward,
-                 recompute, -(-recipe.kernel.macrobatch_tokens // ops.MEGAKERNEL_BLOCK_M))
+                 recompute, -(-recipe.kernel.macrobatch_tokens // ops.MEGAKERNEL_BLOCK_M),
+                 recipe.kernel.minibatch_tokens)
     w_inputs = (w1, w2) if order is None else (*w1, *w2)
     return _SymmMoE.apply(x.contiguous(), ids, probs, plan, *w_inputs)

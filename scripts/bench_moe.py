@@ -124,12 +124,14 @@ def row_counts(ids: torch.Tensor, num_experts: int) -> tuple[int, int]:
 
 
 def mok_path(group, tokens, forward_kernel="separate", comm_sms=16, backward_inputs="saved",
-             macrobatch_tokens=KernelKnobs.macrobatch_tokens):
+             macrobatch_tokens=KernelKnobs.macrobatch_tokens,
+             minibatch_tokens=KernelKnobs.minibatch_tokens):
     recipe = Recipe(name="bench", backend="cuda",
                     kernel=KernelKnobs(max_tokens_per_rank=max(tokens, 1),
                                        forward_kernel=forward_kernel, comm_sms_forward=comm_sms,
                                        backward_inputs=backward_inputs,
-                                       macrobatch_tokens=macrobatch_tokens))
+                                       macrobatch_tokens=macrobatch_tokens,
+                                       minibatch_tokens=minibatch_tokens))
 
     def run(x, ids, probs, w1, w2):
         return moe_experts(x, ids, probs, w1, w2, group=group, recipe=recipe)

@@ -1,18 +1,17 @@
 """Find megakernel knobs for one shape and GPU count, and write them into a recipe YAML.
 
 Times the forward megakernel (and v1's separate kernels, for reference) over the given
-row-pulling block counts (kernel.comm_sms_forward) and, with --macrobatch-tokens, macrobatch
-sizes of its ring (kernel.macrobatch_tokens, with backward_inputs: recomputed) on one model
-shape, in one torchrun group, checks every setting gives bit-identical outputs, and writes the
-fastest as a recipe: the base recipe's file with `forward_kernel: megakernel` and the chosen
-knob values substituted.
+row-pulling block counts (kernel.comm_sms_forward), minibatch sizes (kernel.minibatch_tokens)
+and, with --macrobatch-tokens, macrobatch sizes of its ring (kernel.macrobatch_tokens, with
+backward_inputs: recomputed) on one model shape, in one torchrun group, checks every setting
+gives bit-identical outputs, and writes the fastest as a recipe: the base recipe's file with
+`forward_kernel: megakernel` and the chosen knob values substituted.
 
     NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 \
     torchrun --nproc-per-node 2 scripts/sweep_knobs.py --model deepseek_v3_like \
         --tokens 4096 --out configs/recipes/bf16_dsv3_ep2.yaml
 
-The minibatch is the engine's 128-row m-block in this version, so minibatch_tokens (and
-schedule_capacity) are written back unchanged.
+schedule_capacity is written back unchanged (nothing reads it yet).
 """
 
 from __future__ import annotations
@@ -43,11 +42,14 @@ def sweep(args) -> dict:
     group = dist.group.WORLD
     results, reference = {}, None
     rings = args.macrobatch_tokens or [None]
-    candidates = [("separate", 16, None)] + [("megakernel", c, m) for c in args.comm_sms
-                                             for m in rings]
-    for kind, comm, ring in candidates:
+    candidates = [("separate", 16, None, None)] + [
+        ("megakernel", c, m, b) for c in args.comm_sms for m in rings
+        for b in args.minibatch_tokens]
+    for kind, comm, ring, mini in candidates:
         knobs = {} if ring is None else {"backward_inputs": "recomputed",
                                           "macrobatch_tokens": ring}
+        if mini is not None:
+            knobs["minibatch_tokens"] = mini
         fn = mok_path(group, args.tokens, kind, comm, **knobs)
         with torch.no_grad():
             y = fn(x, ids, probs, w1, w2)
@@ -55,22 +57,25 @@ def sweep(args) -> dict:
             if reference is None:
                 reference = y.clone()
             elif not torch.equal(reference, y):
-                raise RuntimeError(f"comm_sms_forward={comm}, macrobatch_tokens={ring} "
-                                   "changed the output bits")
+                raise RuntimeError(f"comm_sms_forward={comm}, macrobatch_tokens={ring}, "
+                                   f"minibatch_tokens={mini} changed the output bits")
 
         def fwd():
             with torch.no_grad():
                 fn(x, ids, probs, w1, w2)
 
-        results[f"{kind}:{comm}:{ring}"] = timed(fwd, args.iters, args.warmup)
+        results[f"{kind}:{comm}:{ring}:{mini}"] = timed(fwd, args.iters, args.warmup)
     return results
 
 
 def write_recipe(base: Path, out: Path, comm_sms: int,
-                 macrobatch_tokens: Optional[int] = None) -> None:
+                 macrobatch_tokens: Optional[int] = None,
+                 minibatch_tokens: Optional[int] = None) -> None:
     """`macrobatch_tokens`: also switch on the ring (backward_inputs: recomputed)."""
     text = base.read_text()
     knobs = [("forward_kernel", "megakernel"), ("comm_sms_forward", str(comm_sms))]
+    if minibatch_tokens is not None:
+        knobs.append(("minibatch_tokens", str(minibatch_tokens)))
     if macrobatch_tokens is not None:
         knobs += [("backward_inputs", "recomputed"), ("macrobatch_tokens", str(macrobatch_tokens))]
     for key, value in knobs:
@@ -92,6 +97,8 @@ def main(argv=None):
     p.add_argument("--variant", choices=["full", "ep64"], default="full")
     p.add_argument("--tokens", type=int, required=True)
     p.add_argument("--comm-sms", type=int, nargs="+", default=[4, 8, 16, 24, 32])
+    p.add_argument("--minibatch-tokens", type=int, nargs="+", default=[128],
+                   help="minibatch sizes to try (kernel.minibatch_tokens)")
     p.add_argument("--macrobatch-tokens", type=int, nargs="+", default=None,
                    help="also sweep the ring's macrobatch size (backward_inputs: recomputed)")
     p.add_argument("--base-recipe", default="bf16")
@@ -107,9 +114,9 @@ def main(argv=None):
     if dist.get_rank() == 0:
         mega = {k: v for k, v in results.items() if k.startswith("megakernel:")}
         best = min(mega, key=mega.get)
-        _, comm, ring = best.split(":")
+        _, comm, ring, mini = best.split(":")
         write_recipe(CONFIG_DIR / "recipes" / f"{args.base_recipe}.yaml", args.out, int(comm),
-                     None if ring == "None" else int(ring))
+                     None if ring == "None" else int(ring), int(mini))
         print(json.dumps({"model": args.model, "variant": args.variant, "tokens": args.tokens,
                           "world": dist.get_world_size(), "fwd_s": results, "best": best,
                           "recipe": str(args.out)}, indent=1))

@@ -106,18 +106,22 @@ def check_weight_lists(spec: ProblemSpec, rank: int, group) -> None:
 
 
 def check_megakernel_settings(spec: ProblemSpec, rank: int, group,
-                              comm_sms: tuple[int, ...] = (1, 8, 32)) -> None:
+                              comm_sms: tuple[int, ...] = (1, 8, 32),
+                              minibatches: tuple[int, ...] = (1, 37, 1000)) -> None:
     """The megakernel forward gives bit-identical results for any number of row-pulling
-    blocks (the reduction order comes from the schedule, not from which block did the work);
-    reported, not asserted: whether it also equals the separate-kernel forward bit for bit."""
+    blocks and any minibatch (the reduction order comes from the schedule, not from which
+    block did the work or when); reported, not asserted: whether it also equals the
+    separate-kernel forward bit for bit."""
     problem = spec.build()
     max_tokens = max(max(spec.tokens_per_rank), 1)
-    runs = [run_cuda(problem, rank, group, max_tokens, forward_kernel="megakernel",
-                     comm_sms_forward=c) for c in comm_sms]
-    for c, run in zip(comm_sms[1:], runs[1:]):
+    settings = [{"comm_sms_forward": c} for c in comm_sms] + [
+        {"comm_sms_forward": comm_sms[1], "minibatch_tokens": m} for m in minibatches]
+    runs = [run_cuda(problem, rank, group, max_tokens, forward_kernel="megakernel", **knobs)
+            for knobs in settings]
+    for knobs, run in zip(settings[1:], runs[1:]):
         for name in NAMES:
             assert torch.equal(runs[0][name], run[name]), (
-                f"{spec.name}: {name} differs between comm_sms_forward {comm_sms[0]} and {c}")
+                f"{spec.name}: {name} differs between {settings[0]} and {knobs}")
     separate = run_cuda(problem, rank, group, max_tokens)
     same = {name: torch.equal(runs[0][name], separate[name]) for name in NAMES}
     print(spec.name, "megakernel == separate bitwise:", same)

@@ -51,11 +51,11 @@ constexpr int kMaxDynamicSmemBytes = 227 * 1024;  // sm_90: per block, opted in
 // buffer as 1-D bulk copies, through a ring of whole-row slots carved from the GEMM stage
 // memory the pulling block does not use (at most kPullMaxSlots, at least kPullMinSlots rows).
 // Up to slots / kPullLanesDivisor rows (at most 32) are loaded and stored per step, so about
-// half the ring is in flight as loads; rows are published per chunk of kPullChunkRows.
+// half the ring is in flight as loads; rows are published per chunk of the recipe's
+// minibatch_tokens rows (the overlap unit; kernel argument, not a constant).
 constexpr int kPullMaxSlots = 128;
 constexpr int kPullMinSlots = 4;
 constexpr int kPullLanesDivisor = 4;
-constexpr int kPullChunkRows = 128;
 // Forward megakernel: tile indices the producer can take ahead of its consumers
 // (megakernel/tile_queue.cuh).
 constexpr int kTileQueueDepth = 4;

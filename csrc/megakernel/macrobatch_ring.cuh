@@ -87,6 +87,7 @@ struct RowPlacement {
   const int32_t* row_begin;     // [E + 1] expert row ranges
   const int32_t* mblock_begin;  // [E + 1] first m-block of each expert
   int num_experts, total_rows;
+  int chunk_rows;               // minibatch: rows pulled and published together
   const uint32_t* fc2_done;     // [macrobatches] FC2 tile halves done reading act
   int fc2_per_mblock;           // FC2 tile halves of one m-block
   bool wait_slots;              // false in profiling variants without FC2 or waits

@@ -62,6 +62,7 @@ struct ForwardArgs {
   uint32_t* fc1_done;         // [m-blocks] FC1 tile halves stored (one per consumer)
   uint32_t* fc2_done;         // [macrobatches] FC2 tile halves done reading act
   int ring_on, ring_mblocks, ring_slots;  // macrobatch_ring.cuh
+  int minibatch_rows;         // rows the pull publishes at once
   uint32_t* tile_counter;     // [1] tiles handed out (tile_queue.cuh)
   uint64_t timeout_ns;
   int* report;
@@ -141,7 +142,7 @@ __global__ void __launch_bounds__(kGemmThreads, 1)
   if (blockIdx.x < a.comm_blocks) {
     if (!(a.skip & kSkipPull)) {
       const RowPlacement placement{ring, s.row_begin, s.mblock_begin, E, s.row_begin[E],
-                                   a.fc2_done, fc2_nblocks * kGemmConsumers,
+                                   a.minibatch_rows, a.fc2_done, fc2_nblocks * kGemmConsumers,
                                    !(a.skip & (kSkipFc2 | kSkipWaits)), a.timeout_ns, a.report};
       pull_rows_bulk(RowSource{a.peer_bases, a.tokens_offset, a.row_slot, a.per_rank, a.topk,
                                a.world},
@@ -316,8 +317,9 @@ void moe_forward_megakernel(const at::Tensor& peer_bases, int64_t tokens_offset,
                             int64_t max_tokens, int64_t topk, const at::Tensor& w1,
                             const at::Tensor& w2, int64_t activation, at::Tensor& rows,
                             at::Tensor& act, const c10::optional<at::Tensor>& h_out,
-                            at::Tensor& counters, int64_t comm_blocks, int64_t ring_mblocks,
-                            int64_t ring_slots, int64_t timeout_ns, int64_t profile_skip) {
+                            at::Tensor& counters, int64_t comm_blocks, int64_t minibatch_rows,
+                            int64_t ring_mblocks, int64_t ring_slots, int64_t timeout_ns,
+                            int64_t profile_skip) {
   const int64_t E = w1.size(0), H = rows.size(1), F = w2.size(2);
   const bool gated = is_gated(static_cast<int>(activation));
   const int64_t F1 = gated ? 2 * F : F;
@@ -341,6 +343,8 @@ void moe_forward_megakernel(const at::Tensor& peer_bases, int64_t tokens_offset,
   MOK_HOST_CHECK(pull_slots(static_cast<int>(H)) >= kPullMinSlots, "moe_forward_megakernel: H = ",
                  H, " rows are too wide for the row-pulling ring (at most ",
                  kPullBytes / (2 * kPullMinSlots), ")");
+  MOK_HOST_CHECK(minibatch_rows >= 1 && minibatch_rows <= (int64_t(1) << 30),
+                 "moe_forward_megakernel: minibatch_rows must be >= 1, got ", minibatch_rows);
   MOK_HOST_CHECK(!ring_on || (ring_slots >= 2 && !h_out),
                  "moe_forward_megakernel: the macrobatch ring needs >= 2 slots and no h_out "
                  "(h is recomputed in backward), got ", ring_slots, " slots");
@@ -391,6 +395,7 @@ void moe_forward_megakernel(const at::Tensor& peer_bases, int64_t tokens_offset,
   args.ring_on = ring_on ? 1 : 0;
   args.ring_mblocks = static_cast<int>(ring_mblocks);
   args.ring_slots = static_cast<int>(ring_slots);
+  args.minibatch_rows = static_cast<int>(minibatch_rows);
   args.timeout_ns = static_cast<uint64_t>(timeout_ns);
   args.report = timeout_report_device();
   args.skip = static_cast<int>(profile_skip);

@@ -9,13 +9,13 @@
 //
 // Roles inside the block: warp 0 loads, warp 1 stores; each of their first `lanes` lanes owns
 // one row of every step (so up to `lanes` loads and stores are issued at once), and a slot
-// is free again as soon as its row's store has read it. Rows go in chunks of kPullChunkRows
-// consecutive rows of one macrobatch; comm block b takes chunks b, b + comm_blocks, ... so the
-// m-blocks fill in schedule order. A chunk is published once all its stores have finished:
-// bulk_wait (writes performed) -> fence.proxy.async (async-proxy writes before the generic
-// release) -> red.release per m-block; FC1's producer acquires, then fences the async proxy
-// before its TMA reads. (A first version - one storing thread, a publish every few rows -
-// moved only ~13 GB/s per block: docs/perf-log.md.)
+// is free again as soon as its row's store has read it. Rows go in chunks (minibatches) of
+// placement.chunk_rows consecutive rows of one macrobatch; comm block b takes chunks b,
+// b + comm_blocks, ... so the m-blocks fill in schedule order. A chunk is published once all
+// its stores have finished: bulk_wait (writes performed) -> fence.proxy.async (async-proxy
+// writes before the generic release) -> red.release per m-block; FC1's producer acquires,
+// then fences the async proxy before its TMA reads. (A first version - one storing thread, a
+// publish every few rows - moved only ~13 GB/s per block: docs/perf-log.md.)
 #pragma once
 
 #include <cuda_bf16.h>
@@ -83,7 +83,7 @@ __device__ __forceinline__ const char* row_source(const RowSource& src, int flat
 
 // Calls chunk(macro, c0, c1) for this comm block's chunks, in increasing row order: the
 // schedule walked macrobatch by macrobatch (`placement`, macrobatch_ring.cuh; one macrobatch
-// without the ring), each cut into chunks of kPullChunkRows rows that never cross a
+// without the ring), each cut into chunks of placement.chunk_rows rows that never cross a
 // macrobatch, chunk g going to comm block g % comm_blocks.
 template <class Placement, class Chunk>
 __device__ __forceinline__ void for_each_chunk(const Placement& placement, int comm_block,
@@ -93,8 +93,8 @@ __device__ __forceinline__ void for_each_chunk(const Placement& placement, int c
   for (int k = 0; k < placement.ring.n_macro; ++k) {
     const int m0 = m1;
     m1 = placement.macro_begin(k + 1);
-    for (int c0 = m0; c0 < m1; c0 += kPullChunkRows, ++g) {
-      if (g % comm_blocks == comm_block) chunk(k, c0, min(c0 + kPullChunkRows, m1));
+    for (int c0 = m0; c0 < m1; c0 += placement.chunk_rows, ++g) {
+      if (g % comm_blocks == comm_block) chunk(k, c0, min(c0 + placement.chunk_rows, m1));
     }
   }
 }

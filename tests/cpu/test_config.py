@@ -111,6 +111,9 @@ BROKEN = [
      "must be >= 1, got 0"),
     ("recipes", "bf16", "kernel.minibatch_tokens", 32768, "kernel.minibatch_tokens",
      "must be <= macrobatch_tokens (16384), got 32768"),
+    ("recipes", "bf16", "kernel.minibatch_tokens", 256, "kernel.minibatch_tokens",
+     "sets the megakernel's overlap unit; with forward_kernel: separate nothing reads it: "
+     "leave it at 128"),
     ("recipes", "bf16", "kernel.macrobatch_tokens", 32768, "kernel.macrobatch_tokens",
      "sizes the megakernel's ring, which runs only with forward_kernel: megakernel and "
      "backward_inputs: recomputed; leave it at 16384 otherwise"),

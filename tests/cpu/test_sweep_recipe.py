@@ -29,13 +29,13 @@ def test_written_recipe_loads_with_chosen_knobs(tmp_path):
     assert [o.find("#") for o in out_lines] == [b.find("#") for b in base_lines]
 
 
-def test_written_recipe_with_ring(tmp_path):
+def test_written_recipe_with_ring_and_minibatch(tmp_path):
     out = tmp_path / "tuned.yaml"
-    sweep_knobs.write_recipe(CONFIG_DIR / "recipes" / "bf16.yaml", out, 8, 4096)
+    sweep_knobs.write_recipe(CONFIG_DIR / "recipes" / "bf16.yaml", out, 8, 4096, 256)
     recipe = load_recipe(str(out))
     assert (recipe.kernel.forward_kernel, recipe.kernel.comm_sms_forward,
-            recipe.kernel.backward_inputs, recipe.kernel.macrobatch_tokens) == (
-        "megakernel", 8, "recomputed", 4096)
+            recipe.kernel.backward_inputs, recipe.kernel.macrobatch_tokens,
+            recipe.kernel.minibatch_tokens) == ("megakernel", 8, "recomputed", 4096, 256)
 
 
 def test_missing_knob_line_is_an_error(tmp_path):

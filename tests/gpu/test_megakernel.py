@@ -1,7 +1,7 @@
 """The forward megakernel (kernel.forward_kernel: megakernel) on one GPU (EP=1): the v1 checks
 (reference agreement on uniform, skewed and adversarial routings, poisoned outputs, bitwise
 reruns, CUDA graphs), plus bit-identical results across numbers of row-pulling blocks and
-with the macrobatch ring at several macrobatch sizes."""
+minibatch sizes, and with the macrobatch ring at several macrobatch sizes."""
 
 import pytest
 
@@ -24,7 +24,7 @@ def test_matches_reference_and_is_deterministic(spec, setting):
 
 
 @pytest.mark.parametrize("spec", SPECS[:3], ids=lambda s: s.name)
-def test_bit_identical_across_comm_blocks(spec):
+def test_bit_identical_across_comm_blocks_and_minibatches(spec):
     gpu_checks.check_megakernel_settings(spec, 0, None)
 
 
