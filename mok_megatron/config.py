@@ -283,9 +283,17 @@ def _check_bounds(bounds: dict[str, float], value: Any, key: str) -> None:
 
 
 # Checks that span several fields: (key relative to the object, problem) for each violation.
-# Knobs reserved for later work (nothing reads them yet): a recipe may state them only at
-# their defaults, so nobody tunes a setting that changes nothing.
-_RESERVED_KNOBS = ("schedule_capacity",)
+# Knobs only some settings read: (name, whether recipe k reads it, who does). A recipe may
+# move one from its default only where it is read, so nobody tunes a setting that changes
+# nothing.
+_CONDITIONAL_KNOBS = (
+    ("schedule_capacity", lambda k: False, "nothing reads it yet"),
+    ("minibatch_tokens", lambda k: k.forward_kernel == "megakernel",
+     "only forward_kernel: megakernel reads it"),
+    ("macrobatch_tokens",
+     lambda k: k.forward_kernel == "megakernel" and k.backward_inputs == "recomputed",
+     "only forward_kernel: megakernel with backward_inputs: recomputed reads it"),
+)
 
 
 def _kernel_problems(k: KernelKnobs) -> Iterator[tuple[str, str]]:
@@ -293,20 +301,10 @@ def _kernel_problems(k: KernelKnobs) -> Iterator[tuple[str, str]]:
         yield ("minibatch_tokens", f"must be <= macrobatch_tokens ({k.macrobatch_tokens}), "
                                    f"got {k.minibatch_tokens}")
         return
-    for name in _RESERVED_KNOBS:
+    for name, reads, who in _CONDITIONAL_KNOBS:
         default = KernelKnobs.__dataclass_fields__[name].default
-        if getattr(k, name) != default:
-            yield (name, f"not implemented yet (nothing reads it): leave it at {default}")
-    if (k.minibatch_tokens != KernelKnobs.__dataclass_fields__["minibatch_tokens"].default
-            and k.forward_kernel != "megakernel"):
-        yield ("minibatch_tokens", "sets the megakernel's overlap unit; with forward_kernel: "
-                                   "separate nothing reads it: leave it at 128")
-    ring_default = KernelKnobs.__dataclass_fields__["macrobatch_tokens"].default
-    if k.macrobatch_tokens != ring_default and (k.forward_kernel != "megakernel"
-                                                or k.backward_inputs != "recomputed"):
-        yield ("macrobatch_tokens", "sizes the megakernel's ring, which runs only with "
-                                    "forward_kernel: megakernel and backward_inputs: recomputed; "
-                                    f"leave it at {ring_default} otherwise")
+        if getattr(k, name) != default and not reads(k):
+            yield (name, f"{who}: leave it at {default}")
 
 
 def _dispatcher_problems(d: DispatcherConfig) -> Iterator[tuple[str, str]]:

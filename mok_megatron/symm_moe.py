@@ -88,6 +88,16 @@ def _grouped(a: torch.Tensor, b: torch.Tensor, offs: torch.Tensor) -> torch.Tens
     return torch._grouped_mm(a, b, offs=offs)
 
 
+def _pull(ws: Workspace, region: str, offsets, row_slot, topk: int) -> torch.Tensor:
+    """This rank's schedule rows, pulled from `region` ([max_tokens, H] per rank) of every
+    rank's workspace; rows past the schedule's end are left unwritten."""
+    rows = torch.empty(row_slot.numel(), ws.layout.hidden, dtype=torch.bfloat16,
+                       device=row_slot.device)
+    ops.pull_rows(ws.peer_bases, ws.offsets[region], row_slot, offsets[-1:],
+                  ws.layout.max_tokens, topk, rows)
+    return rows
+
+
 class _SymmMoE(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x, ids, probs, plan: _Plan, *weights):
@@ -124,10 +134,8 @@ class _SymmMoE(torch.autograd.Function):
                                        plan.comm_blocks, ws.timeout_ns,
                                        minibatch_rows=plan.minibatch_rows, ring_mblocks=ring)
         else:
-            rows = torch.empty(cap, H, dtype=torch.bfloat16, device=x.device)
             act = torch.empty(cap, ffn, dtype=torch.bfloat16, device=x.device)
-            ops.pull_rows(ws.peer_bases, ws.offsets["tokens"], row_slot, num_rows, max_tokens,
-                          K, rows)
+            rows = _pull(ws, "tokens", offsets, row_slot, K)
             h = _grouped(rows, plan.w1.transpose(1, 2), offs)
             ops.activation_forward(h, row_prob, num_rows, plan.activation, act)
             out_rows = _grouped(act, plan.w2.transpose(1, 2), offs)
@@ -166,9 +174,7 @@ class _SymmMoE(torch.autograd.Function):
         if plan.recompute:
             rows, h = _recompute_rows_and_h(plan, offsets, row_slot, row_prob, K)
 
-        dout = torch.empty(cap, H, dtype=torch.bfloat16, device=dy.device)
-        ops.pull_rows(ws.peer_bases, ws.offsets["tokens"], row_slot, num_rows, max_tokens, K,
-                      dout)
+        dout = _pull(ws, "tokens", offsets, row_slot, K)
         dact = _grouped(dout, plan.w2, offs)
         dh = torch.empty_like(h)
         act = torch.empty_like(dact)
@@ -198,11 +204,8 @@ def _recompute_rows_and_h(plan: _Plan, offsets, row_slot, row_prob, topk: int):
     republished inputs, and FC1 by the same kernel forward used (the megakernel's FC1 tiles
     are the tile engine's, so the standalone engine reproduces them)."""
     ws = plan.ws
-    cap, H = row_slot.numel(), ws.layout.hidden
-    num_rows = offsets[plan.num_local:]
-    rows = torch.empty(cap, H, dtype=torch.bfloat16, device=row_slot.device)
-    ops.pull_rows(ws.peer_bases, ws.offsets["inputs"], row_slot, num_rows, ws.layout.max_tokens,
-                  topk, rows)
+    cap = row_slot.numel()
+    rows = _pull(ws, "inputs", offsets, row_slot, topk)
     if plan.megakernel:
         h = torch.empty(cap, plan.w1.shape[1], dtype=torch.bfloat16, device=rows.device)
         act = torch.empty(cap, plan.w2.shape[2], dtype=torch.bfloat16, device=rows.device)

@@ -105,6 +105,12 @@ def check_weight_lists(spec: ProblemSpec, rank: int, group) -> None:
             assert torch.equal(stacked[name], listed[name]), f"{name}: {layout} differs"
 
 
+def assert_same_bits(expected: dict, got: dict, what: str) -> None:
+    """Every output of two runs (NAMES) equal bit for bit; `what` names the difference."""
+    for name in NAMES:
+        assert torch.equal(expected[name], got[name]), f"{name} differs {what}"
+
+
 def check_megakernel_settings(spec: ProblemSpec, rank: int, group,
                               comm_sms: tuple[int, ...] = (1, 8, 32),
                               minibatches: tuple[int, ...] = (1, 37, 1000)) -> None:
@@ -119,9 +125,7 @@ def check_megakernel_settings(spec: ProblemSpec, rank: int, group,
     runs = [run_cuda(problem, rank, group, max_tokens, forward_kernel="megakernel", **knobs)
             for knobs in settings]
     for knobs, run in zip(settings[1:], runs[1:]):
-        for name in NAMES:
-            assert torch.equal(runs[0][name], run[name]), (
-                f"{spec.name}: {name} differs between {settings[0]} and {knobs}")
+        assert_same_bits(runs[0], run, f"({spec.name}) between {settings[0]} and {knobs}")
     separate = run_cuda(problem, rank, group, max_tokens)
     same = {name: torch.equal(runs[0][name], separate[name]) for name in NAMES}
     print(spec.name, "megakernel == separate bitwise:", same)
@@ -135,9 +139,8 @@ def check_recomputed_backward(spec: ProblemSpec, rank: int, group, **knobs) -> N
     saved = run_cuda(problem, rank, group, max_tokens, backward_inputs="saved", **knobs)
     recomputed = run_cuda(problem, rank, group, max_tokens, backward_inputs="recomputed",
                           **knobs)
-    for name in NAMES:
-        assert torch.equal(saved[name], recomputed[name]), (
-            f"{spec.name}: {name} differs between saved and recomputed backward inputs")
+    assert_same_bits(saved, recomputed,
+                     f"({spec.name}) between saved and recomputed backward inputs")
 
 
 def check_macrobatch_ring(spec: ProblemSpec, rank: int, group,
@@ -151,9 +154,7 @@ def check_macrobatch_ring(spec: ProblemSpec, rank: int, group,
     for size in macrobatch_tokens:
         ring = run_cuda(problem, rank, group, max_tokens, forward_kernel="megakernel",
                         backward_inputs="recomputed", macrobatch_tokens=size)
-        for name in NAMES:
-            assert torch.equal(plain[name], ring[name]), (
-                f"{spec.name}: {name} differs with macrobatch_tokens={size}")
+        assert_same_bits(plain, ring, f"({spec.name}) with macrobatch_tokens={size}")
 
 
 def check_cuda_graph(spec: ProblemSpec, rank: int, group, **knobs) -> None:

@@ -33,7 +33,7 @@ struct SharedStorage {
   int32_t row_begin[kGemmMaxExperts + 1];
   int32_t mblock_begin[kGemmMaxExperts + 1];
 };
-constexpr size_t kSharedBytes = sizeof(SharedStorage) + 1024;  // + alignment slack
+constexpr size_t kSharedBytes = aligned_smem_bytes<SharedStorage>();
 static_assert(kSharedBytes <= kMaxDynamicSmemBytes, "shared memory of one block per SM");
 
 template <int kAct>
@@ -50,8 +50,7 @@ __global__ void __launch_bounds__(kGemmThreads, 1)
   constexpr bool kGated = gated_epilogue<kAct>();
   constexpr int kTileN = tile_cols<kAct>();
   extern __shared__ uint8_t smem_raw[];
-  SharedStorage& s = *reinterpret_cast<SharedStorage*>(
-      (reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~uintptr_t(1023));
+  SharedStorage& s = aligned_smem<SharedStorage>(smem_raw);
 
   const int warpgroup = threadIdx.x / 128;
   const int n_blocks = (n_out + kTileN - 1) / kTileN;

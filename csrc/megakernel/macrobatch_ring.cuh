@@ -17,10 +17,7 @@
 
 #include <cstdint>
 
-#include "common/ptx.cuh"
 #include "config/kernel_config.cuh"
-#include "gemm/sm90/tile_engine.cuh"
-#include "gemm/sm90/tma.cuh"
 
 namespace mok {
 
@@ -31,9 +28,10 @@ struct MacrobatchRing {
   int mblocks;    // m-blocks of the whole schedule
   int n_macro;    // macrobatches (>= 1)
 
-  __host__ __device__ static MacrobatchRing make(bool on, int per_macro, int slots,
-                                                 int mblocks) {
-    if (!on || per_macro <= 0) per_macro = mblocks > 0 ? mblocks : 1;
+  // ring_mblocks > 0: the ring's macrobatch size in m-blocks; 0: no ring.
+  __device__ static MacrobatchRing make(int ring_mblocks, int slots, int mblocks) {
+    const bool on = ring_mblocks > 0;
+    const int per_macro = on ? ring_mblocks : (mblocks > 0 ? mblocks : 1);
     const int n = mblocks > 0 ? (mblocks + per_macro - 1) / per_macro : 1;
     return {on, per_macro, slots, mblocks, n};
   }
@@ -80,49 +78,5 @@ __device__ __forceinline__ PhaseTile tile_at(const MacrobatchRing& r, int nb1, i
   }
   return in(false, r.n_macro - 1, t);
 }
-
-// Where the row pull puts schedule row r, and when it may (megakernel/row_pull.cuh).
-struct RowPlacement {
-  MacrobatchRing ring;
-  const int32_t* row_begin;     // [E + 1] expert row ranges
-  const int32_t* mblock_begin;  // [E + 1] first m-block of each expert
-  int num_experts, total_rows;
-  int chunk_rows;               // minibatch: rows pulled and published together
-  const uint32_t* fc2_done;     // [macrobatches] FC2 tile halves done reading act
-  int fc2_per_mblock;           // FC2 tile halves of one m-block
-  bool wait_slots;              // false in profiling variants without FC2 or waits
-  uint64_t timeout_ns;
-  int* report;
-
-  // First schedule row of macrobatch k (the total for k = n_macro).
-  __device__ int macro_begin(int k) const {
-    const int mblock = k * ring.per_macro;
-    if (k == 0) return 0;
-    if (mblock >= ring.mblocks) return total_rows;
-    const int e = sm90::expert_at(mblock_begin, num_experts, mblock);
-    return row_begin[e] + (mblock - mblock_begin[e]) * kGemmBlockM;
-  }
-  __device__ int64_t place(int r) const {
-    if (!ring.on) return r;
-    const int e = sm90::expert_at(row_begin, num_experts, r);
-    const int local = r - row_begin[e];
-    return ring.slot_row0(mblock_begin[e] + local / kGemmBlockM) + local % kGemmBlockM;
-  }
-  // Until every FC2 tile of the macrobatch that used k's slot before has read it.
-  __device__ void wait_slot(int k) const {
-    const int earlier = k - ring.slots;
-    if (!ring.on || earlier < 0 || !wait_slots) return;
-    const uint32_t target = uint32_t(ring.mblocks_in(earlier)) * fc2_per_mblock;
-    if (ld_acquire_gpu_u32(&fc2_done[earlier]) < target) {
-      const uint64_t start = globaltimer_ns();
-      while (ld_acquire_gpu_u32(&fc2_done[earlier]) < target) {
-        if (globaltimer_ns() - start > timeout_ns) {
-          sm90::trap_with_report(report, sm90::kWaitRingSlot, k, earlier);
-        }
-      }
-    }
-    fence_proxy_async_global();  // the FC2 reads (TMA) before this lane's bulk stores
-  }
-};
 
 }  // namespace mok

@@ -61,7 +61,7 @@ struct ForwardArgs {
   uint32_t* rows_ready;       // [m-blocks] rows pulled
   uint32_t* fc1_done;         // [m-blocks] FC1 tile halves stored (one per consumer)
   uint32_t* fc2_done;         // [macrobatches] FC2 tile halves done reading act
-  int ring_on, ring_mblocks, ring_slots;  // macrobatch_ring.cuh
+  int ring_mblocks, ring_slots;  // macrobatch_ring.cuh (ring_mblocks 0: no ring)
   int minibatch_rows;         // rows the pull publishes at once
   uint32_t* tile_counter;     // [1] tiles handed out (tile_queue.cuh)
   uint64_t timeout_ns;
@@ -90,21 +90,12 @@ __host__ __device__ constexpr int pull_slots(int hidden) {
   const size_t fit = kPullBytes / (size_t(hidden) * 2);
   return fit < kPullMaxSlots ? int(fit) : kPullMaxSlots;
 }
-constexpr size_t kSharedBytes = sizeof(SharedStorage) + 1024;  // + alignment slack
+constexpr size_t kSharedBytes = aligned_smem_bytes<SharedStorage>();
 static_assert(kSharedBytes <= kMaxDynamicSmemBytes, "shared memory of one block per SM");
 
 // Stages a profiling run leaves out (docs/perf-log.md: "time variants with a stage
 // removed"); any bit set makes the results meaningless, only the time counts.
 enum ProfileSkip : int { kSkipPull = 1, kSkipWaits = 2, kSkipFc1 = 4, kSkipFc2 = 8 };
-
-__device__ __forceinline__ void wait_count(const uint32_t* counter, uint32_t target,
-                                           const ForwardArgs& a, int role, int tile, int mblock) {
-  if (ld_acquire_gpu_u32(counter) >= target) return;
-  const uint64_t start = globaltimer_ns();
-  while (ld_acquire_gpu_u32(counter) < target) {
-    if (globaltimer_ns() - start > a.timeout_ns) trap_with_report(a.report, role, tile, mblock);
-  }
-}
 
 template <int kAct>
 __global__ void __launch_bounds__(kGemmThreads, 1)
@@ -117,8 +108,7 @@ __global__ void __launch_bounds__(kGemmThreads, 1)
   constexpr bool kGated = gated_epilogue<kAct>();
   constexpr int kFc1Cols = tile_cols<kAct>();
   extern __shared__ uint8_t smem_raw[];
-  SharedStorage& s = *reinterpret_cast<SharedStorage*>(
-      (reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~uintptr_t(1023));
+  SharedStorage& s = aligned_smem<SharedStorage>(smem_raw);
 
   const int E = a.num_experts;
   const int fc1_nblocks = (a.ffn + kFc1Cols - 1) / kFc1Cols;
@@ -137,18 +127,22 @@ __global__ void __launch_bounds__(kGemmThreads, 1)
   }
   __syncthreads();
   const MacrobatchRing ring =
-      MacrobatchRing::make(a.ring_on != 0, a.ring_mblocks, a.ring_slots, s.mblock_begin[E]);
+      MacrobatchRing::make(a.ring_mblocks, a.ring_slots, s.mblock_begin[E]);
 
   if (blockIdx.x < a.comm_blocks) {
     if (!(a.skip & kSkipPull)) {
-      const RowPlacement placement{ring, s.row_begin, s.mblock_begin, E, s.row_begin[E],
-                                   a.minibatch_rows, a.fc2_done, fc2_nblocks * kGemmConsumers,
-                                   !(a.skip & (kSkipFc2 | kSkipWaits)), a.timeout_ns, a.report};
+      const RowPlacement placement{ring,
+                                   MBlockTable{s.row_begin, s.mblock_begin, E},
+                                   a.minibatch_rows,
+                                   a.fc2_done,
+                                   fc2_nblocks * kGemmConsumers,
+                                   !(a.skip & (kSkipFc2 | kSkipWaits)),
+                                   a.timeout_ns,
+                                   a.report};
       pull_rows_bulk(RowSource{a.peer_bases, a.tokens_offset, a.row_slot, a.per_rank, a.topk,
                                a.world},
-                     a.rows, a.hidden, blockIdx.x, a.comm_blocks, pull_ring,
-                     MBlockTable{s.row_begin, s.mblock_begin, E}, a.rows_ready, a.timeout_ns,
-                     a.report, placement);
+                     a.rows, a.hidden, blockIdx.x, a.comm_blocks, pull_ring, placement,
+                     a.rows_ready);
     }
     // Its rows are pulled (every slot's bulk store has completed): the block's shared memory
     // is free, and it joins the GEMM tiles below.
@@ -180,14 +174,16 @@ __global__ void __launch_bounds__(kGemmThreads, 1)
     w.k_blocks = w.fc1 ? fc1_kblocks : fc2_kblocks;
     return w;
   };
-  // Profiling variants leave FC1 or FC2 tiles out: the producer passes over them.
+  // Profiling variants leave FC1 or FC2 tiles out: the producer passes over them (only those
+  // runs decode a tile here).
+  const bool skip_phase = a.skip & (kSkipFc1 | kSkipFc2);
   auto skipped = [&](int tile) {
     const bool fc1 = tile_at(ring, fc1_nblocks, fc2_nblocks, tile).fc1;
-    return (fc1 && (a.skip & kSkipFc1)) || (!fc1 && (a.skip & kSkipFc2));
+    return (a.skip & (fc1 ? kSkipFc1 : kSkipFc2)) != 0;
   };
   auto take = [&]() {
-    int tile = take_tile(a.tile_counter, 0, end_tile);
-    while (tile >= 0 && skipped(tile)) tile = take_tile(a.tile_counter, 0, end_tile);
+    int tile = take_tile(a.tile_counter, end_tile);
+    while (skip_phase && tile >= 0 && skipped(tile)) tile = take_tile(a.tile_counter, end_tile);
     return tile;
   };
 
@@ -207,11 +203,11 @@ __global__ void __launch_bounds__(kGemmThreads, 1)
       if (tile < 0) break;
       const Where w = locate(tile);
       if (w.fc1 && wait_rows) {
-        wait_count(&a.rows_ready[w.mblock], min(w.rows_left, kGemmBlockM), a, kWaitRowsReady,
-                   tile, w.mblock);
+        counter_wait(&a.rows_ready[w.mblock], min(w.rows_left, kGemmBlockM), a.timeout_ns,
+                     kWaitRowsReady, tile, w.mblock, a.report);
       } else if (!w.fc1 && wait_fc1) {
-        wait_count(&a.fc1_done[w.mblock], fc1_nblocks * kGemmConsumers, a, kWaitFc1Done, tile,
-                   w.mblock);
+        counter_wait(&a.fc1_done[w.mblock], fc1_nblocks * kGemmConsumers, a.timeout_ns,
+                     kWaitFc1Done, tile, w.mblock, a.report);
       }
       fence_proxy_async_global();
       produce_tile(s.ring, it, w.k_blocks, tile, a.timeout_ns, a.report, [&](int stage, int k0) {
@@ -253,6 +249,8 @@ __global__ void __launch_bounds__(kGemmThreads, 1)
   // be an FC1 tile (FC1 waits for pulled rows only) whose rows' ring slot does not wait for
   // FC2 of j's macrobatch or a later one. With the ring, the next tile can lie many
   // macrobatches ahead (other blocks take the tiles in between).
+  // (The next tile's phase and m-block are decoded here and again when it runs: carrying its
+  // whole Where across the mainloop costs the consumers register spills.)
   auto may_defer = [&](int mblock, int next) {
     if (next < 0) return false;
     const PhaseTile nt = tile_at(ring, fc1_nblocks, fc2_nblocks, next);
@@ -392,7 +390,6 @@ void moe_forward_megakernel(const at::Tensor& peer_bases, int64_t tokens_offset,
   args.fc1_done = args.rows_ready + max_mblocks;
   args.fc2_done = args.fc1_done + max_mblocks;
   args.tile_counter = args.fc2_done + max_macro;
-  args.ring_on = ring_on ? 1 : 0;
   args.ring_mblocks = static_cast<int>(ring_mblocks);
   args.ring_slots = static_cast<int>(ring_slots);
   args.minibatch_rows = static_cast<int>(minibatch_rows);

@@ -24,6 +24,8 @@
 
 #include "common/ptx.cuh"
 #include "gemm/sm90/tile_engine.cuh"
+#include "gemm/sm90/tma.cuh"
+#include "megakernel/macrobatch_ring.cuh"
 
 namespace mok {
 
@@ -47,6 +49,43 @@ struct MBlockTable {
   const int32_t* row_begin;     // [E + 1] expert row ranges
   const int32_t* mblock_begin;  // [E + 1] first global m-block of each expert
   int num_experts;
+};
+
+// How the pull walks the schedule and where each row goes: macrobatch by macrobatch (one
+// without the ring), in chunks (minibatches) of chunk_rows rows, each row at its schedule
+// position or, with the ring, in its m-block's slot once that slot is free.
+struct RowPlacement {
+  MacrobatchRing ring;
+  MBlockTable table;
+  int chunk_rows;               // minibatch: rows pulled and published together
+  const uint32_t* fc2_done;     // [macrobatches] FC2 tile halves done reading act
+  int fc2_per_mblock;           // FC2 tile halves of one m-block
+  bool wait_slots;              // false in profiling variants without FC2 or waits
+  uint64_t timeout_ns;
+  int* report;
+
+  // First schedule row of macrobatch k (the total for k = n_macro).
+  __device__ int macro_begin(int k) const {
+    const int mblock = k * ring.per_macro;
+    if (k == 0) return 0;
+    if (mblock >= ring.mblocks) return table.row_begin[table.num_experts];
+    const int e = sm90::expert_at(table.mblock_begin, table.num_experts, mblock);
+    return table.row_begin[e] + (mblock - table.mblock_begin[e]) * kGemmBlockM;
+  }
+  __device__ int64_t place(int r) const {
+    if (!ring.on) return r;
+    const int e = sm90::expert_at(table.row_begin, table.num_experts, r);
+    const int local = r - table.row_begin[e];
+    return ring.slot_row0(table.mblock_begin[e] + local / kGemmBlockM) + local % kGemmBlockM;
+  }
+  // Until every FC2 tile of the macrobatch that used k's slot before has read it.
+  __device__ void wait_slot(int k) const {
+    const int earlier = k - ring.slots;
+    if (!ring.on || earlier < 0 || !wait_slots) return;
+    sm90::counter_wait(&fc2_done[earlier], uint32_t(ring.mblocks_in(earlier)) * fc2_per_mblock,
+                       timeout_ns, sm90::kWaitRingSlot, k, earlier, report);
+    fence_proxy_async_global();  // the FC2 reads (TMA) before this lane's bulk stores
+  }
 };
 
 __device__ __forceinline__ void init_pull_ring(const PullRing& ring) {
@@ -82,11 +121,10 @@ __device__ __forceinline__ const char* row_source(const RowSource& src, int flat
 }
 
 // Calls chunk(macro, c0, c1) for this comm block's chunks, in increasing row order: the
-// schedule walked macrobatch by macrobatch (`placement`, macrobatch_ring.cuh; one macrobatch
-// without the ring), each cut into chunks of placement.chunk_rows rows that never cross a
+// schedule walked macrobatch by macrobatch (one without the ring), each cut into chunks of placement.chunk_rows rows that never cross a
 // macrobatch, chunk g going to comm block g % comm_blocks.
-template <class Placement, class Chunk>
-__device__ __forceinline__ void for_each_chunk(const Placement& placement, int comm_block,
+template <class Chunk>
+__device__ __forceinline__ void for_each_chunk(const RowPlacement& placement, int comm_block,
                                                int comm_blocks, Chunk chunk) {
   int g = 0;
   int m1 = placement.macro_begin(0);
@@ -103,11 +141,11 @@ __device__ __forceinline__ void for_each_chunk(const Placement& placement, int c
 // for a macrobatch's slot to be free (wait_slot(k)), which the storing lanes pass before the
 // chunk's first store - after every earlier chunk of theirs has been published, so a chunk
 // never holds back rows a waited-for tile needs.
-template <class Placement>
 __device__ void pull_rows_bulk(const RowSource& src, __nv_bfloat16* rows, int hidden,
                                int comm_block, int comm_blocks, const PullRing& ring,
-                               const MBlockTable& table, uint32_t* rows_ready,
-                               uint64_t timeout_ns, int* report, const Placement& placement) {
+                               const RowPlacement& placement, uint32_t* rows_ready) {
+  const uint64_t timeout_ns = placement.timeout_ns;
+  int* report = placement.report;
   const uint32_t row_bytes = uint32_t(hidden) * 2;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int lanes = ring.lanes;
@@ -164,7 +202,7 @@ __device__ void pull_rows_bulk(const RowSource& src, __nv_bfloat16* rows, int hi
       __syncwarp();
       if (lane == 0) {
         fence_proxy_async_global();
-        publish_rows(table, c0, c1, rows_ready);
+        publish_rows(placement.table, c0, c1, rows_ready);
       }
     });
   }

@@ -32,9 +32,9 @@ __device__ __forceinline__ void init_tile_queue(TileQueue& q) {
   }
 }
 
-// Producer thread: the next tile of [first, end) from the grid-wide counter, or -1.
-__device__ __forceinline__ int take_tile(uint32_t* counter, int first, int end) {
-  const int tile = first + static_cast<int>(atomicAdd(counter, 1u));
+// Producer thread: the next tile of [0, end) from the grid-wide counter, or -1.
+__device__ __forceinline__ int take_tile(uint32_t* counter, int end) {
+  const int tile = static_cast<int>(atomicAdd(counter, 1u));
   return tile < end ? tile : -1;
 }
 

@@ -112,13 +112,12 @@ BROKEN = [
     ("recipes", "bf16", "kernel.minibatch_tokens", 32768, "kernel.minibatch_tokens",
      "must be <= macrobatch_tokens (16384), got 32768"),
     ("recipes", "bf16", "kernel.minibatch_tokens", 256, "kernel.minibatch_tokens",
-     "sets the megakernel's overlap unit; with forward_kernel: separate nothing reads it: "
-     "leave it at 128"),
+     "only forward_kernel: megakernel reads it: leave it at 128"),
     ("recipes", "bf16", "kernel.macrobatch_tokens", 32768, "kernel.macrobatch_tokens",
-     "sizes the megakernel's ring, which runs only with forward_kernel: megakernel and "
-     "backward_inputs: recomputed; leave it at 16384 otherwise"),
+     "only forward_kernel: megakernel with backward_inputs: recomputed reads it: leave it at "
+     "16384"),
     ("recipes", "bf16", "kernel.schedule_capacity", 2.0, "kernel.schedule_capacity",
-     "not implemented yet (nothing reads it): leave it at 1.0"),
+     "nothing reads it yet: leave it at 1.0"),
     ("recipes", "bf16", "kernel.backward_inputs", "dropped", "kernel.backward_inputs",
      "expected one of 'saved', 'recomputed'"),
     ("recipes", "bf16", "kernel", [1], "kernel", "expected a mapping, got list [1]"),

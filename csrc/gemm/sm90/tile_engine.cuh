@@ -116,6 +116,18 @@ __device__ __forceinline__ void build_mblock_table(const int32_t* offsets, int n
   }
 }
 
+// A persistent kernel's dynamic shared memory laid out as `Storage` from a 1024-byte boundary
+// (TMA's 128-byte swizzle atom); launch with aligned_smem_bytes<Storage>().
+template <class Storage>
+constexpr size_t aligned_smem_bytes() {
+  return sizeof(Storage) + 1024;
+}
+template <class Storage>
+__device__ __forceinline__ Storage& aligned_smem(uint8_t* raw) {
+  return *reinterpret_cast<Storage*>((reinterpret_cast<uintptr_t>(raw) + 1023) &
+                                     ~uintptr_t(1023));
+}
+
 __device__ __forceinline__ void init_ring(StageRing& ring) {
   for (int i = 0; i < kGemmStages; ++i) {
     mbar_init(&ring.full[i], 1);

@@ -83,25 +83,24 @@ __device__ __forceinline__ __nv_bfloat162 output_pair(const float (&d)[kAccRegs]
   return __floats2bfloat162_rn(v[0], v[1]);
 }
 
-// Where one staged round goes. Full blocks: TMA through `map` (nullptr: never), a tensor
-// viewed as [rows, halves, n_out] (so a box never crosses from gate into up), at rows
-// row0 .. row0 + 63 and half `half`. Copied-out rows: row r's column c is row_dst(r)[c].
-struct StagedTarget {
+// A tensor of bf16 rows the epilogue writes: its TMA map (viewed as [rows, halves, n_out], so a
+// box never crosses from gate into up) and the same memory as pointer + row stride, for rows
+// copied out.
+struct EpilogueTensor {
   const CUtensorMap* map;
-  int half;
-  int row0;
-  bool tma;        // a full block with a map: leave by TMA
-  int rows_valid;  // copied out: rows 0 .. rows_valid - 1 of the block
+  __nv_bfloat16* base;
+  int64_t stride;
 };
 
 // One round: value(j, i) -> buf (swizzled: 16-byte chunk c of row r sits at c ^ (r % 8), so
-// the 8 rows one warp store touches hit 8 different chunks), then out as `target` says.
-// Columns at or past n_out are not written. The buffer is reused only after the previous
-// round's TMA stores have read it (leader's bulk_wait_read, then the barrier).
-template <int kCols, class Value, class RowDst>
-__device__ __forceinline__ void store_round(uint8_t* buf, const StagedTarget& target, int col0,
-                                            int n_out, int consumer, bool leader, Value value,
-                                            RowDst row_dst) {
+// the 8 rows one warp store touches hit 8 different chunks), then into half `half` of `dst`
+// at rows row0 .. row0 + 63: by TMA when the block is `full`, else its first rows_valid rows
+// copied out. Columns at or past n_out are not written. The buffer is reused only after the
+// previous round's TMA stores have read it (leader's bulk_wait_read, then the barrier).
+template <int kCols, class Value>
+__device__ __forceinline__ void store_round(uint8_t* buf, const EpilogueTensor& dst, int half,
+                                            int row0, bool full, int rows_valid, int col0,
+                                            int n_out, int consumer, bool leader, Value value) {
   const int t = threadIdx.x % 128;
   const int warp = t / 32, lane = t % 32;
   if (leader) bulk_wait_read<0>();
@@ -125,13 +124,12 @@ __device__ __forceinline__ void store_round(uint8_t* buf, const StagedTarget& ta
   }
   fence_proxy_async_shared();
   named_barrier_sync(kStagingBarrier + consumer, 128);
-  if (target.tma) {
+  if (full) {
     if (leader) {
 #pragma unroll
       for (int box = 0; box < kCols / 64; ++box) {
         if (col0 + 64 * box < n_out) {
-          tma_store_4d(target.map, buf + box * kStagedBoxBytes, col0 + 64 * box, target.half,
-                       target.row0, 0);
+          tma_store_4d(dst.map, buf + box * kStagedBoxBytes, col0 + 64 * box, half, row0, 0);
         }
       }
       bulk_commit();
@@ -139,23 +137,16 @@ __device__ __forceinline__ void store_round(uint8_t* buf, const StagedTarget& ta
     return;
   }
   constexpr int kChunksPerRow = kCols / 8;  // a warp copies 32 / kChunksPerRow whole rows
-  for (int idx = t; idx < target.rows_valid * kChunksPerRow; idx += 128) {
+  for (int idx = t; idx < rows_valid * kChunksPerRow; idx += 128) {
     const int r = idx / kChunksPerRow, c = idx % kChunksPerRow;
     const int col = col0 + 8 * c;
     if (col >= n_out) continue;
     const uint4 v = *reinterpret_cast<const uint4*>(buf + (c / 8) * kStagedBoxBytes + r * 128 +
                                                     (((c % 8) ^ (r % 8)) * 16));
-    *reinterpret_cast<uint4*>(row_dst(r) + col) = v;
+    *reinterpret_cast<uint4*>(dst.base + int64_t(row0 + r) * dst.stride +
+                              int64_t(half) * n_out + col) = v;
   }
 }
-
-// A tensor of bf16 rows the epilogue writes: TMA map (nullptr: none) and the same memory as
-// pointer + row stride for copied-out rows.
-struct EpilogueTensor {
-  const CUtensorMap* map;
-  __nv_bfloat16* base;
-  int64_t stride;
-};
 
 // The whole epilogue of one consumer warpgroup for a tile whose rows are consecutive in the
 // output tensors: out, then (h.base != nullptr) h's gate and, gated, up halves, each a round
@@ -179,32 +170,21 @@ __device__ __forceinline__ void store_rows_staged(const float (&d)[kAccRegs], ui
     const int r = 16 * warp + lane / 4 + 8 * i;
     p[i] = (kAct == kPlain || r >= rows_valid) ? 1.f : row_prob[prob_row0 + r];
   }
-  auto target = [&](const EpilogueTensor& tensor, int half) {
-    return StagedTarget{tensor.map, half, row0, full && tensor.map != nullptr, rows_valid};
-  };
-  auto rows_of = [&](const EpilogueTensor& tensor, int half) {
-    return [&tensor, half, row0, n_out](int r) {
-      return tensor.base + int64_t(row0 + r) * tensor.stride + int64_t(half) * n_out;
-    };
-  };
-  store_round<kCols>(buf, target(out, 0), col0, n_out, consumer, leader,
-                     [&](int j, int i) { return output_pair<kAct>(d, j, i, p[i]); },
-                     rows_of(out, 0));
+  store_round<kCols>(buf, out, 0, row0, full, rows_valid, col0, n_out, consumer, leader,
+                     [&](int j, int i) { return output_pair<kAct>(d, j, i, p[i]); });
   if constexpr (kAct != kPlain) {
     if (h.base != nullptr) {
-      store_round<kCols>(buf, target(h, 0), col0, n_out, consumer, leader,
+      store_round<kCols>(buf, h, 0, row0, full, rows_valid, col0, n_out, consumer, leader,
                          [&](int j, int i) {
                            return __floats2bfloat162_rn(d[4 * j + 2 * i], d[4 * j + 2 * i + 1]);
-                         },
-                         rows_of(h, 0));
+                         });
       if constexpr (gated_epilogue<kAct>()) {
         constexpr int kUp = 4 * (kCols / 8);
-        store_round<kCols>(buf, target(h, 1), col0, n_out, consumer, leader,
+        store_round<kCols>(buf, h, 1, row0, full, rows_valid, col0, n_out, consumer, leader,
                            [&](int j, int i) {
                              return __floats2bfloat162_rn(d[kUp + 4 * j + 2 * i],
                                                           d[kUp + 4 * j + 2 * i + 1]);
-                           },
-                           rows_of(h, 1));
+                           });
       }
     }
   }

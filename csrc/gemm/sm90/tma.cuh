@@ -65,13 +65,29 @@ __device__ __forceinline__ void trap_with_report(int* report, int role, int tile
   __trap();
 }
 
-__device__ __forceinline__ void mbar_wait(uint64_t* bar, uint32_t parity, uint64_t timeout_ns,
-                                          int role, int tile, int stage, int* report) {
-  if (mbar_try_wait(bar, parity)) return;
+// Spins until ready() holds; gives up after timeout_ns through trap_with_report.
+template <class Ready>
+__device__ __forceinline__ void bounded_wait(Ready ready, uint64_t timeout_ns, int role, int tile,
+                                             int stage, int* report) {
+  if (ready()) return;
   const uint64_t start = globaltimer_ns();
-  while (!mbar_try_wait(bar, parity)) {
+  while (!ready()) {
     if (globaltimer_ns() - start > timeout_ns) trap_with_report(report, role, tile, stage);
   }
+}
+
+__device__ __forceinline__ void mbar_wait(uint64_t* bar, uint32_t parity, uint64_t timeout_ns,
+                                          int role, int tile, int stage, int* report) {
+  bounded_wait([&] { return mbar_try_wait(bar, parity); }, timeout_ns, role, tile, stage,
+               report);
+}
+
+// Until a counter another block of this GPU raises (release) reaches `target` (acquire).
+__device__ __forceinline__ void counter_wait(const uint32_t* counter, uint32_t target,
+                                             uint64_t timeout_ns, int role, int tile, int stage,
+                                             int* report) {
+  bounded_wait([&] { return ld_acquire_gpu_u32(counter) >= target; }, timeout_ns, role, tile,
+               stage, report);
 }
 
 // 4-D tiled TMA load into shared memory, completing on `bar`. Coordinates are in elements,
