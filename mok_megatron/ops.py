@@ -199,10 +199,11 @@ def megakernel_counters(rows: int, num_experts: int, device,
                         ring_mblocks: int = 0) -> torch.Tensor:
     """Zeroed counters for a megakernel launch over `rows` scheduled rows: per m-block (at
     most rows / 128 + num_experts + 1) rows pulled and FC1 tile halves stored, per
-    macrobatch FC2 tile halves done, then the one counter that hands out tiles."""
+    macrobatch FC2 tile halves done, then the counter that hands out tiles and the one that
+    gives each block its arrival ticket (its role)."""
     mblocks = _max_mblocks(rows, num_experts)
     macros = -(-mblocks // ring_mblocks) if ring_mblocks > 0 else 1
-    return torch.zeros(2 * mblocks + macros + 1, dtype=torch.int32, device=device)
+    return torch.zeros(2 * mblocks + macros + 2, dtype=torch.int32, device=device)
 
 
 def macrobatch_ring_rows(rows: int, num_experts: int, ring_mblocks: int) -> int:

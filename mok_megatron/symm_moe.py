@@ -245,17 +245,30 @@ def _check(x, w1, w2, activation, world, recipe):
         raise ValueError(f"EP={world}: the cuda backend supports at most {ops.MAX_RANKS} GPUs")
 
 
+def workspace_layout(x, ids, recipe: Recipe) -> WorkspaceLayout:
+    return WorkspaceLayout(recipe.kernel.max_tokens_per_rank, ids.shape[1], x.shape[1],
+                           inputs=recipe.kernel.backward_inputs == "recomputed")
+
+
 def moe_experts_cuda(x, ids, probs, w1, w2, *, group: Optional[dist.ProcessGroup],
                      activation: str, recipe: Recipe) -> torch.Tensor:
-    world = 1 if group is None else dist.get_world_size(group)
+    ws = get_workspace(group, x.device, workspace_layout(x, ids, recipe),
+                       recipe.kernel.spin_timeout_ms)
+    return moe_experts_on_workspace(ws, x, ids, probs, w1, w2, activation=activation,
+                                    recipe=recipe)
+
+
+def moe_experts_on_workspace(ws: Workspace, x, ids, probs, w1, w2, *, activation: str,
+                             recipe: Recipe) -> torch.Tensor:
+    """moe_experts_cuda on a given workspace (one of Workspace.emulated_group's in tests)."""
+    world = ws.world
     w1_stack, w2_stack, order = stack_expert_pair(w1, w2)
     validate_routing(x, ids, probs, w1_stack.shape[0] * world,
                      check_values=recipe.kernel.check_inputs)
     _check(x, w1_stack, w2_stack, activation, world, recipe)
     recompute = recipe.kernel.backward_inputs == "recomputed"
-    layout = WorkspaceLayout(recipe.kernel.max_tokens_per_rank, ids.shape[1], x.shape[1],
-                             inputs=recompute)
-    ws = get_workspace(group, x.device, layout, recipe.kernel.spin_timeout_ms)
+    if not ws.layout.matches(workspace_layout(x, ids, recipe)):
+        raise ValueError("the workspace's layout does not match this call's shapes and recipe")
     num_local = w1_stack.shape[0]
     position = _expert_position(order or list(range(num_local)), x.device)
     plan = _Plan(ws, activation, num_local, w1_stack, w2_stack, order, position,

@@ -78,37 +78,68 @@ class Workspace:
 
     def __init__(self, group: Optional[dist.ProcessGroup], device: torch.device,
                  layout: WorkspaceLayout, timeout_ms: int):
-        self.group = group
-        self.device = device
-        self.layout = layout
-        self.world = 1 if group is None else dist.get_world_size(group)
-        self.rank = 0 if group is None else dist.get_rank(group)
-        if self.world > ops.MAX_RANKS:
-            raise ValueError(
-                f"EP group of {self.world} ranks: the mok kernels support at most "
-                f"{ops.MAX_RANKS} GPUs in one NVLink domain")
-        self.timeout_ns = int(timeout_ms) * 1_000_000
-        self.offsets = layout.offsets()
-        nbytes = layout.nbytes
-        if self.world == 1:
-            self.buffer = torch.empty(nbytes, dtype=torch.uint8, device=device)
-            self.buffer[: self.offsets["count"]].zero_()
+        world = 1 if group is None else dist.get_world_size(group)
+        rank = 0 if group is None else dist.get_rank(group)
+        self._setup(group, device, layout, timeout_ms, rank, world)
+        if world == 1:
+            self.buffer = self._zeroed_buffer()
             self._handle = None
             bases = [self.buffer.data_ptr()]
         else:
             import torch.distributed._symmetric_memory as symm_mem
 
-            self.buffer = symm_mem.empty(nbytes, dtype=torch.uint8, device=device)
-            self.buffer[: self.offsets["count"]].zero_()
+            self.buffer = self._zeroed_buffer(symm_mem.empty)
             # Peers may signal as soon as the rendezvous returns: the zeroed flags must be in
             # memory before then.
             torch.cuda.synchronize(device)
             self._handle = symm_mem.rendezvous(self.buffer, group)
             bases = list(self._handle.buffer_ptrs)
         self.peer_bases = torch.tensor(bases, dtype=torch.int64, device=device)
-        self.epochs = torch.zeros(ops.NUM_BARRIER_CHANNELS, dtype=torch.int32, device=device)
         log.info("mok workspace: %d ranks, %.1f MiB per GPU (max_tokens=%d, topk=%d, H=%d)",
-                 self.world, nbytes / 2**20, layout.max_tokens, layout.topk, layout.hidden)
+                 self.world, layout.nbytes / 2**20, layout.max_tokens, layout.topk,
+                 layout.hidden)
+
+    @classmethod
+    def emulated_group(cls, world: int, device: torch.device, layout: WorkspaceLayout,
+                       timeout_ms: int) -> list["Workspace"]:
+        """The workspaces of `world` EP ranks emulated on one device in one process: every
+        rank has its own buffer and sees the others' as its peers, so the multi-rank protocol
+        (schedule over all ranks' routing, pulls from and pushes to peers, barriers) runs
+        without a multi-GPU machine. Each rank must be driven from its own thread on its own
+        stream: the barriers wait for the other ranks. For tests; no NVLink is involved."""
+        group = []
+        for rank in range(world):
+            ws = cls.__new__(cls)
+            ws._setup(None, device, layout, timeout_ms, rank, world)
+            ws.buffer = ws._zeroed_buffer()
+            ws._handle = None
+            group.append(ws)
+        torch.cuda.synchronize(device)
+        bases = torch.tensor([ws.buffer.data_ptr() for ws in group], dtype=torch.int64,
+                             device=device)
+        for ws in group:
+            ws.peer_bases = bases
+        return group
+
+    def _setup(self, group, device, layout, timeout_ms, rank, world) -> None:
+        if world > ops.MAX_RANKS:
+            raise ValueError(
+                f"EP group of {world} ranks: the mok kernels support at most "
+                f"{ops.MAX_RANKS} GPUs in one NVLink domain")
+        self.group = group
+        self.device = device
+        self.layout = layout
+        self.world = world
+        self.rank = rank
+        self.timeout_ns = int(timeout_ms) * 1_000_000
+        self.offsets = layout.offsets()
+        self.epochs = torch.zeros(ops.NUM_BARRIER_CHANNELS, dtype=torch.int32, device=device)
+
+    def _zeroed_buffer(self, empty=torch.empty) -> torch.Tensor:
+        """The workspace memory, its barrier flags and count zeroed."""
+        buffer = empty(self.layout.nbytes, dtype=torch.uint8, device=self.device)
+        buffer[: self.offsets["count"]].zero_()
+        return buffer
 
     def _view(self, region: str, shape, dtype) -> torch.Tensor:
         start = self.offsets[region]

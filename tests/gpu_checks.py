@@ -1,25 +1,50 @@
-"""Checks of the CUDA backend against the reference, shared by the one-GPU (EP=1) tests and
-the torchrun (EP=2, 4, 8) tests: fresh random inputs, poisoned memory before every run,
-rel-L2 error of y, dx, dprobs, dW1, dW2 within a bf16 tolerance, bitwise run-to-run equality,
-and CUDA-graph replay with new inputs."""
+"""Checks of the CUDA backend against the reference, shared by the one-GPU tests (EP=1, and
+EP=2 and 4 emulated on one GPU) and the torchrun (EP=2, 4, 8) tests: fresh random inputs,
+poisoned memory before every run, rel-L2 error of y, dx, dprobs, dW1, dW2 within a bf16
+tolerance, bitwise run-to-run equality, and CUDA-graph replay with new inputs."""
 
 from __future__ import annotations
 
+from concurrent.futures import ThreadPoolExecutor
 from typing import Optional
 
 import torch
 import torch.distributed as dist
 
+from mok_megatron import symm_moe
 from mok_megatron import workspace as workspace_mod
 from mok_megatron.config import KernelKnobs, Recipe
 from mok_megatron.functional import moe_experts
-from mok_megatron.testing import ProblemSpec, compare, run_layer
+from mok_megatron.testing import ProblemSpec, compare, concat_ranks, run_layer
+from mok_megatron.workspace import Workspace
 
 # The kernels round at the same points as the reference (h, act*p, each expert output, y), so
 # the two differ only by summation order inside the GEMMs: observed ~1e-4 (2026-12-01). Against
 # the float64 oracle both land at 3-5e-3 (mok_megatron/testing.py).
 KERNEL_VS_REFERENCE = 2e-3
 NAMES = ("y", "dx", "dprobs", "dw1", "dw2")
+
+
+def ep_spec(name: str, world: int, tokens=None, **kw) -> ProblemSpec:
+    """A bf16 problem for an EP group of `world` ranks: 4 experts per rank, ragged tokens."""
+    base = dict(num_experts=4 * world, hidden=512, ffn=256, topk=4, dtype=torch.bfloat16,
+                probs_dtype=torch.float32)
+    base.update(kw)
+    return ProblemSpec(name, tokens or tuple(384 + 64 * r for r in range(world)), **base)
+
+
+def ep_specs(world: int) -> list[ProblemSpec]:
+    """Uniform, skewed (zipf), adversarial (every token to one expert), a rank without tokens,
+    unused slots with an expert nobody picks, and GEGLU with top-1."""
+    return [
+        ep_spec("uniform", world),
+        ep_spec("zipf", world, routing="zipf", topk=6, seed=1),
+        ep_spec("hot", world, routing="hot", seed=2),
+        ep_spec("ragged_and_empty_rank", world,
+                tokens=tuple(0 if r == world - 1 else 300 + 7 * r for r in range(world)), seed=3),
+        ep_spec("unused_slots", world, routing="no_last_expert", unused_fraction=0.25, seed=4),
+        ep_spec("geglu_k1", world, activation="geglu", topk=1, seed=5),
+    ]
 
 
 def recipe(max_tokens: int, backend: str = "cuda", **knobs) -> Recipe:
@@ -57,6 +82,71 @@ def run_cuda(problem, rank: int, group: Optional[dist.ProcessGroup], max_tokens:
     out = run_layer(layer, inputs)
     torch.cuda.synchronize(device)
     return out
+
+
+def run_emulated(problem, max_tokens: int, **knobs) -> list[dict]:
+    """Every rank of `problem`'s EP group on this one GPU (Workspace.emulated_group): one
+    thread and one stream per rank, all ranks' buffers poisoned first. Per-rank outputs."""
+    world = problem.spec.world_size
+    device = torch.device("cuda", torch.cuda.current_device())
+    rec = recipe(max_tokens, **knobs)
+    inputs = [problem.local(r, device) for r in range(world)]
+    layout = symm_moe.workspace_layout(inputs[0]["x"], inputs[0]["ids"], rec)
+    group = Workspace.emulated_group(world, device, layout, rec.kernel.spin_timeout_ms)
+    poison(device)
+    for ws in group:
+        ws.buffer[ws.offsets["ids"]:].fill_(0xFF)
+    torch.cuda.synchronize(device)
+
+    def rank_main(rank: int) -> dict:
+        torch.cuda.set_device(device)
+        with torch.cuda.stream(torch.cuda.Stream(device)):
+            def layer(x, ids, probs, w1, w2):
+                return symm_moe.moe_experts_on_workspace(
+                    group[rank], x, ids, probs, w1, w2, activation=problem.spec.activation,
+                    recipe=rec)
+
+            return run_layer(layer, inputs[rank])
+
+    with ThreadPoolExecutor(world) as pool:
+        outs = list(pool.map(rank_main, range(world)))
+    torch.cuda.synchronize(device)
+    return outs
+
+
+def check_emulated_against_reference(spec: ProblemSpec, **knobs) -> dict[str, float]:
+    """check_against_reference for all ranks of `spec` emulated on one GPU: every rank's
+    outputs against the reference backend run on the whole problem at EP=1 (tokens and
+    experts concatenated in rank order), and bitwise equal over three runs."""
+    problem = spec.build()
+    max_tokens = max(max(spec.tokens_per_rank), 1)
+    kernel = concat_ranks(run_emulated(problem, max_tokens, **knobs))
+    whole = ProblemSpec(**{**spec.__dict__, "tokens_per_rank": (sum(spec.tokens_per_rank),)})
+    reference = run_cuda(whole.build(), 0, None, max(whole.tokens_per_rank[0], 1),
+                         backend="reference")
+    for name in NAMES:
+        assert torch.isfinite(kernel[name]).all(), f"{name} has non-finite values (unwritten?)"
+    errors = compare(kernel, reference)
+    bad = {k: v for k, v in errors.items() if v > KERNEL_VS_REFERENCE}
+    assert not bad, f"{spec.name}: kernel vs reference rel-L2 above {KERNEL_VS_REFERENCE}: {bad}"
+    for _ in range(2):
+        assert_same_bits(kernel, concat_ranks(run_emulated(problem, max_tokens, **knobs)),
+                         f"({spec.name}) between runs")
+    return errors
+
+
+def check_emulated_settings(spec: ProblemSpec, settings: list[dict]) -> None:
+    """All ranks of `spec` emulated on one GPU give the same bits under every one of
+    `settings` (KernelKnobs fields), and - reported, not asserted - under EP=1."""
+    problem = spec.build()
+    max_tokens = max(max(spec.tokens_per_rank), 1)
+    runs = [concat_ranks(run_emulated(problem, max_tokens, **knobs)) for knobs in settings]
+    for knobs, run in zip(settings[1:], runs[1:]):
+        assert_same_bits(runs[0], run, f"({spec.name}) between {settings[0]} and {knobs}")
+    whole = ProblemSpec(**{**spec.__dict__, "tokens_per_rank": (sum(spec.tokens_per_rank),)})
+    single = run_cuda(whole.build(), 0, None, max(whole.tokens_per_rank[0], 1), **settings[0])
+    same = {name: torch.equal(runs[0][name], single[name]) for name in NAMES}
+    print(spec.name, f"EP={spec.world_size} == EP=1 bitwise:", same)
 
 
 def check_against_reference(spec: ProblemSpec, rank: int,

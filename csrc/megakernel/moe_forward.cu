@@ -1,8 +1,8 @@
 // The forward megakernel: pull-dispatch, FC1 with the activation x prob epilogue, FC2 and
 // push-combine in one persistent launch (grid = SM count, one block per SM).
 //
-// Roles:
-//   blocks [0, comm_blocks)   first pull rows (megakernel/row_pull.cuh): token rows from the
+// Roles (by arrival: a block's ticket is its place among the blocks that have started):
+//   tickets [0, comm_blocks)  first pull rows (megakernel/row_pull.cuh): token rows from the
 //                             source rank's published buffer (NVLink for peers) into the row
 //                             buffer in the schedule's order, counted per m-block (rows_ready,
 //                             release); then they join the tiles below.
@@ -16,9 +16,12 @@
 //                             slot on the source rank, the same slots v1's push-combine fills,
 //                             so the fixed-order reduction after the kernel is unchanged.
 // Deadlock freedom: every tile depends only on tiles with lower indices (or on the pull, which
-// depends on nothing), indices are handed out in increasing order, each block runs its tiles
-// in the order it took them, and all blocks are resident at once (one block per SM, grid =
-// SM count).
+// depends on nothing but, with the ring, FC2 tiles of earlier macrobatches), indices are
+// handed out in increasing order, each block runs its tiles in the order it took them, and
+// only running blocks hold work: tiles are taken when a block can run them and the pull
+// belongs to the first blocks to start, not to fixed block indices. So the kernel needs just
+// comm_blocks + 1 blocks resident, not the whole grid - kernels of other streams (NCCL,
+// another rank's kernels when ranks share a GPU in tests) may hold SMs while it runs.
 // Memory ordering: rows and activations are written by TMA / bulk stores (async proxy; an
 // expert's partial last block of activations by plain stores) and read by TMA in another
 // block: writer waits for its stores to complete -> fence.proxy.async -> release counter;
@@ -64,6 +67,7 @@ struct ForwardArgs {
   int ring_mblocks, ring_slots;  // macrobatch_ring.cuh (ring_mblocks 0: no ring)
   int minibatch_rows;         // rows the pull publishes at once
   uint32_t* tile_counter;     // [1] tiles handed out (tile_queue.cuh)
+  uint32_t* arrivals;         // [1] blocks started (their tickets)
   uint64_t timeout_ns;
   int* report;
   int skip;                   // ProfileSkip bits: stages left out, for timing only
@@ -77,6 +81,7 @@ struct SharedStorage {
   uint64_t pull_full[kPullMaxSlots];  // row-pulling blocks: their slots live in epilogue
   uint64_t pull_empty[kPullMaxSlots];  // and ring.a/b until their pull is done
   TileQueue queue;
+  uint32_t ticket;  // this block's arrival ticket
 };
 // The GEMM memory a row-pulling block uses for whole-row slots: the epilogue buffers and the
 // stage ring's operand tiles, which lie back to back.
@@ -120,16 +125,18 @@ __global__ void __launch_bounds__(kGemmThreads, 1)
   const PullRing pull_ring{s.epilogue.out[0], s.pull_full, s.pull_empty, slots,
                            min(32, max(1, slots / kPullLanesDivisor))};
   if (threadIdx.x == 32) {
+    s.ticket = atomicAdd(a.arrivals, 1u);
     // The stage ring's and the queue's barriers do not overlap the pull's slots.
-    if (blockIdx.x < a.comm_blocks) init_pull_ring(pull_ring);
+    if (s.ticket < a.comm_blocks) init_pull_ring(pull_ring);
     init_tile_queue(s.queue);
     init_ring(s.ring);
   }
   __syncthreads();
+  const int ticket = static_cast<int>(s.ticket);
   const MacrobatchRing ring =
       MacrobatchRing::make(a.ring_mblocks, a.ring_slots, s.mblock_begin[E]);
 
-  if (blockIdx.x < a.comm_blocks) {
+  if (ticket < a.comm_blocks) {
     if (!(a.skip & kSkipPull)) {
       const RowPlacement placement{ring,
                                    MBlockTable{s.row_begin, s.mblock_begin, E},
@@ -141,7 +148,7 @@ __global__ void __launch_bounds__(kGemmThreads, 1)
                                    a.report};
       pull_rows_bulk(RowSource{a.peer_bases, a.tokens_offset, a.row_slot, a.per_rank, a.topk,
                                a.world},
-                     a.rows, a.hidden, blockIdx.x, a.comm_blocks, pull_ring, placement,
+                     a.rows, a.hidden, ticket, a.comm_blocks, pull_ring, placement,
                      a.rows_ready);
     }
     // Its rows are pulled (every slot's bulk store has completed): the block's shared memory
@@ -355,9 +362,9 @@ void moe_forward_megakernel(const at::Tensor& peer_bases, int64_t tokens_offset,
   MOK_HOST_CHECK(w1.stride(2) == 1 && w2.stride(2) == 1 && w1.stride(0) > 0 && w2.stride(0) > 0,
                  "moe_forward_megakernel: weights need contiguous rows and positive strides");
   MOK_HOST_CHECK(counters.scalar_type() == at::kInt && counters.is_contiguous() &&
-                     counters.numel() >= 2 * max_mblocks + max_macro + 1,
+                     counters.numel() >= 2 * max_mblocks + max_macro + 2,
                  "moe_forward_megakernel: counters must be int32 with >= ",
-                 2 * max_mblocks + max_macro + 1, " zeros");
+                 2 * max_mblocks + max_macro + 2, " zeros");
   // Without pulling (a profiling variant) no block needs to be a comm block.
   const int64_t min_comm = (profile_skip & kSkipPull) ? 0 : 1;
   MOK_HOST_CHECK(comm_blocks >= min_comm && comm_blocks < sms,
@@ -390,6 +397,7 @@ void moe_forward_megakernel(const at::Tensor& peer_bases, int64_t tokens_offset,
   args.fc1_done = args.rows_ready + max_mblocks;
   args.fc2_done = args.fc1_done + max_mblocks;
   args.tile_counter = args.fc2_done + max_macro;
+  args.arrivals = args.tile_counter + 1;
   args.ring_mblocks = static_cast<int>(ring_mblocks);
   args.ring_slots = static_cast<int>(ring_slots);
   args.minibatch_rows = static_cast<int>(minibatch_rows);

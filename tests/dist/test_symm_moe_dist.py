@@ -11,7 +11,6 @@ import torch
 import torch.distributed as dist
 
 import gpu_checks
-from mok_megatron.testing import ProblemSpec
 
 pytestmark = pytest.mark.dist
 
@@ -24,23 +23,7 @@ def group():
     return dist.group.WORLD
 
 
-def _spec(name, world, tokens=None, **kw):
-    base = dict(num_experts=4 * world, hidden=512, ffn=256, topk=4, dtype=torch.bfloat16,
-                probs_dtype=torch.float32)
-    base.update(kw)
-    return ProblemSpec(name, tokens or tuple(384 + 64 * r for r in range(world)), **base)
-
-
-def _specs(world):
-    return [
-        _spec("uniform", world),
-        _spec("zipf", world, routing="zipf", topk=6, seed=1),
-        _spec("hot", world, routing="hot", seed=2),
-        _spec("ragged_and_empty_rank", world, tokens=tuple(0 if r == world - 1 else 300 + 7 * r
-                                                           for r in range(world)), seed=3),
-        _spec("unused_slots", world, routing="no_last_expert", unused_fraction=0.25, seed=4),
-        _spec("geglu_k1", world, activation="geglu", topk=1, seed=5),
-    ]
+_specs = gpu_checks.ep_specs
 
 
 @pytest.mark.parametrize("index", range(6))
