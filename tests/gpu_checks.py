@@ -89,6 +89,13 @@ def run_emulated(problem, max_tokens: int, **knobs) -> list[dict]:
     thread and one stream per rank, all ranks' buffers poisoned first. Per-rank outputs."""
     world = problem.spec.world_size
     device = torch.device("cuda", torch.cuda.current_device())
+    # While one rank's barrier spins on the GPU, a host call that waits for the device would
+    # wait forever for the other rank's kernels it holds back; loading a kernel on first use
+    # may (CUDA's lazy loading). The same problem at EP=1 with the group's row capacity runs
+    # every kernel first (same shapes, so the same variants).
+    whole = ProblemSpec(**{**problem.spec.__dict__,
+                           "tokens_per_rank": (sum(problem.spec.tokens_per_rank),)})
+    run_cuda(whole.build(), 0, None, world * max_tokens, **knobs)
     rec = recipe(max_tokens, **knobs)
     inputs = [problem.local(r, device) for r in range(world)]
     layout = symm_moe.workspace_layout(inputs[0]["x"], inputs[0]["ids"], rec)
@@ -106,12 +113,16 @@ def run_emulated(problem, max_tokens: int, **knobs) -> list[dict]:
                     group[rank], x, ids, probs, w1, w2, activation=problem.spec.activation,
                     recipe=rec)
 
-            return run_layer(layer, inputs[rank])
+            # Outputs stay on the GPU: a copy to pageable host memory blocks in the driver
+            # until the stream gets there, and while it waits other threads' calls can stall
+            # behind it (seen: torch._grouped_mm's launch) - with this rank's stream held at a
+            # barrier by a rank whose launches are the stalled ones.
+            return run_layer(layer, inputs[rank], cpu=False)
 
     with ThreadPoolExecutor(world) as pool:
         outs = list(pool.map(rank_main, range(world)))
     torch.cuda.synchronize(device)
-    return outs
+    return [{name: t.cpu() for name, t in out.items()} for out in outs]
 
 
 def check_emulated_against_reference(spec: ProblemSpec, **knobs) -> dict[str, float]:
