@@ -146,6 +146,71 @@ def check_emulated_against_reference(spec: ProblemSpec, **knobs) -> dict[str, fl
     return errors
 
 
+def check_emulated_cuda_graph(spec: ProblemSpec, **knobs) -> None:
+    """check_cuda_graph for all ranks of `spec` emulated on one GPU: each rank captures its
+    forward + backward on its own stream (thread-local capture, concurrently, as the ranks
+    of one group would), the graphs are replayed together with new inputs, and give the
+    eager results bit for bit."""
+    world = spec.world_size
+    device = torch.device("cuda", torch.cuda.current_device())
+    second = ProblemSpec(**{**spec.__dict__, "seed": spec.seed + 1}).build()
+    max_tokens = max(spec.tokens_per_rank)
+    eager = concat_ranks(run_emulated(second, max_tokens, **knobs))
+
+    rec = recipe(max_tokens, **knobs)
+    static = [spec.build().local(r, device) for r in range(world)]
+    layout = symm_moe.workspace_layout(static[0]["x"], static[0]["ids"], rec)
+    group = Workspace.emulated_group(world, device, layout, rec.kernel.spin_timeout_ms)
+    streams = [torch.cuda.Stream(device) for _ in range(world)]
+    graphs = [torch.cuda.CUDAGraph() for _ in range(world)]
+    names = ("x", "probs", "w1", "w2")
+
+    def step(rank: int) -> torch.Tensor:
+        s = static[rank]
+        for n in names:
+            s[n].grad = None
+        y = symm_moe.moe_experts_on_workspace(group[rank], s["x"], s["ids"], s["probs"],
+                                              s["w1"], s["w2"], activation=spec.activation,
+                                              recipe=rec)
+        y.backward(s["dy"])
+        return y
+
+    def warm_up(rank: int) -> None:
+        torch.cuda.set_device(device)
+        with torch.cuda.stream(streams[rank]):
+            step(rank)
+
+    def capture(rank: int) -> torch.Tensor:
+        torch.cuda.set_device(device)
+        for n in names:
+            static[rank][n].grad = None
+        with torch.cuda.graph(graphs[rank], stream=streams[rank],
+                              capture_error_mode="thread_local"):
+            return step(rank)
+
+    with ThreadPoolExecutor(world) as pool:
+        list(pool.map(warm_up, range(world)))
+        torch.cuda.synchronize(device)
+        ys = list(pool.map(capture, range(world)))
+    torch.cuda.synchronize(device)
+
+    with torch.no_grad():
+        for rank in range(world):
+            new = second.local(rank, device)
+            for n in ("x", "ids", "probs", "w1", "w2", "dy"):
+                static[rank][n].copy_(new[n])
+    torch.cuda.synchronize(device)
+    for rank in range(world):  # each on its own stream: the ranks' barriers meet
+        with torch.cuda.stream(streams[rank]):
+            graphs[rank].replay()
+    torch.cuda.synchronize(device)
+    replayed = concat_ranks([
+        {"y": ys[r].detach().cpu(), "dx": static[r]["x"].grad.cpu(),
+         "dprobs": static[r]["probs"].grad.cpu(), "dw1": static[r]["w1"].grad.cpu(),
+         "dw2": static[r]["w2"].grad.cpu()} for r in range(world)])
+    assert_same_bits(eager, replayed, f"({spec.name}) between eager and graph replay")
+
+
 def check_emulated_settings(spec: ProblemSpec, settings: list[dict]) -> None:
     """All ranks of `spec` emulated on one GPU give the same bits under every one of
     `settings` (KernelKnobs fields), and - reported, not asserted - under EP=1."""

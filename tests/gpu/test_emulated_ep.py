@@ -2,8 +2,9 @@
 (Workspace.emulated_group: one buffer per rank, one thread and stream per rank), for the
 separate kernels and the forward megakernel - the schedule over every rank's routing, pulls
 from and pushes to the other ranks' buffers, the barriers, the fixed-order combine. The same
-checks as the torchrun tests (tests/dist), against the reference run on the whole problem;
-what only real GPUs test is NVLink itself (peer mappings, system-scope ordering)."""
+checks as the torchrun tests (tests/dist), against the reference run on the whole problem,
+and CUDA-graph replay; what only real GPUs test is NVLink itself (peer mappings,
+system-scope ordering between GPUs)."""
 
 import pytest
 
@@ -41,3 +42,9 @@ def test_megakernel_bit_identical_across_settings(world):
 def test_recomputed_backward_bit_identical_to_saved(world):
     spec = gpu_checks.ep_specs(world)[3]  # ragged, one rank without tokens
     gpu_checks.check_emulated_settings(spec, [{}, {"backward_inputs": "recomputed"}])
+
+
+@pytest.mark.parametrize("setting", SETTINGS)
+@pytest.mark.parametrize("world", [2, 4])
+def test_cuda_graph_replay(world, setting):
+    gpu_checks.check_emulated_cuda_graph(gpu_checks.ep_specs(world)[1], **SETTINGS[setting])
