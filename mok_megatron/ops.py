@@ -183,7 +183,7 @@ def moe_forward_megakernel(peer_bases, tokens_offset, slots_offset, offsets, row
                                        MACROBATCH_RING_SLOTS, timeout_ns, profile_skip)
 
 
-PROFILE_SKIP = {"pull": 1, "waits": 2, "fc1": 4, "fc2": 8}  # csrc megakernel ProfileSkip
+PROFILE_SKIP = {"pull": 1, "waits": 2, "fc1": 4, "fc2": 8, "stores": 16}  # csrc ProfileSkip
 
 
 # Macrobatches the megakernel's ring holds at once: FC2 lags FC1 by one macrobatch and the

@@ -2,7 +2,8 @@
 
 For each model shape: the whole megakernel at several row-pulling block counts, the same
 launch with a stage removed (ops.PROFILE_SKIP: no pull, no dependency waits, FC1 only, FC2
-only - their results are meaningless, only their time counts), and in the same run the
+only, either without its epilogue's stores - their results are meaningless, only their time
+counts), and in the same run the
 separate kernels that do the same work (pull_rows, FC1 and FC2 through the engine and through
 torch._grouped_mm, v1's activation kernel, push_rows). Routing is uniform top-k. The full
 megakernel's combine slots are checked bit for bit against the separate engine path first.
@@ -120,6 +121,11 @@ def run_case(model, variant: str, experts: int, tokens: int, comm_list, args) ->
     times["no_pull_no_waits_comm0"] = t(megakernel(p, 0, skip["pull"] | skip["waits"]))
     times["fc1_only_comm0"] = t(megakernel(p, 0, skip["pull"] | skip["fc2"]))
     times["fc2_only_comm0"] = t(megakernel(p, 0, skip["pull"] | skip["fc1"]))
+    # The epilogues' share: the same tiles with their stores left out.
+    times["fc1_only_no_stores_comm0"] = t(megakernel(p, 0, skip["pull"] | skip["fc2"]
+                                                     | skip["stores"]))
+    times["fc2_only_no_stores_comm0"] = t(megakernel(p, 0, skip["pull"] | skip["fc1"]
+                                                     | skip["stores"]))
     for name, fn in eng.items():
         times[f"engine_{name}"] = t(fn)
     for name in ("fc1", "fc2", "whole"):

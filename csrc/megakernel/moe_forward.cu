@@ -100,7 +100,14 @@ static_assert(kSharedBytes <= kMaxDynamicSmemBytes, "shared memory of one block 
 
 // Stages a profiling run leaves out (docs/perf-log.md: "time variants with a stage
 // removed"); any bit set makes the results meaningless, only the time counts.
-enum ProfileSkip : int { kSkipPull = 1, kSkipWaits = 2, kSkipFc1 = 4, kSkipFc2 = 8 };
+// kSkipStores: the epilogues compute but store nothing (FC1 tiles are still counted).
+enum ProfileSkip : int {
+  kSkipPull = 1,
+  kSkipWaits = 2,
+  kSkipFc1 = 4,
+  kSkipFc2 = 8,
+  kSkipStores = 16
+};
 
 template <int kAct>
 __global__ void __launch_bounds__(kGemmThreads, 1)
@@ -281,15 +288,17 @@ __global__ void __launch_bounds__(kGemmThreads, 1)
     if (w.fc1) {
       // The previous FC1 tile's stores drained during this tile's MMAs; count it now.
       if (pending_mblock >= 0) publish_fc1(pending_mblock);
-      store_rows_staged<kAct>(acc, buf, act_out, h_out, w.slot0 + kStagedRows * consumer, row0,
-                              w.rows_left >= kStagedRows * (consumer + 1), rows_valid,
-                              w.n_block * kFc1Cols, a.ffn, a.row_prob, consumer, leader);
+      if (!(a.skip & kSkipStores)) {
+        store_rows_staged<kAct>(acc, buf, act_out, h_out, w.slot0 + kStagedRows * consumer,
+                                row0, w.rows_left >= kStagedRows * (consumer + 1), rows_valid,
+                                w.n_block * kFc1Cols, a.ffn, a.row_prob, consumer, leader);
+      }
       pending_mblock = w.mblock;
       if (!may_defer(w.mblock, next)) {
         publish_fc1(pending_mblock);
         pending_mblock = -1;
       }
-    } else {
+    } else if (!(a.skip & kSkipStores)) {
       // Each result row goes to its (token, k) slot on the source rank.
       store_rows_scattered(acc, buf, rows_valid, w.n_block * kGemmBlockN, a.hidden,
                            consumer, [&](int r) {
@@ -370,8 +379,8 @@ void moe_forward_megakernel(const at::Tensor& peer_bases, int64_t tokens_offset,
   MOK_HOST_CHECK(comm_blocks >= min_comm && comm_blocks < sms,
                  "moe_forward_megakernel: comm_blocks ", comm_blocks, " must be in [", min_comm,
                  ", ", sms - 1, "]");
-  MOK_HOST_CHECK(profile_skip >= 0 && profile_skip < 16,
-                 "moe_forward_megakernel: profile_skip is a 4-bit mask");
+  MOK_HOST_CHECK(profile_skip >= 0 && profile_skip < 32,
+                 "moe_forward_megakernel: profile_skip is a 5-bit mask");
   MOK_HOST_CHECK(peer_bases.numel() >= 1 && peer_bases.numel() <= kMaxRanks,
                  "moe_forward_megakernel: 1..", kMaxRanks, " ranks, got ", peer_bases.numel());
   c10::cuda::CUDAGuard guard(rows.device());
