@@ -169,15 +169,10 @@ __global__ void __launch_bounds__(kGemmThreads, 1)
   const int fc1_kblocks = (a.hidden + kGemmBlockK - 1) / kGemmBlockK;
   const int fc2_kblocks = (a.ffn + kGemmBlockK - 1) / kGemmBlockK;
 
-  // Where tile t is: phase (FC1 or FC2), expert, m-block (global index), columns, its rows'
-  // place in the schedule (row0) and in rows / act (slot0: the same without the ring).
-  struct Where {
-    bool fc1;
-    int expert, mblock, n_block, row0, slot0, rows_left, k_blocks;
-  };
   auto locate = [&](int tile) {
     const PhaseTile pt = tile_at(ring, fc1_nblocks, fc2_nblocks, tile);
-    Where w;
+    QueuedTile w;
+    w.tile = tile;
     w.fc1 = pt.fc1;
     w.mblock = pt.mblock;
     w.n_block = pt.n_block;
@@ -185,7 +180,6 @@ __global__ void __launch_bounds__(kGemmThreads, 1)
     w.row0 = s.row_begin[w.expert] + (pt.mblock - s.mblock_begin[w.expert]) * kGemmBlockM;
     w.slot0 = ring.on ? static_cast<int>(ring.slot_row0(pt.mblock)) : w.row0;
     w.rows_left = s.row_begin[w.expert + 1] - w.row0;
-    w.k_blocks = w.fc1 ? fc1_kblocks : fc2_kblocks;
     return w;
   };
   // Profiling variants leave FC1 or FC2 tiles out: the producer passes over them (only those
@@ -212,10 +206,13 @@ __global__ void __launch_bounds__(kGemmThreads, 1)
     int ahead = take();
     for (int seq = 0;; ++seq) {
       const int tile = ahead;
-      if (tile >= 0) ahead = take();
-      push_tile(s.queue, seq, tile, a.timeout_ns, a.report);
-      if (tile < 0) break;
-      const Where w = locate(tile);
+      if (tile < 0) {
+        push_tile(s.queue, seq, QueuedTile{-1}, a.timeout_ns, a.report);
+        break;
+      }
+      ahead = take();
+      const QueuedTile w = locate(tile);
+      push_tile(s.queue, seq, w, a.timeout_ns, a.report);
       if (w.fc1 && wait_rows) {
         counter_wait(&a.rows_ready[w.mblock], min(w.rows_left, kGemmBlockM), a.timeout_ns,
                      kWaitRowsReady, tile, w.mblock, a.report);
@@ -224,7 +221,8 @@ __global__ void __launch_bounds__(kGemmThreads, 1)
                      kWaitFc1Done, tile, w.mblock, a.report);
       }
       fence_proxy_async_global();
-      produce_tile(s.ring, it, w.k_blocks, tile, a.timeout_ns, a.report, [&](int stage, int k0) {
+      const int k_blocks = w.fc1 ? fc1_kblocks : fc2_kblocks;
+      produce_tile(s.ring, it, k_blocks, tile, a.timeout_ns, a.report, [&](int stage, int k0) {
         uint64_t* full = &s.ring.full[stage];
         uint8_t* b = s.ring.b[stage];
         if (w.fc1) {
@@ -263,44 +261,43 @@ __global__ void __launch_bounds__(kGemmThreads, 1)
   // be an FC1 tile (FC1 waits for pulled rows only) whose rows' ring slot does not wait for
   // FC2 of j's macrobatch or a later one. With the ring, the next tile can lie many
   // macrobatches ahead (other blocks take the tiles in between).
-  // (The next tile's phase and m-block are decoded here and again when it runs: carrying its
-  // whole Where across the mainloop costs the consumers register spills.)
-  auto may_defer = [&](int mblock, int next) {
-    if (next < 0) return false;
-    const PhaseTile nt = tile_at(ring, fc1_nblocks, fc2_nblocks, next);
-    return nt.fc1 && (!ring.on || ring.macro_of(nt.mblock) - ring.slots < ring.macro_of(mblock));
+  auto may_defer = [&](int mblock, const QueuedTile& next) {
+    return next.tile >= 0 && next.fc1 &&
+           (!ring.on || ring.macro_of(next.mblock) - ring.slots < ring.macro_of(mblock));
   };
   int pending_mblock = -1;  // this block's last FC1 tile: stored, not yet counted
   float acc[kAccRegs];
-  int it = 0, seq = 0;
-  for (int tile = pop_tile(s.queue, seq++, a.timeout_ns, a.report); tile >= 0;) {
-    const Where w = locate(tile);
-    consume_tile(s.ring, it, w.k_blocks, tile, consumer, leader, acc, a.timeout_ns, a.report);
-    // The block's next tile (the producer took it once it had issued this tile's loads).
-    const int next = pop_tile(s.queue, seq++, a.timeout_ns, a.report);
-    if (!w.fc1 && leader) {
+  int it = 0;
+  for (int seq = 0;; ++seq) {
+    const QueuedTile& t = wait_tile(s.queue, seq, a.timeout_ns, a.report);
+    if (t.tile < 0) break;
+    consume_tile(s.ring, it, t.fc1 ? fc1_kblocks : fc2_kblocks, t.tile, consumer, leader, acc,
+                 a.timeout_ns, a.report);
+    // The block's next tile (the producer queued it once it had issued this tile's loads).
+    const QueuedTile& next = wait_tile(s.queue, seq + 1, a.timeout_ns, a.report);
+    if (!t.fc1 && leader) {
       // This warpgroup's MMAs have read all of the tile's act rows (wgmma_wait<0>): count it
       // toward freeing the macrobatch's ring slot.
-      red_release_gpu_add_u32(&a.fc2_done[ring.macro_of(w.mblock)], 1);
+      red_release_gpu_add_u32(&a.fc2_done[ring.macro_of(t.mblock)], 1);
     }
-    const int row0 = w.row0 + kStagedRows * consumer;
-    const int rows_valid = max(0, min(kStagedRows, w.rows_left - kStagedRows * consumer));
-    if (w.fc1) {
+    const int row0 = t.row0 + kStagedRows * consumer;
+    const int rows_valid = max(0, min(kStagedRows, t.rows_left - kStagedRows * consumer));
+    if (t.fc1) {
       // The previous FC1 tile's stores drained during this tile's MMAs; count it now.
       if (pending_mblock >= 0) publish_fc1(pending_mblock);
       if (!(a.skip & kSkipStores)) {
-        store_rows_staged<kAct>(acc, buf, act_out, h_out, w.slot0 + kStagedRows * consumer,
-                                row0, w.rows_left >= kStagedRows * (consumer + 1), rows_valid,
-                                w.n_block * kFc1Cols, a.ffn, a.row_prob, consumer, leader);
+        store_rows_staged<kAct>(acc, buf, act_out, h_out, t.slot0 + kStagedRows * consumer,
+                                row0, t.rows_left >= kStagedRows * (consumer + 1), rows_valid,
+                                t.n_block * kFc1Cols, a.ffn, a.row_prob, consumer, leader);
       }
-      pending_mblock = w.mblock;
-      if (!may_defer(w.mblock, next)) {
+      pending_mblock = t.mblock;
+      if (!may_defer(t.mblock, next)) {
         publish_fc1(pending_mblock);
         pending_mblock = -1;
       }
     } else if (!(a.skip & kSkipStores)) {
       // Each result row goes to its (token, k) slot on the source rank.
-      store_rows_scattered(acc, buf, rows_valid, w.n_block * kGemmBlockN, a.hidden,
+      store_rows_scattered(acc, buf, rows_valid, t.n_block * kGemmBlockN, a.hidden,
                            consumer, [&](int r) {
                              const int64_t flat = a.row_slot[row0 + r];
                              const int64_t peer = flat / a.per_rank;
@@ -309,7 +306,7 @@ __global__ void __launch_bounds__(kGemmThreads, 1)
                                     (flat - peer * a.per_rank) * a.hidden;
                            });
     }
-    tile = next;
+    release_tile(s.queue, seq);
   }
   bulk_wait<0>();  // this thread's row stores are complete before the kernel ends
 }
