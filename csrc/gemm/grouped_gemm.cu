@@ -91,16 +91,18 @@ __global__ void __launch_bounds__(kGemmThreads, 1)
   int it = 0;
   for (int tile = blockIdx.x; tile < num_tiles; tile += gridDim.x) {
     const TileCoord tc = decode_tile(s.mblock_begin, num_experts, n_blocks, tile);
-    consume_tile(s.ring, it, k_blocks, tile, consumer, leader, acc, timeout_ns, report);
     const int m_row0 = tc.m_block * kGemmBlockM;
     const int rows_left = s.row_begin[tc.expert + 1] - s.row_begin[tc.expert] - m_row0;
+    const int rows_valid = max(0, min(kStagedRows, rows_left - kStagedRows * consumer));
     const int row0 = s.row_begin[tc.expert] + m_row0 + kStagedRows * consumer;
+    float p[2];
+    load_row_probs<kAct>(row_prob, row0, rows_valid, p);
+    consume_tile(s.ring, it, k_blocks, tile, consumer, leader, acc, timeout_ns, report);
     store_rows_staged<kAct>(acc, s.epilogue.out[consumer],
                             EpilogueTensor{&out_map, out, out_stride},
-                            EpilogueTensor{&h_map, h_out, h_stride}, row0, row0,
-                            rows_left >= kStagedRows * (consumer + 1),
-                            max(0, min(kStagedRows, rows_left - kStagedRows * consumer)),
-                            tc.n_block * kTileN, n_out, row_prob, consumer, leader);
+                            EpilogueTensor{&h_map, h_out, h_stride}, row0,
+                            rows_left >= kStagedRows * (consumer + 1), rows_valid,
+                            tc.n_block * kTileN, n_out, p, consumer, leader);
   }
   if (leader) bulk_wait_read<0>();  // the last stores have read shared memory before exit
 }

@@ -265,12 +265,28 @@ __global__ void __launch_bounds__(kGemmThreads, 1)
     return next.tile >= 0 && next.fc1 &&
            (!ring.on || ring.macro_of(next.mblock) - ring.slots < ring.macro_of(mblock));
   };
+  // Rows of tile t this warpgroup owns (of its 64).
+  auto rows_valid = [&](const QueuedTile& t) {
+    return max(0, min(kStagedRows, t.rows_left - kStagedRows * consumer));
+  };
   int pending_mblock = -1;  // this block's last FC1 tile: stored, not yet counted
   float acc[kAccRegs];
   int it = 0;
   for (int seq = 0;; ++seq) {
     const QueuedTile& t = wait_tile(s.queue, seq, a.timeout_ns, a.report);
     if (t.tile < 0) break;
+    // What the epilogue reads per row - FC1: the rows' probs; FC2: where this thread's row
+    // goes - is loaded before the mainloop, so its latency hides behind the MMAs.
+    float p[2];
+    int flat = -1;  // FC2: the (source, token, k) slot of this thread's row, -1: none
+    {
+      const int row0 = t.row0 + kStagedRows * consumer;
+      if (t.fc1) {
+        load_row_probs<kAct>(a.row_prob, row0, rows_valid(t), p);
+      } else if (threadIdx.x % 128 < rows_valid(t)) {
+        flat = a.row_slot[row0 + threadIdx.x % 128];
+      }
+    }
     consume_tile(s.ring, it, t.fc1 ? fc1_kblocks : fc2_kblocks, t.tile, consumer, leader, acc,
                  a.timeout_ns, a.report);
     // The block's next tile (the producer queued it once it had issued this tile's loads).
@@ -280,15 +296,13 @@ __global__ void __launch_bounds__(kGemmThreads, 1)
       // toward freeing the macrobatch's ring slot.
       red_release_gpu_add_u32(&a.fc2_done[ring.macro_of(t.mblock)], 1);
     }
-    const int row0 = t.row0 + kStagedRows * consumer;
-    const int rows_valid = max(0, min(kStagedRows, t.rows_left - kStagedRows * consumer));
     if (t.fc1) {
       // The previous FC1 tile's stores drained during this tile's MMAs; count it now.
       if (pending_mblock >= 0) publish_fc1(pending_mblock);
       if (!(a.skip & kSkipStores)) {
         store_rows_staged<kAct>(acc, buf, act_out, h_out, t.slot0 + kStagedRows * consumer,
-                                row0, t.rows_left >= kStagedRows * (consumer + 1), rows_valid,
-                                t.n_block * kFc1Cols, a.ffn, a.row_prob, consumer, leader);
+                                t.rows_left >= kStagedRows * (consumer + 1), rows_valid(t),
+                                t.n_block * kFc1Cols, a.ffn, p, consumer, leader);
       }
       pending_mblock = t.mblock;
       if (!may_defer(t.mblock, next)) {
@@ -297,14 +311,13 @@ __global__ void __launch_bounds__(kGemmThreads, 1)
       }
     } else if (!(a.skip & kSkipStores)) {
       // Each result row goes to its (token, k) slot on the source rank.
-      store_rows_scattered(acc, buf, rows_valid, t.n_block * kGemmBlockN, a.hidden,
-                           consumer, [&](int r) {
-                             const int64_t flat = a.row_slot[row0 + r];
-                             const int64_t peer = flat / a.per_rank;
-                             return reinterpret_cast<__nv_bfloat16*>(a.peer_bases[peer] +
-                                                                     a.slots_offset) +
-                                    (flat - peer * a.per_rank) * a.hidden;
-                           });
+      __nv_bfloat16* dst = nullptr;
+      if (flat >= 0) {
+        const int peer = flat / a.per_rank;
+        dst = reinterpret_cast<__nv_bfloat16*>(a.peer_bases[peer] + a.slots_offset) +
+              int64_t(flat - peer * a.per_rank) * a.hidden;
+      }
+      store_rows_scattered(acc, buf, dst, t.n_block * kGemmBlockN, a.hidden, consumer);
     }
     release_tile(s.queue, seq);
   }

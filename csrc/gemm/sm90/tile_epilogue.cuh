@@ -148,28 +148,35 @@ __device__ __forceinline__ void store_round(uint8_t* buf, const EpilogueTensor& 
   }
 }
 
-// The whole epilogue of one consumer warpgroup for a tile whose rows are consecutive in the
-// output tensors: out, then (h.base != nullptr) h's gate and, gated, up halves, each a round
-// through the same buffer. row0 is the warpgroup's first row in the output tensors, prob_row0
-// its first row in row_prob; `full` says all 64 rows belong to the tile (decided by the caller
-// with its own comparison: when ptxas derived the branch from `rows_valid == 64` after a
-// min/max, partial blocks took the TMA path).
+// The router probs of this thread's two rows of its warpgroup's 64 (rows 16 warp + lane / 4
+// + 8i; 1 past rows_valid and for the plain epilogue), prob_row0 being the warpgroup's first
+// row in row_prob. Callers load them before the tile's mainloop, so the global loads' latency
+// hides behind the MMAs instead of opening the epilogue.
 template <int kAct>
-__device__ __forceinline__ void store_rows_staged(const float (&d)[kAccRegs], uint8_t* buf,
-                                                  const EpilogueTensor& out,
-                                                  const EpilogueTensor& h, int row0,
-                                                  int prob_row0, bool full, int rows_valid,
-                                                  int col0, int n_out,
-                                                  const float* __restrict__ row_prob,
-                                                  int consumer, bool leader) {
-  constexpr int kCols = tile_cols<kAct>();
+__device__ __forceinline__ void load_row_probs(const float* __restrict__ row_prob,
+                                               int prob_row0, int rows_valid, float (&p)[2]) {
   const int lane = threadIdx.x % 32, warp = (threadIdx.x % 128) / 32;
-  float p[2];
 #pragma unroll
   for (int i = 0; i < 2; ++i) {
     const int r = 16 * warp + lane / 4 + 8 * i;
     p[i] = (kAct == kPlain || r >= rows_valid) ? 1.f : row_prob[prob_row0 + r];
   }
+}
+
+// The whole epilogue of one consumer warpgroup for a tile whose rows are consecutive in the
+// output tensors: out, then (h.base != nullptr) h's gate and, gated, up halves, each a round
+// through the same buffer. row0 is the warpgroup's first row in the output tensors, p its
+// rows' probs (load_row_probs); `full` says all 64 rows belong to the tile (decided by the
+// caller with its own comparison: when ptxas derived the branch from `rows_valid == 64` after
+// a min/max, partial blocks took the TMA path).
+template <int kAct>
+__device__ __forceinline__ void store_rows_staged(const float (&d)[kAccRegs], uint8_t* buf,
+                                                  const EpilogueTensor& out,
+                                                  const EpilogueTensor& h, int row0, bool full,
+                                                  int rows_valid, int col0, int n_out,
+                                                  const float (&p)[2], int consumer,
+                                                  bool leader) {
+  constexpr int kCols = tile_cols<kAct>();
   store_round<kCols>(buf, out, 0, row0, full, rows_valid, col0, n_out, consumer, leader,
                      [&](int j, int i) { return output_pair<kAct>(d, j, i, p[i]); });
   if constexpr (kAct != kPlain) {
@@ -190,20 +197,16 @@ __device__ __forceinline__ void store_rows_staged(const float (&d)[kAccRegs], ui
   }
 }
 
-// FC2's epilogue in the megakernel: row r (< rows_valid) of this warpgroup's 64, columns
-// col0 .. col0 + kGemmBlockN (clipped at n_out), is stored to row_dst(r) + col0 by a 1-D bulk
-// copy that thread r issues. Every thread waits for its own previous copies to have read the
-// buffer before it is rewritten; copies still writing at kernel exit are waited for by the
-// caller (bulk_wait).
-template <class RowDst>
+// FC2's epilogue in the megakernel: row t (< rows_valid) of this warpgroup's 64, columns
+// col0 .. col0 + kGemmBlockN (clipped at n_out), is stored to dst + col0 by a 1-D bulk copy
+// that thread t issues (dst: that row's destination, null past rows_valid). Every thread
+// waits for its own previous copies to have read the buffer before it is rewritten; copies
+// still writing at kernel exit are waited for by the caller (bulk_wait).
 __device__ __forceinline__ void store_rows_scattered(const float (&d)[kAccRegs], uint8_t* buf,
-                                                     int rows_valid, int col0, int n_out,
-                                                     int consumer, RowDst row_dst) {
+                                                     __nv_bfloat16* dst, int col0, int n_out,
+                                                     int consumer) {
   const int t = threadIdx.x % 128;
   const int warp = t / 32, lane = t % 32;
-  // Before the barrier: compute this thread's row destination (its dependent global reads
-  // overlap the wait), and make sure its previous bulk copy is done reading.
-  __nv_bfloat16* dst = t < rows_valid ? row_dst(t) : nullptr;
   bulk_wait_read<0>();
   named_barrier_sync(kStagingBarrier + consumer, 128);
   uint8_t* base = buf + (16 * warp + lane / 4) * kScatterRowBytes + (lane % 4) * 4;
