@@ -15,7 +15,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("push_values", &mok::push_values);
 
   // schedule
-  m.def("route_keys", &mok::route_keys);
+  m.def("build_schedule", &mok::build_schedule);
 
   // epilogues
   m.def("activation_forward", &mok::activation_forward);

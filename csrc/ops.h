@@ -15,11 +15,11 @@ void peer_barrier(const at::Tensor& peer_bases, int64_t flags_offset, at::Tensor
                   int64_t stage);
 void stall_for_test(at::Tensor& flag, int64_t rank, int64_t timeout_ns);
 
-// schedule/route_keys.cu
-void route_keys(const at::Tensor& peer_bases, int64_t ids_offset, int64_t probs_offset,
-                int64_t count_offset, int64_t world, int64_t max_tokens, int64_t topk,
-                int64_t expert_begin, const at::Tensor& expert_position, at::Tensor& keys,
-                at::Tensor& probs_out);
+// schedule/build_schedule.cu
+void build_schedule(const at::Tensor& peer_bases, int64_t ids_offset, int64_t probs_offset,
+                    int64_t count_offset, int64_t world, int64_t max_tokens, int64_t topk,
+                    int64_t expert_begin, const at::Tensor& expert_position, at::Tensor& offsets,
+                    at::Tensor& row_slot, at::Tensor& row_prob);
 
 // comm/rows.cu
 void pull_rows(const at::Tensor& peer_bases, int64_t src_offset, const at::Tensor& row_slot,

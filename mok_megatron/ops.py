@@ -72,13 +72,18 @@ def stall_for_test(flag: torch.Tensor, rank: int, timeout_ns: int) -> None:
     extension().stall_for_test(flag, rank, timeout_ns)
 
 
-def route_keys(peer_bases, ids_offset, probs_offset, count_offset, world, max_tokens, topk,
-               expert_begin, expert_position, keys, probs_out):
+def build_schedule(peer_bases, ids_offset, probs_offset, count_offset, world, max_tokens,
+                   topk, expert_begin, expert_position, offsets, row_slot, row_prob):
+    """This rank's rows from every rank's published routing, in (expert position, source,
+    token, slot) order: offsets [E + 1] (int32), row_slot and row_prob [world * max_tokens *
+    topk] (the first offsets[E] entries written)."""
     _cuda("expert_position", expert_position, torch.int32)
-    _cuda("keys", keys, torch.int64)
-    _cuda("probs_out", probs_out, torch.float32)
-    extension().route_keys(peer_bases, ids_offset, probs_offset, count_offset, world,
-                           max_tokens, topk, expert_begin, expert_position, keys, probs_out)
+    _cuda("offsets", offsets, torch.int32)
+    _cuda("row_slot", row_slot, torch.int32)
+    _cuda("row_prob", row_prob, torch.float32)
+    extension().build_schedule(peer_bases, ids_offset, probs_offset, count_offset, world,
+                               max_tokens, topk, expert_begin, expert_position, offsets,
+                               row_slot, row_prob)
 
 
 def pull_rows(peer_bases, src_offset, row_slot, num_rows, max_tokens, topk, out):

@@ -5,7 +5,7 @@ on the GPU, the grouped GEMMs (``torch._grouped_mm``) take device-side offsets, 
 movers and epilogues read the row count from device memory. Per call, on each rank:
 
 forward   publish x, ids, probs, T into the workspace | barrier
-          schedule: routing keys from every rank's routing, sorted -> per-expert row lists
+          schedule: every rank's routing -> per-expert row lists (GPU counting sort)
           pull x rows from their source ranks | FC1 | act * p | FC2
           push result rows to (source rank, token, k) slots | barrier
           fixed-order k-sum of our own slots -> y
@@ -68,19 +68,16 @@ def _expert_position(order: list, device: torch.device) -> torch.Tensor:
 
 
 def _schedule(ws: Workspace, topk: int, num_local: int, position: torch.Tensor):
-    """Rows this rank owns, in (expert position, source rank, token, k) order."""
-    max_tokens = ws.layout.max_tokens
-    n = ws.world * max_tokens * topk
-    keys = torch.empty(n, dtype=torch.int64, device=ws.device)
-    probs = torch.empty(n, dtype=torch.float32, device=ws.device)
+    """Rows this rank owns, in (expert position, source rank, token, k) order: offsets, and
+    per row its flat (source, token, k) slot and router prob (one GPU counting sort)."""
+    n = ws.world * ws.layout.max_tokens * topk
+    offsets = torch.empty(num_local + 1, dtype=torch.int32, device=ws.device)
+    row_slot = torch.empty(n, dtype=torch.int32, device=ws.device)
+    row_prob = torch.empty(n, dtype=torch.float32, device=ws.device)
     o = ws.offsets
-    ops.route_keys(ws.peer_bases, o["ids"], o["probs"], o["count"], ws.world, max_tokens, topk,
-                   ws.rank * num_local, position, keys, probs)
-    sorted_keys = torch.sort(keys).values
-    bounds = torch.arange(num_local + 1, device=ws.device, dtype=torch.int64) * n
-    offsets = torch.searchsorted(sorted_keys, bounds).to(torch.int32)
-    row_slot = torch.remainder(sorted_keys, n).to(torch.int32)
-    row_prob = probs[row_slot.long()]
+    ops.build_schedule(ws.peer_bases, o["ids"], o["probs"], o["count"], ws.world,
+                       ws.layout.max_tokens, topk, ws.rank * num_local, position, offsets,
+                       row_slot, row_prob)
     return offsets, row_slot, row_prob
 
 

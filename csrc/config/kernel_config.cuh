@@ -17,8 +17,12 @@ constexpr int kRowBytesAlign = 16;
 constexpr int kActThreads = 256;
 constexpr int kReduceThreads = 256;
 
-// Routing keys: a grid-stride loop; blocks per SM for the persistent launches.
-constexpr int kKeysThreads = 256;
+// Schedule (schedule/build_schedule.cu): tiles of consecutive (source, token, slot) entries,
+// one block each; the scan over tiles is one block.
+constexpr int kScheduleThreads = 256;
+constexpr int kScheduleTileSlots = 4096;
+constexpr int kScheduleScanThreads = 1024;
+// Blocks per SM for the grid-stride elementwise / row kernels.
 constexpr int kBlocksPerSm = 4;
 
 // Barrier flag channels in the workspace (one per independent signalling sequence).

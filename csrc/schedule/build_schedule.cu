@@ -1,0 +1,216 @@
+// The schedule: which rows this rank's experts compute, in one fixed order. Every owner reads
+// all ranks' published routing through peer memory; for each (source rank, token, slot),
+//   flat = source * max_tokens * topk + token * topk + slot,
+// a slot routed to one of our experts becomes a row. Rows are ordered by expert position,
+// then by flat (source rank, token, slot) - whatever the arrival timing: this is what makes
+// results deterministic.
+//
+// A counting sort in three kernels, all on the GPU (no host sync), over tiles of
+// kScheduleTileSlots consecutive flats:
+//   count  each tile reads its slots' routing, keeps (position, prob) per slot and counts
+//          rows per expert position (shared-memory histogram, order free);
+//   scan   one block: per position, each tile's first row (exclusive scan of the counts
+//          over tiles, in tile order, after the positions before it) and offsets;
+//   place  each tile walks its slots in flat order, 32 per warp and the block's warps in
+//          order, and gives each row its place: the tile's cursor for that position + rows
+//          of it in earlier warps of the step + its rank among equal lanes (match_any).
+// Stable, so the order is the one a sort of (position, flat) keys would give.
+#include <ATen/cuda/CUDAContext.h>
+#include <torch/extension.h>
+
+#include "common/error.cuh"
+#include "config/kernel_config.cuh"
+#include "ops.h"
+
+namespace mok {
+namespace {
+
+constexpr int kWarps = kScheduleThreads / 32;
+constexpr int kSteps = kScheduleTileSlots / kScheduleThreads;
+static_assert(kScheduleTileSlots % kScheduleThreads == 0 && kScheduleThreads % 32 == 0,
+              "a tile is whole steps of whole warps");
+
+struct Routing {
+  const int64_t* peer_bases;
+  int64_t ids_offset, probs_offset, count_offset;
+  int world;
+  int64_t max_tokens;
+  int topk, expert_begin, num_local;
+  const int32_t* expert_position;  // [num_local] local expert -> position
+};
+
+__global__ void schedule_count_kernel(const Routing r, int64_t n, int32_t* __restrict__ pos,
+                                      float* __restrict__ prob, int32_t* __restrict__ counts) {
+  extern __shared__ int32_t hist[];  // [num_local]
+  __shared__ int32_t tokens_of[kMaxRanks];
+  for (int e = threadIdx.x; e < r.num_local; e += blockDim.x) hist[e] = 0;
+  if (threadIdx.x < r.world) {
+    tokens_of[threadIdx.x] =
+        *reinterpret_cast<const int32_t*>(r.peer_bases[threadIdx.x] + r.count_offset);
+  }
+  __syncthreads();
+  const int64_t per_rank = r.max_tokens * r.topk;
+  const int64_t tile0 = int64_t(blockIdx.x) * kScheduleTileSlots;
+#pragma unroll 4
+  for (int step = 0; step < kSteps; ++step) {
+    const int64_t flat = tile0 + step * kScheduleThreads + threadIdx.x;
+    if (flat >= n) break;
+    const int src = static_cast<int>(flat / per_rank);
+    const int64_t local = flat - src * per_rank;
+    int p = -1;
+    float pr = 0.f;
+    if (local / r.topk < tokens_of[src]) {
+      const int32_t id =
+          reinterpret_cast<const int32_t*>(r.peer_bases[src] + r.ids_offset)[local];
+      const int e = id - r.expert_begin;
+      if (id >= 0 && e >= 0 && e < r.num_local) {
+        p = r.expert_position[e];
+        pr = reinterpret_cast<const float*>(r.peer_bases[src] + r.probs_offset)[local];
+        atomicAdd(&hist[p], 1);
+      }
+    }
+    pos[flat] = p;
+    prob[flat] = pr;
+  }
+  __syncthreads();
+  for (int e = threadIdx.x; e < r.num_local; e += blockDim.x) {
+    counts[int64_t(blockIdx.x) * r.num_local + e] = hist[e];
+  }
+}
+
+// One block of kScheduleScanThreads: counts [tiles, E] -> first [tiles, E], each tile's first
+// row per position, and offsets [E + 1].
+__global__ void schedule_scan_kernel(const int32_t* __restrict__ counts, int tiles,
+                                     int num_local, int32_t* __restrict__ first,
+                                     int32_t* __restrict__ offsets) {
+  __shared__ int32_t carry;
+  __shared__ int32_t warp_sums[kScheduleScanThreads / 32];
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+  if (threadIdx.x == 0) carry = 0;
+  __syncthreads();
+  for (int e0 = 0; e0 < num_local; e0 += blockDim.x) {
+    const int e = e0 + threadIdx.x;
+    int total = 0;
+    if (e < num_local) {
+#pragma unroll 8
+      for (int t = 0; t < tiles; ++t) total += counts[int64_t(t) * num_local + e];
+    }
+    // Exclusive scan of the totals over this round's positions, after the rounds before.
+    int incl = total;
+#pragma unroll
+    for (int d = 1; d < 32; d *= 2) {
+      const int v = __shfl_up_sync(0xffffffffu, incl, d);
+      if (lane >= d) incl += v;
+    }
+    if (lane == 31) warp_sums[warp] = incl;
+    __syncthreads();
+    int before = carry;
+    for (int w = 0; w < warp; ++w) before += warp_sums[w];
+    before += incl - total;
+    if (e < num_local) {
+      offsets[e] = before;
+      int run = before;
+#pragma unroll 8
+      for (int t = 0; t < tiles; ++t) {
+        first[int64_t(t) * num_local + e] = run;
+        run += counts[int64_t(t) * num_local + e];
+      }
+    }
+    __syncthreads();
+    if (threadIdx.x == blockDim.x - 1) carry = before + total;
+    __syncthreads();
+  }
+  if (threadIdx.x == 0) offsets[num_local] = carry;
+}
+
+__global__ void schedule_place_kernel(const int32_t* __restrict__ pos,
+                                      const float* __restrict__ prob,
+                                      const int32_t* __restrict__ first, int64_t n,
+                                      int num_local, int32_t* __restrict__ row_slot,
+                                      float* __restrict__ row_prob) {
+  extern __shared__ int32_t smem[];
+  int32_t* cursor = smem;                 // [num_local] next row of each position
+  int32_t* in_warp = smem + num_local;    // [kWarps][num_local] rows per warp this step
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+  for (int e = threadIdx.x; e < num_local; e += blockDim.x) {
+    cursor[e] = first[int64_t(blockIdx.x) * num_local + e];
+    for (int w = 0; w < kWarps; ++w) in_warp[w * num_local + e] = 0;
+  }
+  __syncthreads();
+  const int64_t tile0 = int64_t(blockIdx.x) * kScheduleTileSlots;
+  // Every step's slot is loaded up front: the steps then wait on each other only through
+  // shared memory.
+  int p_of[kSteps];
+  float prob_of[kSteps];
+#pragma unroll
+  for (int step = 0; step < kSteps; ++step) {
+    const int64_t flat = tile0 + step * kScheduleThreads + threadIdx.x;
+    p_of[step] = flat < n ? pos[flat] : -1;
+    prob_of[step] = flat < n ? prob[flat] : 0.f;
+  }
+#pragma unroll
+  for (int step = 0; step < kSteps; ++step) {
+    const int64_t flat = tile0 + step * kScheduleThreads + threadIdx.x;
+    const int p = p_of[step];
+    const unsigned same = __match_any_sync(0xffffffffu, p);
+    const bool group_leader = lane == __ffs(same) - 1;
+    if (p >= 0 && group_leader) in_warp[warp * num_local + p] = __popc(same);
+    __syncthreads();
+    if (p >= 0) {
+      int dest = cursor[p] + __popc(same & ((1u << lane) - 1u));
+      for (int w = 0; w < warp; ++w) dest += in_warp[w * num_local + p];
+      row_slot[dest] = static_cast<int32_t>(flat);
+      row_prob[dest] = prob_of[step];
+    }
+    __syncthreads();
+    if (p >= 0 && group_leader) {
+      atomicAdd(&cursor[p], __popc(same));
+      in_warp[warp * num_local + p] = 0;
+    }
+    __syncthreads();
+  }
+}
+
+}  // namespace
+
+void build_schedule(const at::Tensor& peer_bases, int64_t ids_offset, int64_t probs_offset,
+                    int64_t count_offset, int64_t world, int64_t max_tokens, int64_t topk,
+                    int64_t expert_begin, const at::Tensor& expert_position, at::Tensor& offsets,
+                    at::Tensor& row_slot, at::Tensor& row_prob) {
+  MOK_HOST_CHECK(world >= 1 && world <= kMaxRanks, "EP size ", world, " outside [1, ",
+                 kMaxRanks, "]");
+  const int64_t num_local = expert_position.numel();
+  const int64_t n = world * max_tokens * topk;
+  MOK_HOST_CHECK(num_local >= 1 && num_local <= kGemmMaxExperts, "build_schedule: 1..",
+                 kGemmMaxExperts, " local experts, got ", num_local);
+  MOK_HOST_CHECK(n < (int64_t(1) << 31), "build_schedule: ", n,
+                 " slots (EP x max_tokens x topk) exceed int32 row indices");
+  MOK_HOST_CHECK(offsets.numel() == num_local + 1 && row_slot.numel() == n &&
+                     row_prob.numel() == n,
+                 "build_schedule: offsets [E + 1], row_slot and row_prob [", n, "]");
+  const int64_t tiles = (n + kScheduleTileSlots - 1) / kScheduleTileSlots;
+  auto i32 = expert_position.options().dtype(at::kInt);
+  at::Tensor pos = at::empty({n}, i32);
+  at::Tensor prob = at::empty({n}, expert_position.options().dtype(at::kFloat));
+  at::Tensor counts = at::empty({tiles, num_local}, i32);
+  at::Tensor first = at::empty({tiles, num_local}, i32);
+  auto stream = at::cuda::getCurrentCUDAStream();
+  const Routing r{peer_bases.data_ptr<int64_t>(), ids_offset, probs_offset, count_offset,
+                  static_cast<int>(world), max_tokens, static_cast<int>(topk),
+                  static_cast<int>(expert_begin), static_cast<int>(num_local),
+                  expert_position.data_ptr<int32_t>()};
+  schedule_count_kernel<<<tiles, kScheduleThreads, num_local * sizeof(int32_t), stream>>>(
+      r, n, pos.data_ptr<int32_t>(), prob.data_ptr<float>(), counts.data_ptr<int32_t>());
+  MOK_LAUNCH_CHECK();
+  schedule_scan_kernel<<<1, kScheduleScanThreads, 0, stream>>>(
+      counts.data_ptr<int32_t>(), static_cast<int>(tiles), static_cast<int>(num_local),
+      first.data_ptr<int32_t>(), offsets.data_ptr<int32_t>());
+  MOK_LAUNCH_CHECK();
+  const size_t place_smem = (1 + kWarps) * num_local * sizeof(int32_t);
+  schedule_place_kernel<<<tiles, kScheduleThreads, place_smem, stream>>>(
+      pos.data_ptr<int32_t>(), prob.data_ptr<float>(), first.data_ptr<int32_t>(), n,
+      static_cast<int>(num_local), row_slot.data_ptr<int32_t>(), row_prob.data_ptr<float>());
+  MOK_LAUNCH_CHECK();
+}
+
+}  // namespace mok

@@ -1,0 +1,93 @@
+"""Where one MoE forward's time goes on one GPU (EP=1): every kernel of the mok forward
+(functional.moe_experts, CUDA backend) with its GPU time, from torch.profiler, next to the
+forward's wall time per call - the part the persistent kernel does not cover (schedule,
+publish copies, barriers, reduction, launch gaps) is the difference.
+
+    python scripts/trace_forward.py --model qwen3_30b_a3b_like --experts 8 --tokens 2048 \
+        --forward-kernel megakernel --out trace.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections import defaultdict
+from pathlib import Path
+
+import torch
+from torch.profiler import ProfilerActivity, profile
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+
+from mok_megatron.config import KernelKnobs, Recipe, load_model  # noqa: E402
+from mok_megatron.functional import moe_experts  # noqa: E402
+
+
+def main(argv=None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--model", default="qwen3_30b_a3b_like")
+    ap.add_argument("--experts", type=int, default=8)
+    ap.add_argument("--tokens", type=int, default=2048)
+    ap.add_argument("--forward-kernel", default="megakernel", choices=["separate", "megakernel"])
+    ap.add_argument("--comm-sms", type=int, default=12)
+    ap.add_argument("--iters", type=int, default=20)
+    ap.add_argument("--out", type=Path)
+    args = ap.parse_args(argv)
+
+    model = load_model(args.model)
+    H, F, K, E, T = (model.hidden_size, model.moe_ffn_hidden_size, model.topk, args.experts,
+                     args.tokens)
+    g = torch.Generator(device="cuda").manual_seed(0)
+    x = torch.randn(T, H, device="cuda", generator=g).bfloat16()
+    ids = torch.rand(T, E, device="cuda", generator=g).topk(K, dim=1).indices
+    probs = torch.rand(T, K, device="cuda", generator=g)
+    w1 = (torch.randn(E, 2 * F, H, device="cuda", generator=g) * H**-0.5).bfloat16()
+    w2 = (torch.randn(E, H, F, device="cuda", generator=g) * F**-0.5).bfloat16()
+    recipe = Recipe(name="trace", backend="cuda",
+                    kernel=KernelKnobs(max_tokens_per_rank=T, forward_kernel=args.forward_kernel,
+                                       comm_sms_forward=args.comm_sms))
+
+    def forward():
+        with torch.no_grad():
+            return moe_experts(x, ids, probs, w1, w2, group=None, activation="swiglu",
+                               recipe=recipe)
+
+    for _ in range(5):
+        forward()
+    torch.cuda.synchronize()
+    start, stop = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    for _ in range(args.iters):
+        forward()
+    stop.record()
+    torch.cuda.synchronize()
+    wall_ms = start.elapsed_time(stop) / args.iters
+
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(args.iters):
+            forward()
+        torch.cuda.synchronize()
+    per_kernel = defaultdict(lambda: [0.0, 0])
+    for ev in prof.events():
+        if ev.device_type == torch.autograd.DeviceType.CUDA:
+            entry = per_kernel[ev.name[:90]]
+            entry[0] += ev.device_time_total / 1e3 / args.iters
+            entry[1] += 1
+    rows = sorted(((name, ms, n // args.iters) for name, (ms, n) in per_kernel.items()),
+                  key=lambda r: -r[1])
+    gpu_ms = sum(ms for _, ms, _ in rows)
+    print(f"{args.model} E={E} T={T} {args.forward_kernel}: forward {wall_ms:.3f} ms per call, "
+          f"kernels {gpu_ms:.3f} ms ({sum(n for *_, n in rows)} launches)")
+    for name, ms, n in rows:
+        print(f"  {ms:8.3f} ms  x{n:<3} {name}")
+    if args.out:
+        args.out.write_text(json.dumps({
+            "command": " ".join([Path(sys.argv[0]).name, *sys.argv[1:]]),
+            "gpu": torch.cuda.get_device_name(), "forward_ms": wall_ms, "kernels_ms": gpu_ms,
+            "kernels": [{"name": n, "ms": ms, "launches": c} for n, ms, c in rows]}, indent=1))
+
+
+if __name__ == "__main__":
+    main()
