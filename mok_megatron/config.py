@@ -78,8 +78,12 @@ class KernelKnobs:
     # forward_kernel: megakernel and backward_inputs: recomputed (otherwise forward keeps every
     # row for backward anyway); rounded up to 128-row m-blocks.
     macrobatch_tokens: int = _bounded(16384, min=1)
-    # Multiplier on the GPU-built schedule's per-expert capacity.
-    schedule_capacity: float = _bounded(1.0, gt=0.0)
+    # Rows a rank's schedule and forward buffers hold, as a fraction of the worst case (every
+    # slot of every rank routed to this rank: EP · max_tokens_per_rank · topk rows). 1.0 can
+    # never overflow; less saves memory (with backward_inputs: saved the kept rows and h are
+    # sized by it) and a routing that needs more stops with an error naming the rows it
+    # needed - no token is ever dropped.
+    schedule_capacity: float = _bounded(1.0, gt=0.0, max=1.0)
     # Forward kernels: "separate" (v1: row movers, torch grouped GEMMs, epilogue kernels) or
     # "megakernel" (one persistent launch; comm_sms_forward blocks pull rows).
     forward_kernel: Literal["separate", "megakernel"] = "separate"
@@ -287,7 +291,6 @@ def _check_bounds(bounds: dict[str, float], value: Any, key: str) -> None:
 # move one from its default only where it is read, so nobody tunes a setting that changes
 # nothing.
 _CONDITIONAL_KNOBS = (
-    ("schedule_capacity", lambda k: False, "nothing reads it yet"),
     ("minibatch_tokens", lambda k: k.forward_kernel == "megakernel",
      "only forward_kernel: megakernel reads it"),
     ("macrobatch_tokens",

@@ -75,8 +75,9 @@ def stall_for_test(flag: torch.Tensor, rank: int, timeout_ns: int) -> None:
 def build_schedule(peer_bases, ids_offset, probs_offset, count_offset, world, max_tokens,
                    topk, expert_begin, expert_position, offsets, row_slot, row_prob):
     """This rank's rows from every rank's published routing, in (expert position, source,
-    token, slot) order: offsets [E + 1] (int32), row_slot and row_prob [world * max_tokens *
-    topk] (the first offsets[E] entries written)."""
+    token, slot) order: offsets [E + 1] (int32), row_slot and row_prob [capacity] (at most
+    world * max_tokens * topk; the first offsets[E] entries written). More rows than the
+    capacity stop the kernels with a SCHEDULE OVERFLOW report."""
     _cuda("expert_position", expert_position, torch.int32)
     _cuda("offsets", offsets, torch.int32)
     _cuda("row_slot", row_slot, torch.int32)

@@ -23,6 +23,7 @@ or only the schedule ("recomputed").
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Optional
 
@@ -51,6 +52,7 @@ class _Plan:
     recompute: bool  # backward pulls the rows again and recomputes h (kernel.backward_inputs)
     ring_mblocks: int  # megakernel with recompute: m-blocks per macrobatch of its ring
     minibatch_rows: int  # megakernel: rows its pull publishes together
+    schedule_capacity: float  # rows of the schedule and forward buffers, of the worst case
 
 
 _positions: dict[tuple, torch.Tensor] = {}
@@ -67,13 +69,21 @@ def _expert_position(order: list, device: torch.device) -> torch.Tensor:
     return _positions[key]
 
 
-def _schedule(ws: Workspace, topk: int, num_local: int, position: torch.Tensor):
+def schedule_rows(world: int, max_tokens: int, topk: int, capacity: float) -> int:
+    """Rows a rank's schedule holds: `capacity` (kernel.schedule_capacity) of the worst case,
+    every slot of every rank routed to it."""
+    worst = world * max_tokens * topk
+    return max(1, min(worst, math.ceil(capacity * worst)))
+
+
+def _schedule(ws: Workspace, topk: int, num_local: int, position: torch.Tensor,
+              capacity: float):
     """Rows this rank owns, in (expert position, source rank, token, k) order: offsets, and
     per row its flat (source, token, k) slot and router prob (one GPU counting sort)."""
-    n = ws.world * ws.layout.max_tokens * topk
+    rows = schedule_rows(ws.world, ws.layout.max_tokens, topk, capacity)
     offsets = torch.empty(num_local + 1, dtype=torch.int32, device=ws.device)
-    row_slot = torch.empty(n, dtype=torch.int32, device=ws.device)
-    row_prob = torch.empty(n, dtype=torch.float32, device=ws.device)
+    row_slot = torch.empty(rows, dtype=torch.int32, device=ws.device)
+    row_prob = torch.empty(rows, dtype=torch.float32, device=ws.device)
     o = ws.offsets
     ops.build_schedule(ws.peer_bases, o["ids"], o["probs"], o["count"], ws.world,
                        ws.layout.max_tokens, topk, ws.rank * num_local, position, offsets,
@@ -108,7 +118,8 @@ class _SymmMoE(torch.autograd.Function):
         ws.probs(T, K).copy_(probs)
         ws.barrier(ops.Stage.FORWARD_PUBLISHED)
 
-        offsets, row_slot, row_prob = _schedule(ws, K, plan.num_local, plan.position)
+        offsets, row_slot, row_prob = _schedule(ws, K, plan.num_local, plan.position,
+                                                plan.schedule_capacity)
         num_rows = offsets[plan.num_local:]
         offs = offsets[1:]
         cap = row_slot.numel()
@@ -271,6 +282,6 @@ def moe_experts_on_workspace(ws: Workspace, x, ids, probs, w1, w2, *, activation
     plan = _Plan(ws, activation, num_local, w1_stack, w2_stack, order, position,
                  recipe.kernel.forward_kernel == "megakernel", recipe.kernel.comm_sms_forward,
                  recompute, -(-recipe.kernel.macrobatch_tokens // ops.MEGAKERNEL_BLOCK_M),
-                 recipe.kernel.minibatch_tokens)
+                 recipe.kernel.minibatch_tokens, recipe.kernel.schedule_capacity)
     w_inputs = (w1, w2) if order is None else (*w1, *w2)
     return _SymmMoE.apply(x.contiguous(), ids, probs, plan, *w_inputs)

@@ -11,7 +11,8 @@ gives bit-identical outputs, and writes the fastest as a recipe: the base recipe
     torchrun --nproc-per-node 2 scripts/sweep_knobs.py --model deepseek_v3_like \
         --tokens 4096 --out configs/recipes/bf16_dsv3_ep2.yaml
 
-schedule_capacity is written back unchanged (nothing reads it yet).
+schedule_capacity is written back unchanged: it bounds memory, not time (the routing's
+imbalance decides how low it can go).
 """
 
 from __future__ import annotations

@@ -14,7 +14,9 @@
 //   place  each tile walks its slots in flat order, 32 per warp and the block's warps in
 //          order, and gives each row its place: the tile's cursor for that position + rows
 //          of it in earlier warps of the step + its rank among equal lanes (match_any).
-// Stable, so the order is the one a sort of (position, flat) keys would give.
+// Stable, so the order is the one a sort of (position, flat) keys would give. The row arrays
+// hold `capacity` rows (kernel.schedule_capacity of the worst case); a routing that needs more
+// stops in the scan with a report naming the rows it needed (no row is ever dropped).
 #include <ATen/cuda/CUDAContext.h>
 #include <torch/extension.h>
 
@@ -81,7 +83,8 @@ __global__ void schedule_count_kernel(const Routing r, int64_t n, int32_t* __res
 // One block of kScheduleScanThreads: counts [tiles, E] -> first [tiles, E], each tile's first
 // row per position, and offsets [E + 1].
 __global__ void schedule_scan_kernel(const int32_t* __restrict__ counts, int tiles,
-                                     int num_local, int32_t* __restrict__ first,
+                                     int num_local, int64_t capacity, int rank,
+                                     int32_t* __restrict__ first,
                                      int32_t* __restrict__ offsets) {
   __shared__ int32_t carry;
   __shared__ int32_t warp_sums[kScheduleScanThreads / 32];
@@ -120,13 +123,22 @@ __global__ void schedule_scan_kernel(const int32_t* __restrict__ counts, int til
     if (threadIdx.x == blockDim.x - 1) carry = before + total;
     __syncthreads();
   }
-  if (threadIdx.x == 0) offsets[num_local] = carry;
+  if (threadIdx.x == 0) {
+    offsets[num_local] = carry;
+    if (carry > capacity) {
+      printf("mok_megatron: SCHEDULE OVERFLOW rank %d: %d rows routed to its experts, "
+             "capacity %lld rows; raise kernel.schedule_capacity\n",
+             rank, carry, (long long)capacity);
+      __trap();
+    }
+  }
 }
 
 __global__ void schedule_place_kernel(const int32_t* __restrict__ pos,
                                       const float* __restrict__ prob,
                                       const int32_t* __restrict__ first, int64_t n,
-                                      int num_local, int32_t* __restrict__ row_slot,
+                                      int num_local, int64_t capacity,
+                                      int32_t* __restrict__ row_slot,
                                       float* __restrict__ row_prob) {
   extern __shared__ int32_t smem[];
   int32_t* cursor = smem;                 // [num_local] next row of each position
@@ -159,8 +171,10 @@ __global__ void schedule_place_kernel(const int32_t* __restrict__ pos,
     if (p >= 0) {
       int dest = cursor[p] + __popc(same & ((1u << lane) - 1u));
       for (int w = 0; w < warp; ++w) dest += in_warp[w * num_local + p];
-      row_slot[dest] = static_cast<int32_t>(flat);
-      row_prob[dest] = prob_of[step];
+      if (dest < capacity) {  // past it the scan has already stopped the kernel sequence
+        row_slot[dest] = static_cast<int32_t>(flat);
+        row_prob[dest] = prob_of[step];
+      }
     }
     __syncthreads();
     if (p >= 0 && group_leader) {
@@ -185,9 +199,11 @@ void build_schedule(const at::Tensor& peer_bases, int64_t ids_offset, int64_t pr
                  kGemmMaxExperts, " local experts, got ", num_local);
   MOK_HOST_CHECK(n < (int64_t(1) << 31), "build_schedule: ", n,
                  " slots (EP x max_tokens x topk) exceed int32 row indices");
-  MOK_HOST_CHECK(offsets.numel() == num_local + 1 && row_slot.numel() == n &&
-                     row_prob.numel() == n,
-                 "build_schedule: offsets [E + 1], row_slot and row_prob [", n, "]");
+  const int64_t capacity = row_slot.numel();
+  MOK_HOST_CHECK(offsets.numel() == num_local + 1 && capacity >= 1 && capacity <= n &&
+                     row_prob.numel() == capacity,
+                 "build_schedule: offsets [E + 1], row_slot and row_prob [capacity] with "
+                 "capacity in [1, ", n, "]");
   const int64_t tiles = (n + kScheduleTileSlots - 1) / kScheduleTileSlots;
   auto i32 = expert_position.options().dtype(at::kInt);
   at::Tensor pos = at::empty({n}, i32);
@@ -204,12 +220,14 @@ void build_schedule(const at::Tensor& peer_bases, int64_t ids_offset, int64_t pr
   MOK_LAUNCH_CHECK();
   schedule_scan_kernel<<<1, kScheduleScanThreads, 0, stream>>>(
       counts.data_ptr<int32_t>(), static_cast<int>(tiles), static_cast<int>(num_local),
-      first.data_ptr<int32_t>(), offsets.data_ptr<int32_t>());
+      capacity, static_cast<int>(expert_begin / num_local), first.data_ptr<int32_t>(),
+      offsets.data_ptr<int32_t>());
   MOK_LAUNCH_CHECK();
   const size_t place_smem = (1 + kWarps) * num_local * sizeof(int32_t);
   schedule_place_kernel<<<tiles, kScheduleThreads, place_smem, stream>>>(
       pos.data_ptr<int32_t>(), prob.data_ptr<float>(), first.data_ptr<int32_t>(), n,
-      static_cast<int>(num_local), row_slot.data_ptr<int32_t>(), row_prob.data_ptr<float>());
+      static_cast<int>(num_local), capacity, row_slot.data_ptr<int32_t>(),
+      row_prob.data_ptr<float>());
   MOK_LAUNCH_CHECK();
 }
 

@@ -117,7 +117,7 @@ BROKEN = [
      "only forward_kernel: megakernel with backward_inputs: recomputed reads it: leave it at "
      "16384"),
     ("recipes", "bf16", "kernel.schedule_capacity", 2.0, "kernel.schedule_capacity",
-     "nothing reads it yet: leave it at 1.0"),
+     "must be <= 1.0, got 2.0"),
     ("recipes", "bf16", "kernel.backward_inputs", "dropped", "kernel.backward_inputs",
      "expected one of 'saved', 'recomputed'"),
     ("recipes", "bf16", "kernel", [1], "kernel", "expected a mapping, got list [1]"),

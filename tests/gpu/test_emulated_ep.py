@@ -48,3 +48,12 @@ def test_recomputed_backward_bit_identical_to_saved(world):
 @pytest.mark.parametrize("world", [2, 4])
 def test_cuda_graph_replay(world, setting):
     gpu_checks.check_emulated_cuda_graph(gpu_checks.ep_specs(world)[1], **SETTINGS[setting])
+
+
+@pytest.mark.parametrize("setting", ["separate", "megakernel"])
+@pytest.mark.parametrize("world", [2, 4])
+def test_schedule_capacity_that_fits_changes_nothing(world, setting):
+    """Uniform routing gives each rank ~1/EP of the worst case; 0.6 of it holds every row."""
+    knobs = SETTINGS[setting]
+    gpu_checks.check_emulated_settings(gpu_checks.ep_specs(world)[0],
+                                       [knobs, {**knobs, "schedule_capacity": 0.6}])

@@ -1,7 +1,11 @@
 """The schedule kernel (ops.build_schedule, a GPU counting sort) against the order it must
 give - rows sorted by (expert position, source rank, token, slot) - computed here on the CPU,
 with every rank's published routing in its own workspace-shaped buffer (EP up to 8 in one
-process; the kernel only reads peers, no barrier is involved)."""
+process; the kernel only reads peers, no barrier is involved); and its capacity
+(kernel.schedule_capacity): enough changes nothing, too little stops with a report."""
+
+import subprocess
+import sys
 
 import pytest
 import torch
@@ -41,11 +45,10 @@ CASES = [
 ]
 
 
-@pytest.mark.parametrize("case", CASES, ids=lambda c: f"ep{c[0]}_E{c[4]}_{c[5]}")
-@pytest.mark.parametrize("rank", [0, -1], ids=["first_rank", "last_rank"])
-def test_schedule_matches_sorted_order(case, rank):
+def publish(case):
+    """Every rank's routing of `case` in its own workspace-shaped buffer: (bases, workspace
+    offsets, ids per rank, probs per rank, expert positions)."""
     world, tokens, max_tokens, topk, num_local, routing, seed = case
-    rank = rank % world
     g = torch.Generator().manual_seed(seed)
     num_experts = world * num_local
     layout = WorkspaceLayout(max_tokens, topk, hidden=8)
@@ -72,17 +75,64 @@ def test_schedule_matches_sorted_order(case, rank):
         probs.append(probs_r)
     bases = torch.tensor([b.data_ptr() for b in buffers], dtype=torch.int64, device="cuda")
     position = torch.randperm(num_local, generator=g).int()  # expert -> its row in the weights
-    n = world * max_tokens * topk
+    # The buffers must outlive the kernels reading them through `bases`.
+    return bases, o, ids, probs, position, buffers
+
+
+def schedule(case, rank, published, capacity):
+    world, tokens, max_tokens, topk, num_local, routing, seed = case
+    bases, o, _, _, position, _ = published
     offsets = torch.full((num_local + 1,), -7, dtype=torch.int32, device="cuda")
-    row_slot = torch.full((n,), -7, dtype=torch.int32, device="cuda")
-    row_prob = torch.full((n,), float("nan"), device="cuda")
+    row_slot = torch.full((capacity,), -7, dtype=torch.int32, device="cuda")
+    row_prob = torch.full((capacity,), float("nan"), device="cuda")
     ops.build_schedule(bases, o["ids"], o["probs"], o["count"], world, max_tokens, topk,
                        rank * num_local, position.cuda(), offsets, row_slot, row_prob)
+    return offsets.cpu(), row_slot.cpu(), row_prob.cpu()
+
+
+@pytest.mark.parametrize("case", CASES, ids=lambda c: f"ep{c[0]}_E{c[4]}_{c[5]}")
+@pytest.mark.parametrize("rank", [0, -1], ids=["first_rank", "last_rank"])
+def test_schedule_matches_sorted_order(case, rank):
+    world, tokens, max_tokens, topk, num_local, routing, seed = case
+    rank = rank % world
+    published = publish(case)
+    _, _, ids, probs, position, _ = published
+    offsets, row_slot, row_prob = schedule(case, rank, published, world * max_tokens * topk)
     want_offsets, want_slot, want_prob = expected(ids, probs, max_tokens, topk,
                                                   rank * num_local, position)
     total = int(want_offsets[-1])
-    assert torch.equal(offsets.cpu(), want_offsets)
-    assert torch.equal(row_slot[:total].cpu(), want_slot)
-    assert torch.equal(row_prob[:total].cpu(), want_prob)
+    assert torch.equal(offsets, want_offsets)
+    assert torch.equal(row_slot[:total], want_slot)
+    assert torch.equal(row_prob[:total], want_prob)
     # Entries past the last row are not written (nothing may read them).
     assert (row_slot[total:] == -7).all() and row_prob[total:].isnan().all()
+    if total > 0:
+        # A capacity of exactly the rows needed gives the same schedule.
+        exact = schedule(case, rank, published, total)
+        assert all(torch.equal(a, b) for a, b in zip(exact, (offsets, row_slot[:total],
+                                                             row_prob[:total])))
+
+
+def test_overflow_stops_with_a_report():
+    """Fewer rows than the routing needs: the kernels stop and say how many were needed."""
+    code = """
+import torch
+from mok_megatron.config import KernelKnobs, Recipe
+from mok_megatron.functional import moe_experts
+T, H, F, E = 64, 64, 32, 4
+t = torch.arange(T, device="cuda")
+ids = torch.stack([t % E, (t + 1) % E], dim=1)
+probs = torch.full((T, 2), 0.5, device="cuda")
+x = torch.randn(T, H, device="cuda").bfloat16()
+w1 = torch.randn(E, 2 * F, H, device="cuda").bfloat16()
+w2 = torch.randn(E, H, F, device="cuda").bfloat16()
+recipe = Recipe(name="t", backend="cuda",
+                kernel=KernelKnobs(max_tokens_per_rank=T, schedule_capacity=0.5))
+moe_experts(x, ids, probs, w1, w2, group=None, activation="swiglu", recipe=recipe)
+torch.cuda.synchronize()
+"""
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          timeout=120)
+    assert proc.returncode != 0
+    assert ("SCHEDULE OVERFLOW rank 0: 128 rows routed to its experts, capacity 64 rows"
+            in proc.stdout), proc.stdout + proc.stderr
