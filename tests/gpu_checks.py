@@ -148,9 +148,10 @@ def check_emulated_against_reference(spec: ProblemSpec, **knobs) -> dict[str, fl
 
 def check_emulated_cuda_graph(spec: ProblemSpec, **knobs) -> None:
     """check_cuda_graph for all ranks of `spec` emulated on one GPU: each rank captures its
-    forward + backward on its own stream (thread-local capture, concurrently, as the ranks
-    of one group would), the graphs are replayed together with new inputs, and give the
-    eager results bit for bit."""
+    forward + backward on its own stream, one rank after another (capture runs nothing, so
+    no rank waits for another; concurrent captures would race with each other's entry into
+    capture, which synchronizes the device), the graphs are replayed together with new
+    inputs, and give the eager results bit for bit."""
     world = spec.world_size
     device = torch.device("cuda", torch.cuda.current_device())
     second = ProblemSpec(**{**spec.__dict__, "seed": spec.seed + 1}).build()
@@ -181,17 +182,15 @@ def check_emulated_cuda_graph(spec: ProblemSpec, **knobs) -> None:
             step(rank)
 
     def capture(rank: int) -> torch.Tensor:
-        torch.cuda.set_device(device)
         for n in names:
             static[rank][n].grad = None
-        with torch.cuda.graph(graphs[rank], stream=streams[rank],
-                              capture_error_mode="thread_local"):
+        with torch.cuda.graph(graphs[rank], stream=streams[rank]):
             return step(rank)
 
     with ThreadPoolExecutor(world) as pool:
         list(pool.map(warm_up, range(world)))
-        torch.cuda.synchronize(device)
-        ys = list(pool.map(capture, range(world)))
+    torch.cuda.synchronize(device)
+    ys = [capture(rank) for rank in range(world)]
     torch.cuda.synchronize(device)
 
     with torch.no_grad():
