@@ -149,9 +149,10 @@ def check_emulated_against_reference(spec: ProblemSpec, **knobs) -> dict[str, fl
 def check_emulated_cuda_graph(spec: ProblemSpec, **knobs) -> None:
     """check_cuda_graph for all ranks of `spec` emulated on one GPU: each rank captures its
     forward + backward on its own stream, one rank after another (capture runs nothing, so
-    no rank waits for another; concurrent captures would race with each other's entry into
-    capture, which synchronizes the device), the graphs are replayed together with new
-    inputs, and give the eager results bit for bit."""
+    no rank waits for another; with concurrent captures one was invalidated once, most likely
+    by another rank's entry into capture, which synchronizes the device and frees cached
+    memory), the graphs are replayed together with new inputs, and give the eager results
+    bit for bit."""
     world = spec.world_size
     device = torch.device("cuda", torch.cuda.current_device())
     second = ProblemSpec(**{**spec.__dict__, "seed": spec.seed + 1}).build()
