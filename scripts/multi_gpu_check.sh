@@ -1,0 +1,32 @@
+#!/usr/bin/env bash
+# What issue 5 asks of a multi-GPU machine, in one call: the one-GPU suite, the torchrun
+# suite (tests/dist) and the side-by-side benchmark with the megakernel, at EP = every visible
+# GPU. Run from the repository root with the package importable (extension built,
+# megatron-core installed); each step's output goes to OUT_DIR and a summary line to stdout.
+#     scripts/multi_gpu_check.sh OUT_DIR
+set -uo pipefail
+out=${1:?usage: scripts/multi_gpu_check.sh OUT_DIR}
+py=${PYTHON:-python3}
+export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
+gpus=$("$py" -c "import torch; print(torch.cuda.device_count())")
+mkdir -p "$out"
+status=0
+
+step() {  # name, log file, command...
+    local name=$1 log=$2
+    shift 2
+    "$@" > "$log" 2>&1
+    local rc=$?
+    echo "$name (rc $rc): $(tail -n 1 "$log")"
+    [ "$rc" -eq 0 ] || status=1
+}
+
+step "tests/gpu" "$out/pytest_gpu.txt" "$py" -m pytest tests/gpu -q -p no:cacheprovider
+step "tests/dist EP=$gpus" "$out/pytest_dist_ep$gpus.txt" \
+    "$py" -m torch.distributed.run --nproc-per-node "$gpus" -m pytest tests/dist -q \
+    -p no:cacheprovider
+step "bench_moe EP=$gpus" "$out/bench_ep$gpus.txt" \
+    "$py" -m torch.distributed.run --nproc-per-node "$gpus" scripts/bench_moe.py --megakernel \
+    --comm-sms 12 --models qwen3_30b_a3b_like deepseek_v3_like --tokens 2048 4096 8192 \
+    --iters 20 --warmup 5 --out "$out/bench_ep$gpus"
+exit $status
