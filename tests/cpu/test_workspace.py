@@ -1,5 +1,6 @@
 """The symmetric workspace's layout (mok_megatron/workspace.py): regions in order, aligned,
-not overlapping; the `inputs` region only where backward recomputes from the token rows."""
+not overlapping; the `inputs` region only where backward recomputes from the token rows. And
+the rows a rank's schedule holds (kernel.schedule_capacity)."""
 
 from mok_megatron.workspace import WorkspaceLayout
 
@@ -20,3 +21,13 @@ def test_inputs_region_only_when_recomputing():
     recomputed = WorkspaceLayout(max_tokens=512, topk=2, hidden=256, inputs=True)
     assert recomputed.nbytes - saved.nbytes == 512 * 256 * 2
     assert not saved.matches(recomputed) and recomputed.matches(recomputed)
+
+
+def test_schedule_rows_is_the_capacity_fraction_of_the_worst_case():
+    from mok_megatron.symm_moe import schedule_rows
+
+    # EP=4, 100 tokens per rank, top-2: the worst case is 800 rows on one rank.
+    assert schedule_rows(4, 100, 2, 1.0) == 800
+    assert schedule_rows(4, 100, 2, 0.25) == 200  # perfect balance
+    assert schedule_rows(4, 100, 2, 0.2501) == 201  # rounded up, never below the fraction
+    assert schedule_rows(4, 100, 2, 1e-9) == 1  # at least one row
