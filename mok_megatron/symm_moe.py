@@ -50,7 +50,7 @@ class _Plan:
     megakernel: bool  # forward in one persistent launch (recipe kernel.forward_kernel)
     comm_blocks: int  # blocks of that launch that pull rows
     recompute: bool  # backward pulls the rows again and recomputes h (kernel.backward_inputs)
-    ring_mblocks: int  # megakernel with recompute: m-blocks per macrobatch of its ring
+    ring_mblocks: int  # m-blocks per macrobatch of the megakernel's ring; 0: no ring
     minibatch_rows: int  # megakernel: rows its pull publishes together
     schedule_capacity: float  # rows of the schedule and forward buffers, of the worst case
 
@@ -129,18 +129,20 @@ class _SymmMoE(torch.autograd.Function):
         if plan.megakernel:
             # When backward recomputes, rows and act are only transient: a ring of macrobatches
             # bounds them whatever the routing, and h is not stored at all.
-            ring = plan.ring_mblocks if plan.recompute else 0
-            n = ops.macrobatch_ring_rows(cap, plan.num_local, ring) if ring else cap
+            n = (ops.macrobatch_ring_rows(cap, plan.num_local, plan.ring_mblocks)
+                 if plan.ring_mblocks else cap)
             rows = torch.empty(n, H, dtype=torch.bfloat16, device=x.device)
             act = torch.empty(n, ffn, dtype=torch.bfloat16, device=x.device)
             h = None if plan.recompute else torch.empty(cap, plan.w1.shape[1],
                                                         dtype=torch.bfloat16, device=x.device)
-            counters = ops.megakernel_counters(cap, plan.num_local, x.device, ring)
+            counters = ops.megakernel_counters(cap, plan.num_local, x.device,
+                                               plan.ring_mblocks)
             ops.moe_forward_megakernel(ws.peer_bases, ws.offsets["tokens"], ws.offsets["slots"],
                                        offsets, row_slot, row_prob, max_tokens, K, plan.w1,
                                        plan.w2, plan.activation, rows, act, h, counters,
                                        plan.comm_blocks, ws.timeout_ns,
-                                       minibatch_rows=plan.minibatch_rows, ring_mblocks=ring)
+                                       minibatch_rows=plan.minibatch_rows,
+                                       ring_mblocks=plan.ring_mblocks)
         else:
             act = torch.empty(cap, ffn, dtype=torch.bfloat16, device=x.device)
             rows = _pull(ws, "tokens", offsets, row_slot, K)
@@ -274,14 +276,18 @@ def moe_experts_on_workspace(ws: Workspace, x, ids, probs, w1, w2, *, activation
     validate_routing(x, ids, probs, w1_stack.shape[0] * world,
                      check_values=recipe.kernel.check_inputs)
     _check(x, w1_stack, w2_stack, activation, world, recipe)
-    recompute = recipe.kernel.backward_inputs == "recomputed"
     if not ws.layout.matches(workspace_layout(x, ids, recipe)):
         raise ValueError("the workspace's layout does not match this call's shapes and recipe")
+    knobs = recipe.kernel
+    megakernel = knobs.forward_kernel == "megakernel"
+    recompute = knobs.backward_inputs == "recomputed"
+    # The ring runs only where forward keeps nothing for backward (config.py says so too).
+    ring_mblocks = (-(-knobs.macrobatch_tokens // ops.MEGAKERNEL_BLOCK_M)
+                    if megakernel and recompute else 0)
     num_local = w1_stack.shape[0]
     position = _expert_position(order or list(range(num_local)), x.device)
-    plan = _Plan(ws, activation, num_local, w1_stack, w2_stack, order, position,
-                 recipe.kernel.forward_kernel == "megakernel", recipe.kernel.comm_sms_forward,
-                 recompute, -(-recipe.kernel.macrobatch_tokens // ops.MEGAKERNEL_BLOCK_M),
-                 recipe.kernel.minibatch_tokens, recipe.kernel.schedule_capacity)
+    plan = _Plan(ws, activation, num_local, w1_stack, w2_stack, order, position, megakernel,
+                 knobs.comm_sms_forward, recompute, ring_mblocks, knobs.minibatch_tokens,
+                 knobs.schedule_capacity)
     w_inputs = (w1, w2) if order is None else (*w1, *w2)
     return _SymmMoE.apply(x.contiguous(), ids, probs, plan, *w_inputs)

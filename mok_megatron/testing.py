@@ -253,19 +253,24 @@ class MoEProblem:
                 "dw2": grad(w2)}
 
 
+def layer_outputs(y: torch.Tensor, inputs: dict) -> dict[str, torch.Tensor]:
+    """y and the gradients backward left in `inputs` (zeros where none arrived), where they
+    were computed."""
+    def grad(name):
+        g = inputs[name].grad
+        return torch.zeros_like(inputs[name]) if g is None else g
+
+    return {"y": y.detach(), "dx": grad("x"), "dprobs": grad("probs"), "dw1": grad("w1"),
+            "dw2": grad("w2")}
+
+
 def run_layer(layer: Callable[..., torch.Tensor], inputs: dict,
               cpu: bool = True) -> dict[str, torch.Tensor]:
     """y = layer(x, ids, probs, w1, w2), then y.backward(dy); outputs as CPU tensors (or
     where they were computed, with ``cpu=False``: no copy that waits for the device)."""
     y = layer(inputs["x"], inputs["ids"], inputs["probs"], inputs["w1"], inputs["w2"])
     y.backward(inputs["dy"].to(y.dtype))
-
-    def grad(name):
-        g = inputs[name].grad
-        return torch.zeros_like(inputs[name]) if g is None else g
-
-    out = {"y": y.detach(), "dx": grad("x"), "dprobs": grad("probs"), "dw1": grad("w1"),
-           "dw2": grad("w2")}
+    out = layer_outputs(y, inputs)
     return {name: t.cpu() for name, t in out.items()} if cpu else out
 
 

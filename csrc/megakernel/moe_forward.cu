@@ -142,11 +142,12 @@ __global__ void __launch_bounds__(kGemmThreads, 1)
   const int ticket = static_cast<int>(s.ticket);
   const MacrobatchRing ring =
       MacrobatchRing::make(a.ring_mblocks, a.ring_slots, s.mblock_begin[E]);
+  const MBlockTable table{s.row_begin, s.mblock_begin, E};
 
   if (ticket < a.comm_blocks) {
     if (!(a.skip & kSkipPull)) {
       const RowPlacement placement{ring,
-                                   MBlockTable{s.row_begin, s.mblock_begin, E},
+                                   table,
                                    a.minibatch_rows,
                                    a.fc2_done,
                                    fc2_nblocks * kGemmConsumers,
@@ -176,8 +177,8 @@ __global__ void __launch_bounds__(kGemmThreads, 1)
     w.fc1 = pt.fc1;
     w.mblock = pt.mblock;
     w.n_block = pt.n_block;
-    w.expert = expert_at(s.mblock_begin, E, pt.mblock);
-    w.row0 = s.row_begin[w.expert] + (pt.mblock - s.mblock_begin[w.expert]) * kGemmBlockM;
+    w.expert = table.expert_of_mblock(pt.mblock);
+    w.row0 = table.first_row(pt.mblock, w.expert);
     w.slot0 = ring.on ? static_cast<int>(ring.slot_row0(pt.mblock)) : w.row0;
     w.rows_left = s.row_begin[w.expert + 1] - w.row0;
     return w;

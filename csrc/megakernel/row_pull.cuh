@@ -45,11 +45,7 @@ struct PullRing {
   int lanes;  // rows in flight per step: lanes of the loading and the storing warp
 };
 
-struct MBlockTable {
-  const int32_t* row_begin;     // [E + 1] expert row ranges
-  const int32_t* mblock_begin;  // [E + 1] first global m-block of each expert
-  int num_experts;
-};
+using sm90::MBlockTable;
 
 // How the pull walks the schedule and where each row goes: macrobatch by macrobatch (one
 // without the ring), in chunks (minibatches) of chunk_rows rows, each row at its schedule
@@ -69,14 +65,13 @@ struct RowPlacement {
     const int mblock = k * ring.per_macro;
     if (k == 0) return 0;
     if (mblock >= ring.mblocks) return table.row_begin[table.num_experts];
-    const int e = sm90::expert_at(table.mblock_begin, table.num_experts, mblock);
-    return table.row_begin[e] + (mblock - table.mblock_begin[e]) * kGemmBlockM;
+    return table.first_row(mblock, table.expert_of_mblock(mblock));
   }
   __device__ int64_t place(int r) const {
     if (!ring.on) return r;
-    const int e = sm90::expert_at(table.row_begin, table.num_experts, r);
-    const int local = r - table.row_begin[e];
-    return ring.slot_row0(table.mblock_begin[e] + local / kGemmBlockM) + local % kGemmBlockM;
+    const int e = table.expert_of_row(r);
+    const int mblock = table.mblock_of_row(r, e);
+    return ring.slot_row0(mblock) + (r - table.first_row(mblock, e));
   }
   // Until every FC2 tile of the macrobatch that used k's slot before has read it.
   __device__ void wait_slot(int k) const {
@@ -101,11 +96,10 @@ __device__ __forceinline__ void publish_rows(const MBlockTable& t, int r0, int r
                                              uint32_t* rows_ready) {
   int r = r0;
   while (r < r1) {
-    const int e = sm90::expert_at(t.row_begin, t.num_experts, r);
-    const int local = r - t.row_begin[e];
-    const int block_end = t.row_begin[e] + (local / kGemmBlockM + 1) * kGemmBlockM;
-    const int end = min(r1, min(block_end, t.row_begin[e + 1]));
-    red_release_gpu_add_u32(&rows_ready[t.mblock_begin[e] + local / kGemmBlockM], end - r);
+    const int e = t.expert_of_row(r);
+    const int mblock = t.mblock_of_row(r, e);
+    const int end = min(r1, min(t.first_row(mblock, e) + kGemmBlockM, t.row_begin[e + 1]));
+    red_release_gpu_add_u32(&rows_ready[mblock], end - r);
     r = end;
   }
 }
@@ -121,8 +115,9 @@ __device__ __forceinline__ const char* row_source(const RowSource& src, int flat
 }
 
 // Calls chunk(macro, c0, c1) for this comm block's chunks, in increasing row order: the
-// schedule walked macrobatch by macrobatch (one without the ring), each cut into chunks of placement.chunk_rows rows that never cross a
-// macrobatch, chunk g going to comm block g % comm_blocks.
+// schedule walked macrobatch by macrobatch (one without the ring), each cut into chunks of
+// placement.chunk_rows rows that never cross a macrobatch, chunk g going to comm block
+// g % comm_blocks.
 template <class Chunk>
 __device__ __forceinline__ void for_each_chunk(const RowPlacement& placement, int comm_block,
                                                int comm_blocks, Chunk chunk) {

@@ -23,24 +23,24 @@ def group():
     return dist.group.WORLD
 
 
-_specs = gpu_checks.ep_specs
+def _spec(group, index: int):
+    """Problem `index` of gpu_checks.ep_specs for this group's size."""
+    return gpu_checks.ep_specs(dist.get_world_size(group))[index]
 
 
 @pytest.mark.parametrize("index", range(6))
 def test_matches_reference_and_is_deterministic(group, index):
-    spec = _specs(dist.get_world_size(group))[index]
+    spec = _spec(group, index)
     errors = gpu_checks.check_against_reference(spec, dist.get_rank(group), group)
     print(spec.name, dist.get_rank(group), {k: f"{v:.2e}" for k, v in errors.items()})
 
 
 def test_weight_lists_match_stacked(group):
-    gpu_checks.check_weight_lists(_specs(dist.get_world_size(group))[0], dist.get_rank(group),
-                                  group)
+    gpu_checks.check_weight_lists(_spec(group, 0), dist.get_rank(group), group)
 
 
 def test_cuda_graph_replay(group):
-    gpu_checks.check_cuda_graph(_specs(dist.get_world_size(group))[1], dist.get_rank(group),
-                                group)
+    gpu_checks.check_cuda_graph(_spec(group, 1), dist.get_rank(group), group)
 
 
 MEGAKERNEL = {"forward_kernel": "megakernel", "comm_sms_forward": 8}
@@ -48,30 +48,30 @@ MEGAKERNEL = {"forward_kernel": "megakernel", "comm_sms_forward": 8}
 
 @pytest.mark.parametrize("index", range(6))
 def test_megakernel_matches_reference_and_is_deterministic(group, index):
-    spec = _specs(dist.get_world_size(group))[index]
+    spec = _spec(group, index)
     errors = gpu_checks.check_against_reference(spec, dist.get_rank(group), group, **MEGAKERNEL)
     print("megakernel", spec.name, dist.get_rank(group), {k: f"{v:.2e}" for k, v in errors.items()})
 
 
 def test_megakernel_bit_identical_across_comm_blocks(group):
-    gpu_checks.check_megakernel_settings(_specs(dist.get_world_size(group))[1],
+    gpu_checks.check_megakernel_settings(_spec(group, 1),
                                          dist.get_rank(group), group)
 
 
 def test_megakernel_cuda_graph_replay(group):
-    gpu_checks.check_cuda_graph(_specs(dist.get_world_size(group))[1], dist.get_rank(group),
+    gpu_checks.check_cuda_graph(_spec(group, 1), dist.get_rank(group),
                                 group, **MEGAKERNEL)
 
 
 @pytest.mark.parametrize("forward_kernel", ["separate", "megakernel"])
 def test_recomputed_backward_bit_identical_to_saved(group, forward_kernel):
-    spec = _specs(dist.get_world_size(group))[3]  # ragged, one rank without tokens
+    spec = _spec(group, 3)  # ragged, one rank without tokens
     gpu_checks.check_recomputed_backward(spec, dist.get_rank(group), group,
                                          forward_kernel=forward_kernel)
 
 
 def test_recomputed_backward_matches_reference(group):
-    spec = _specs(dist.get_world_size(group))[2]  # hot expert
+    spec = _spec(group, 2)  # hot expert
     errors = gpu_checks.check_against_reference(spec, dist.get_rank(group), group,
                                                 backward_inputs="recomputed",
                                                 forward_kernel="megakernel")
@@ -80,5 +80,5 @@ def test_recomputed_backward_matches_reference(group):
 
 
 def test_macrobatch_ring_bit_identical_to_no_ring(group):
-    gpu_checks.check_macrobatch_ring(_specs(dist.get_world_size(group))[2],  # hot expert
+    gpu_checks.check_macrobatch_ring(_spec(group, 2),  # hot expert
                                      dist.get_rank(group), group)

@@ -91,6 +91,27 @@ __device__ __forceinline__ void load_weight_tile(uint8_t* b, const CUtensorMap* 
   if constexpr (kGatedWeights) tma_load_4d(b + kBTileBytes / 2, map, full, k0, n0, 1, expert);
 }
 
+// The table build_mblock_table fills, and the translations between schedule rows and
+// m-blocks that every user of it needs.
+struct MBlockTable {
+  const int32_t* row_begin;     // [E + 1] expert row ranges
+  const int32_t* mblock_begin;  // [E + 1] first global m-block of each expert
+  int num_experts;
+
+  __device__ int expert_of_mblock(int mblock) const {
+    return expert_at(mblock_begin, num_experts, mblock);
+  }
+  __device__ int expert_of_row(int r) const { return expert_at(row_begin, num_experts, r); }
+  // First schedule row of m-block `mblock`, which belongs to expert e.
+  __device__ int first_row(int mblock, int e) const {
+    return row_begin[e] + (mblock - mblock_begin[e]) * kGemmBlockM;
+  }
+  // The m-block of schedule row r, which belongs to expert e.
+  __device__ int mblock_of_row(int r, int e) const {
+    return mblock_begin[e] + (r - row_begin[e]) / kGemmBlockM;
+  }
+};
+
 // One warp: `row_begin[e]` = offsets[e] and `mblock_begin[e]` = the exclusive prefix sum of
 // ceil(rows_e / kGemmBlockM), the first m-block of expert e, for e in [0, E].
 __device__ __forceinline__ void build_mblock_table(const int32_t* offsets, int num_experts,
