@@ -114,8 +114,11 @@ def run_emulated(problem, max_tokens: int, **knobs) -> list[dict]:
     # wait forever for the other rank's kernels it holds back; loading a kernel on first use
     # may (CUDA's lazy loading). The same problem at EP=1 with the group's row capacity runs
     # every kernel first (same shapes, so the same variants). A precaution: the one stall
-    # seen had another cause (the host copy below), and no run without it was tried.
-    run_cuda(whole(problem.spec).build(), 0, None, world * max_tokens, **knobs)
+    # seen had another cause (the host copy below), and no run without it was tried. It runs
+    # at full schedule capacity: one rank takes every row there, which a capacity meant for
+    # 1/EP of them does not hold.
+    warm_up = {k: v for k, v in knobs.items() if k != "schedule_capacity"}
+    run_cuda(whole(problem.spec).build(), 0, None, world * max_tokens, **warm_up)
     rec = recipe(max_tokens, **knobs)
     inputs = [problem.local(r, device) for r in range(world)]
     layout = symm_moe.workspace_layout(inputs[0]["x"], inputs[0]["ids"], rec)
