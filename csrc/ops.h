@@ -44,7 +44,7 @@ void gather_slot_values(const at::Tensor& values, const at::Tensor& ids, at::Ten
 // gemm/grouped_gemm.cu (sm90 tile engine). activation: -1 = plain store, else ActivationId
 // with row_prob folded in; h_out (optional) receives the bf16 pre-activation. schedule: the
 // tile schedule (TileSchedule; mirrored in mok_megatron/ops.py TILE_SCHEDULES).
-enum TileSchedule : int { kCooperativeTiles = 0, kPingPongTiles = 1 };
+enum TileSchedule : int { kCooperativeTiles = 0, kPingPongTiles = 1, kMulticastTiles = 2 };
 void grouped_gemm(const at::Tensor& a, const at::Tensor& w, const at::Tensor& offsets,
                   const c10::optional<at::Tensor>& row_prob, int64_t activation, at::Tensor& out,
                   const c10::optional<at::Tensor>& h_out, int64_t timeout_ns, int64_t schedule);

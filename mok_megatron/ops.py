@@ -133,9 +133,10 @@ def gather_slot_values(values, ids, out):
     extension().gather_slot_values(values, ids, out)
 
 
-# csrc/ops.h TileSchedule: both consumer warpgroups on one 128x256 tile, or each on its own
-# 128x128 tile taking turns (one stores while the other multiplies).
-TILE_SCHEDULES = {"cooperative": 0, "pingpong": 1}
+# csrc/ops.h TileSchedule: both consumer warpgroups on one 128x256 tile; each on its own
+# 128x128 tile taking turns (one stores while the other multiplies); or cooperative tiles with
+# two blocks of a cluster sharing (multicasting) their weight tiles.
+TILE_SCHEDULES = {"cooperative": 0, "pingpong": 1, "multicast": 2}
 
 
 def grouped_gemm(a: torch.Tensor, w: torch.Tensor, offsets: torch.Tensor, out: torch.Tensor, *,

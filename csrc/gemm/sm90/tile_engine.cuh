@@ -14,6 +14,7 @@
 
 #include "config/kernel_config.cuh"
 #include "epilogue/activation_math.cuh"
+#include "gemm/sm90/cluster.cuh"
 #include "gemm/sm90/tma.cuh"
 #include "gemm/sm90/wgmma.cuh"
 
@@ -120,7 +121,9 @@ struct MBlockTable {
 };
 
 // One warp: `row_begin[e]` = offsets[e] and `mblock_begin[e]` = the exclusive prefix sum of
-// ceil(rows_e / kGemmBlockM), the first m-block of expert e, for e in [0, E].
+// ceil(rows_e / kBlockRows), the first m-block of expert e, for e in [0, E] (a cluster pair
+// of m-blocks counts as one block of 2 kGemmBlockM rows).
+template <int kBlockRows = kGemmBlockM>
 __device__ __forceinline__ void build_mblock_table(const int32_t* offsets, int num_experts,
                                                    int32_t* row_begin, int32_t* mblock_begin) {
   const int lane = threadIdx.x % 32;
@@ -131,7 +134,7 @@ __device__ __forceinline__ void build_mblock_table(const int32_t* offsets, int n
     if (e <= num_experts) {
       const int begin = offsets[e];
       row_begin[e] = begin;
-      if (e < num_experts) blocks = (offsets[e + 1] - begin + kGemmBlockM - 1) / kGemmBlockM;
+      if (e < num_experts) blocks = (offsets[e + 1] - begin + kBlockRows - 1) / kBlockRows;
     }
     int incl = blocks;
 #pragma unroll
@@ -183,7 +186,20 @@ __device__ __forceinline__ void produce_tile(Ring& ring, int& it, int k_blocks, 
   }
 }
 
-// Consumer side of one tile: acc = A[rows of this warpgroup] @ B^T over k_blocks.
+// Consumer side of one tile: acc = A[rows of this warpgroup] @ B^T over k_blocks. A stage is
+// released to the producers of kClusterCtas CTAs (1: this CTA's; 2: both of a cluster that
+// multicasts its loads).
+template <int kClusterCtas = 1>
+__device__ __forceinline__ void release_stage(uint64_t* empty) {
+  if constexpr (kClusterCtas == 1) {
+    mbar_arrive(empty);
+  } else {
+#pragma unroll
+    for (int c = 0; c < kClusterCtas; ++c) mbar_arrive_cluster(empty, c);
+  }
+}
+
+template <int kClusterCtas = 1>
 __device__ __forceinline__ void consume_tile(StageRing& ring, int& it, int k_blocks, int tile,
                                              int consumer, bool leader, float (&acc)[kAccRegs],
                                              uint64_t timeout_ns, int* report) {
@@ -205,12 +221,12 @@ __device__ __forceinline__ void consume_tile(StageRing& ring, int& it, int k_blo
     // Keep one k-block of MMAs in flight; the one before it is done reading its stage.
     wgmma_wait<1>();
     fence_accumulators(acc);
-    if (prev_stage >= 0 && leader) mbar_arrive(&ring.empty[prev_stage]);
+    if (prev_stage >= 0 && leader) release_stage<kClusterCtas>(&ring.empty[prev_stage]);
     prev_stage = stage;
   }
   wgmma_wait<0>();
   fence_accumulators(acc);
-  if (prev_stage >= 0 && leader) mbar_arrive(&ring.empty[prev_stage]);
+  if (prev_stage >= 0 && leader) release_stage<kClusterCtas>(&ring.empty[prev_stage]);
 }
 
 // Ping-pong tiles: one warpgroup computes all kGemmBlockM rows of a kPingPongBlockN-column
