@@ -18,8 +18,10 @@ __device__ __forceinline__ uint32_t cluster_ctarank() {
 }
 
 // All threads of all CTAs of the cluster: every CTA's barriers are initialised (at the start)
-// and no CTA still writes into another's shared memory (before exit).
+// and no CTA still writes into another's shared memory (before exit). The barrier is
+// .aligned, so each warp reconverges first (callers arrive from lane-divergent branches).
 __device__ __forceinline__ void cluster_sync() {
+  __syncwarp();
   asm volatile("barrier.cluster.arrive.release.aligned;" ::: "memory");
   asm volatile("barrier.cluster.wait.acquire.aligned;" ::: "memory");
 }
