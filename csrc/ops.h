@@ -42,12 +42,10 @@ void reduce_slots(const at::Tensor& slots, const at::Tensor& ids, at::Tensor& ou
 void gather_slot_values(const at::Tensor& values, const at::Tensor& ids, at::Tensor& out);
 
 // gemm/grouped_gemm.cu (sm90 tile engine). activation: -1 = plain store, else ActivationId
-// with row_prob folded in; h_out (optional) receives the bf16 pre-activation. schedule: the
-// tile schedule (TileSchedule; mirrored in mok_megatron/ops.py TILE_SCHEDULES).
-enum TileSchedule : int { kCooperativeTiles = 0, kPingPongTiles = 1, kMulticastTiles = 2 };
+// with row_prob folded in; h_out (optional) receives the bf16 pre-activation.
 void grouped_gemm(const at::Tensor& a, const at::Tensor& w, const at::Tensor& offsets,
                   const c10::optional<at::Tensor>& row_prob, int64_t activation, at::Tensor& out,
-                  const c10::optional<at::Tensor>& h_out, int64_t timeout_ns, int64_t schedule);
+                  const c10::optional<at::Tensor>& h_out, int64_t timeout_ns);
 
 // megakernel/moe_forward.cu: pull-dispatch + FC1/activation + FC2 + push-combine in one
 // persistent launch. counters: int32 zeros (ops.megakernel_counters sizes them). h_out

@@ -133,16 +133,9 @@ def gather_slot_values(values, ids, out):
     extension().gather_slot_values(values, ids, out)
 
 
-# csrc/ops.h TileSchedule: both consumer warpgroups on one 128x256 tile; each on its own
-# 128x128 tile taking turns (one stores while the other multiplies); or cooperative tiles with
-# two blocks of a cluster sharing (multicasting) their weight tiles.
-TILE_SCHEDULES = {"cooperative": 0, "pingpong": 1, "multicast": 2}
-
-
 def grouped_gemm(a: torch.Tensor, w: torch.Tensor, offsets: torch.Tensor, out: torch.Tensor, *,
                  activation: Optional[str] = None, row_prob: Optional[torch.Tensor] = None,
-                 h_out: Optional[torch.Tensor] = None, timeout_ns: int = 10**10,
-                 schedule: str = "cooperative") -> None:
+                 h_out: Optional[torch.Tensor] = None, timeout_ns: int = 10**10) -> None:
     """The sm90 grouped GEMM tile engine: ``out[rows of e] = epilogue(a[rows of e] @ w[e].T)``,
     expert ``e`` owning rows ``offsets[e]:offsets[e+1]`` (int32, on the device).
 
@@ -159,11 +152,8 @@ def grouped_gemm(a: torch.Tensor, w: torch.Tensor, offsets: torch.Tensor, out: t
     if activation is not None:
         _check(row_prob is not None, "an activation epilogue needs row_prob")
         _cuda("row_prob", row_prob, torch.float32)
-    _check(schedule in TILE_SCHEDULES,
-           f"schedule must be one of {sorted(TILE_SCHEDULES)}, got {schedule!r}")
     act_id = -1 if activation is None else ACTIVATION_IDS[activation]
-    extension().grouped_gemm(a, w, offsets, row_prob, act_id, out, h_out, timeout_ns,
-                             TILE_SCHEDULES[schedule])
+    extension().grouped_gemm(a, w, offsets, row_prob, act_id, out, h_out, timeout_ns)
 
 
 MEGAKERNEL_BLOCK_M = 128  # csrc/config/kernel_config.cuh kGemmBlockM

@@ -4,10 +4,8 @@ communication), on the per-GPU expert work of the model shapes.
 For each model, variant and token count: rows = tokens x topk routed uniformly at random over
 the local experts (``full``: E / --ep experts per GPU, ``ep64``: the EP64-equivalent count).
 FC1: ours with SwiGLU x prob fused (also writing h, as training needs) vs torch._grouped_mm
-followed by v1's activation kernel. FC2: ours (plain) vs torch._grouped_mm. Ours runs under
-each of --schedules (the engine's tile schedules). Every result is also compared with torch's
-(rel-L2; the run stops above the tests' tolerance) and, bit for bit, across the schedules.
-JSON to --out; speedup = torch time / ours.
+followed by v1's activation kernel. FC2: ours (plain) vs torch._grouped_mm. Every timed pair is
+also compared for results (rel-L2; the run stops above the tests' tolerance). JSON to --out.
 
     python scripts/bench_gemm.py --out benchmarks/results/h200_gemm/gemm_engine.json
 """
@@ -41,8 +39,7 @@ def rel_l2(a, b) -> float:
     return ((a.double() - b.double()).norm() / b.double().norm()).item()
 
 
-def run_case(model, local: int, tokens: int, iters: int, warmup: int, seed: int,
-             schedules: list[str]) -> dict:
+def run_case(model, local: int, tokens: int, iters: int, warmup: int, seed: int) -> dict:
     H, F, K = model.hidden_size, model.moe_ffn_hidden_size, model.topk
     g = torch.Generator(device="cuda").manual_seed(seed)
     rows = tokens * K
@@ -56,56 +53,50 @@ def run_case(model, local: int, tokens: int, iters: int, warmup: int, seed: int,
     prob = torch.rand(rows, device="cuda", generator=g)
     num_rows = offsets[-1:].clone()
 
-    act_torch = torch.empty(rows, F, device="cuda", dtype=torch.bfloat16)
-    ours = {s: {"act": torch.empty_like(act_torch),
-                "h": torch.empty(rows, 2 * F, device="cuda", dtype=torch.bfloat16),
-                "y": torch.empty(rows, H, device="cuda", dtype=torch.bfloat16)}
-            for s in schedules}
+    act_ours = torch.empty(rows, F, device="cuda", dtype=torch.bfloat16)
+    h_ours = torch.empty(rows, 2 * F, device="cuda", dtype=torch.bfloat16)
+    act_torch = torch.empty_like(act_ours)
+    y_ours = torch.empty(rows, H, device="cuda", dtype=torch.bfloat16)
 
-    def fc1_ours(s):
-        ops.grouped_gemm(x, w1, offsets, ours[s]["act"], activation="swiglu", row_prob=prob,
-                         h_out=ours[s]["h"], schedule=s)
-
-    def fc2_ours(s):
-        ops.grouped_gemm(act_torch, w2, offsets, ours[s]["y"], schedule=s)
+    def fc1_ours():
+        ops.grouped_gemm(x, w1, offsets, act_ours, activation="swiglu", row_prob=prob,
+                         h_out=h_ours)
 
     def fc1_torch():
         h = torch._grouped_mm(x, w1.transpose(1, 2), offs=offsets[1:])
         ops.activation_forward(h, prob, num_rows, "swiglu", act_torch)
         return h
 
+    def fc2_ours():
+        ops.grouped_gemm(act_torch, w2, offsets, y_ours)
+
     def fc2_torch():
         return torch._grouped_mm(act_torch, w2.transpose(1, 2), offs=offsets[1:])
 
+    fc1_ours()
     h_torch = fc1_torch()
+    fc2_ours()
     y_torch = fc2_torch()
-    errors, same_bits = {}, {}
-    for s in schedules:
-        fc1_ours(s)
-        fc2_ours(s)
-        errors[s] = {"h": rel_l2(ours[s]["h"], h_torch), "act": rel_l2(ours[s]["act"], act_torch),
-                     "fc2": rel_l2(ours[s]["y"], y_torch)}
-        bad = {k: v for k, v in errors[s].items() if not v <= MAX_REL_L2}
-        if bad:
-            raise RuntimeError(f"engine ({s}) and torch disagree (rel-L2 > {MAX_REL_L2}): {bad}")
-        first = ours[schedules[0]]
-        same_bits[s] = all(torch.equal(first[k], ours[s][k]) for k in ("h", "act", "y"))
-    timed = [("fc1_torch", fc1_torch), ("fc2_torch", fc2_torch)]
-    for s in schedules:
-        timed += [(f"fc1_{s}", lambda s=s: fc1_ours(s)), (f"fc2_{s}", lambda s=s: fc2_ours(s))]
-    t = {name: median_ms(fn, iters, warmup) for name, fn in timed}
-    flops = {"fc1": 2 * rows * H * 2 * F, "fc2": 2 * rows * F * H}
+    errors = {"h": rel_l2(h_ours, h_torch), "act": rel_l2(act_ours, act_torch),
+              "fc2": rel_l2(y_ours, y_torch)}
+    bad = {k: v for k, v in errors.items() if not v <= MAX_REL_L2}
+    if bad:
+        raise RuntimeError(f"engine and torch disagree (rel-L2 > {MAX_REL_L2}): {bad}")
+    t = {name: median_ms(fn, iters, warmup) for name, fn in
+         (("fc1_ours", fc1_ours), ("fc1_torch", fc1_torch), ("fc2_ours", fc2_ours),
+          ("fc2_torch", fc2_torch))}
+    flops1, flops2 = 2 * rows * H * 2 * F, 2 * rows * F * H
     bytes1 = w1.numel() * 2 + x.numel() * 2 + rows * 3 * F * 2
     bytes2 = w2.numel() * 2 + rows * F * 2 + rows * H * 2
     return {
         "local_experts": local, "tokens": tokens, "rows": rows,
-        "rows_per_expert_max": int(counts.max()), "errors": errors,
-        "bit_identical_to_" + schedules[0]: same_bits, "ms": t,
-        "tflops": {name: flops[name[:3]] / ms / 1e9 for name, ms in t.items()},
+        "rows_per_expert_max": int(counts.max()), "errors": errors, "ms": t,
+        "tflops": {"fc1_ours": flops1 / t["fc1_ours"] / 1e9,
+                   "fc1_torch": flops1 / t["fc1_torch"] / 1e9,
+                   "fc2_ours": flops2 / t["fc2_ours"] / 1e9,
+                   "fc2_torch": flops2 / t["fc2_torch"] / 1e9},
         "hbm_bytes": {"fc1": bytes1, "fc2": bytes2},
-        # torch time / ours: > 1 means ours is faster
-        "speedup": {name: t[name[:3] + "_torch"] / ms for name, ms in t.items()
-                    if not name.endswith("torch")},
+        "speedup": {"fc1": t["fc1_torch"] / t["fc1_ours"], "fc2": t["fc2_torch"] / t["fc2_ours"]},
     }
 
 
@@ -119,8 +110,6 @@ def main(argv=None):
     p.add_argument("--iters", type=int, default=20)
     p.add_argument("--warmup", type=int, default=3)
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--schedules", nargs="+", default=list(ops.TILE_SCHEDULES),
-                   choices=list(ops.TILE_SCHEDULES), help="the engine's tile schedules to time")
     p.add_argument("--out", type=Path, default=None)
     args = p.parse_args(argv)
 
@@ -130,17 +119,16 @@ def main(argv=None):
         for variant in args.variants:
             local = per_gpu_experts(model, variant, args.ep)
             for tokens in args.tokens:
-                r = run_case(model, local, tokens, args.iters, args.warmup, args.seed,
-                             args.schedules)
+                r = run_case(model, local, tokens, args.iters, args.warmup, args.seed)
                 r.update(model=name, variant=variant)
                 results.append(r)
-                ms, sp = r["ms"], r["speedup"]
-                cols = " | ".join(
-                    f"{fc.upper()} torch {ms[fc + '_torch']:7.3f} ms " + " ".join(
-                        f"{s} {ms[f'{fc}_{s}']:7.3f} (x{sp[f'{fc}_{s}']:.2f})"
-                        for s in args.schedules) for fc in ("fc1", "fc2"))
-                print(f"{name:20s} {variant:4s} E={local:3d} T={tokens:5d} | {cols} | "
-                      f"bits {r['bit_identical_to_' + args.schedules[0]]}", flush=True)
+                print(f"{name:20s} {variant:4s} E={local:3d} T={tokens:5d} | "
+                      f"FC1 ours {r['ms']['fc1_ours']:7.3f} ms ({r['tflops']['fc1_ours']:5.0f} TF)"
+                      f" torch {r['ms']['fc1_torch']:7.3f} x{r['speedup']['fc1']:.2f} | "
+                      f"FC2 ours {r['ms']['fc2_ours']:7.3f} ms ({r['tflops']['fc2_ours']:5.0f} TF)"
+                      f" torch {r['ms']['fc2_torch']:7.3f} x{r['speedup']['fc2']:.2f} | "
+                      f"err h {r['errors']['h']:.1e} act {r['errors']['act']:.1e} "
+                      f"fc2 {r['errors']['fc2']:.1e}", flush=True)
                 torch.cuda.empty_cache()
                 if args.out:
                     args.out.parent.mkdir(parents=True, exist_ok=True)

@@ -45,12 +45,6 @@ constexpr int kGemmBlockK = 64;  // one 128-byte swizzle row of bf16
 // output for TMA stores (gemm/sm90/tile_epilogue.cuh): measured faster than 4 stages with
 // per-thread stores on 22 of 24 grouped-GEMM cases, the other two within 3% (docs/perf-log.md).
 constexpr int kGemmStages = 3;
-// Ping-pong tiles (experiment against the cooperative tile above; bench_gemm --schedules):
-// each consumer warpgroup computes a whole kGemmBlockM x kPingPongBlockN tile of its own
-// (two m64n128 MMAs per k-step, the same 128 accumulator registers), the two warpgroups'
-// mainloops take turns, so one's epilogue runs while the other's MMAs do. 4 stages of 32 KiB.
-constexpr int kPingPongBlockN = 128;
-constexpr int kPingPongStages = 4;
 constexpr int kGemmThreads = 128 * (1 + kGemmConsumers);
 constexpr int kGemmProducerRegs = 40;
 constexpr int kGemmConsumerRegs = 232;

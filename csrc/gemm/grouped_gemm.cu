@@ -10,11 +10,6 @@
 // Schedule: tiles are numbered expert-major (expert, m-block, n-block) from the device-side
 // offsets, so the host never learns the row counts; CTA b takes tiles b, b + grid, ...
 // Each output element is computed by exactly one tile in a fixed K order: deterministic.
-//
-// Tile schedules (kernel_config.cuh): cooperative - both consumer warpgroups work on one
-// 128 x 256 tile, 64 rows each, and store it together; ping-pong - each warpgroup has its own
-// 128 x 128 tile and the two take turns on the tensor cores, one storing while the other
-// multiplies; multicast - cooperative tiles, two blocks of a cluster sharing weight loads.
 #include <c10/cuda/CUDAGuard.h>
 #include <cuda_bf16.h>
 #include <torch/extension.h>
@@ -112,243 +107,22 @@ __global__ void __launch_bounds__(kGemmThreads, 1)
   if (leader) bulk_wait_read<0>();  // the last stores have read shared memory before exit
 }
 
-struct PingPongStorage {
-  EpilogueBuffers epilogue;  // first: 1024-aligned
-  PingPongRing ring;
-  int32_t row_begin[kGemmMaxExperts + 1];
-  int32_t mblock_begin[kGemmMaxExperts + 1];
-};
-constexpr size_t kPingPongSharedBytes = aligned_smem_bytes<PingPongStorage>();
-static_assert(kPingPongSharedBytes <= kMaxDynamicSmemBytes, "shared memory of one block per SM");
-static_assert(kGemmConsumers == 2, "ping-pong: two consumer warpgroups take turns");
-
-// Named barriers kMathTurnBarrier + c: consumer warpgroup c may start its next mainloop (the
-// other one has issued all MMAs of its tile). The turns keep the two mainloops apart, so one
-// warpgroup's epilogue runs under the other's MMAs; they are also what makes a warpgroup's
-// wait on a stage's `full` parity safe: the k-blocks before its tile's have all been waited
-// for by the other warpgroup, so the stage's previous phase is complete.
-constexpr int kMathTurnBarrier = kStagingBarrier + kGemmConsumers;
-
-template <int kAct>
-__global__ void __launch_bounds__(kGemmThreads, 1)
-    grouped_gemm_pingpong_kernel(const __grid_constant__ CUtensorMap a_map,
-                                 const __grid_constant__ CUtensorMap w_map,
-                                 const __grid_constant__ CUtensorMap out_map,
-                                 const __grid_constant__ CUtensorMap h_map,
-                                 const int32_t* __restrict__ offsets, int num_experts,
-                                 int n_out, int k_dim, const float* __restrict__ row_prob,
-                                 __nv_bfloat16* __restrict__ out, int64_t out_stride,
-                                 __nv_bfloat16* __restrict__ h_out, int64_t h_stride,
-                                 uint64_t timeout_ns, int* report) {
-  constexpr bool kGated = gated_epilogue<kAct>();
-  constexpr int kTileN = tile_cols<kAct, kPingPongBlockN>();
-  extern __shared__ uint8_t smem_raw[];
-  PingPongStorage& s = aligned_smem<PingPongStorage>(smem_raw);
-
-  const int warpgroup = threadIdx.x / 128;
-  const int n_blocks = (n_out + kTileN - 1) / kTileN;
-  const int k_blocks = (k_dim + kGemmBlockK - 1) / kGemmBlockK;
-
-  if (threadIdx.x < 32) {
-    build_mblock_table(offsets, num_experts, s.row_begin, s.mblock_begin);
-  }
-  if (threadIdx.x == 32) init_ring(s.ring, 1);
-  __syncthreads();
-  const int num_tiles = s.mblock_begin[num_experts] * n_blocks;
-  // This block's tiles: blockIdx.x + i * gridDim.x for i < my_tiles; consumer c takes the
-  // i with i % 2 == c, and the producer loads them all in order of i.
-  const int my_tiles = max(0, (num_tiles - int(blockIdx.x) + int(gridDim.x) - 1) /
-                                  int(gridDim.x));
-
-  if (warpgroup == 0) {
-    warpgroup_reg_dealloc<kGemmProducerRegs>();
-    if (threadIdx.x != 0) return;
-    prefetch_tensor_map(&a_map);
-    prefetch_tensor_map(&w_map);
-    int it = 0;
-    for (int i = 0; i < my_tiles; ++i) {
-      const int tile = blockIdx.x + i * gridDim.x;
-      const TileCoord tc = decode_tile(s.mblock_begin, num_experts, n_blocks, tile);
-      const int row0 = s.row_begin[tc.expert] + tc.m_block * kGemmBlockM;
-      const int n0 = tc.n_block * kTileN;
-      produce_tile(s.ring, it, k_blocks, tile, timeout_ns, report, [&](int stage, int k0) {
-        uint64_t* full = &s.ring.full[stage];
-        tma_load_4d(s.ring.a[stage], &a_map, full, k0, row0, 0, 0);
-        load_weight_tile<kGated, PingPongRing::kBBytes>(s.ring.b[stage], &w_map, full, k0, n0,
-                                                        tc.expert);
-      });
-    }
-    return;
-  }
-
-  warpgroup_reg_alloc<kGemmConsumerRegs>();
-  const int consumer = warpgroup - 1;
-  const bool leader = threadIdx.x % 128 == 0;
-  float acc[2][kPingPongAccRegs];
-  for (int i = consumer; i < my_tiles; i += kGemmConsumers) {
-    const int tile = blockIdx.x + i * gridDim.x;
-    const TileCoord tc = decode_tile(s.mblock_begin, num_experts, n_blocks, tile);
-    const int m_row0 = tc.m_block * kGemmBlockM;
-    const int rows_left = s.row_begin[tc.expert + 1] - s.row_begin[tc.expert] - m_row0;
-    const int row0 = s.row_begin[tc.expert] + m_row0;
-    float p[2][2];
-#pragma unroll
-    for (int h = 0; h < 2; ++h) {
-      const int rows_valid = max(0, min(kStagedRows, rows_left - kStagedRows * h));
-      load_row_probs<kAct>(row_prob, row0 + kStagedRows * h, rows_valid, p[h]);
-    }
-    if (i > 0) named_barrier_sync(kMathTurnBarrier + consumer, 2 * 128);
-    consume_tile_pingpong(s.ring, i * k_blocks, k_blocks, tile, leader, acc, timeout_ns, report,
-                          [&] {
-                            if (i + 1 < my_tiles) {
-                              named_barrier_arrive(kMathTurnBarrier + 1 - consumer, 2 * 128);
-                            }
-                          });
-#pragma unroll
-    for (int h = 0; h < 2; ++h) {
-      if (rows_left <= kStagedRows * h) break;
-      const int rows_valid = min(kStagedRows, rows_left - kStagedRows * h);
-      store_rows_staged<kAct>(acc[h], s.epilogue.out[consumer],
-                              EpilogueTensor{&out_map, out, out_stride},
-                              EpilogueTensor{&h_map, h_out, h_stride}, row0 + kStagedRows * h,
-                              rows_left >= kStagedRows * (h + 1), rows_valid,
-                              tc.n_block * kTileN, n_out, p[h], consumer, leader);
-    }
-  }
-  if (leader) bulk_wait_read<0>();
-}
-
-// Multicast tiles: the cooperative tile, with a cluster of two blocks taking a pair of
-// m-blocks of one expert at the same n-block. Each block loads its own A rows and half of the
-// B tile (gated: the gate or the up rows; plain: 128 of the 256), multicast into both, so a
-// weight tile leaves L2 once per 256 rows instead of once per 128. mblock_begin counts pairs.
-// An expert with an odd number of m-blocks leaves its last pair's second block without rows:
-// that block runs the MMAs (its stages are the cluster's) and stores nothing.
-constexpr int kClusterCtas = 2;
-
-template <int kAct>
-__global__ void __launch_bounds__(kGemmThreads, 1)
-    grouped_gemm_multicast_kernel(const __grid_constant__ CUtensorMap a_map,
-                                  const __grid_constant__ CUtensorMap w_map,
-                                  const __grid_constant__ CUtensorMap out_map,
-                                  const __grid_constant__ CUtensorMap h_map,
-                                  const int32_t* __restrict__ offsets, int num_experts,
-                                  int n_out, int k_dim, const float* __restrict__ row_prob,
-                                  __nv_bfloat16* __restrict__ out, int64_t out_stride,
-                                  __nv_bfloat16* __restrict__ h_out, int64_t h_stride,
-                                  uint64_t timeout_ns, int* report) {
-  constexpr bool kGated = gated_epilogue<kAct>();
-  constexpr int kTileN = tile_cols<kAct>();
-  constexpr int kHalfB = kBTileBytes / kClusterCtas;
-  extern __shared__ uint8_t smem_raw[];
-  SharedStorage& s = aligned_smem<SharedStorage>(smem_raw);
-
-  const int warpgroup = threadIdx.x / 128;
-  const int rank = static_cast<int>(cluster_ctarank());
-  const int cluster = blockIdx.x / kClusterCtas, clusters = gridDim.x / kClusterCtas;
-  const int n_blocks = (n_out + kTileN - 1) / kTileN;
-  const int k_blocks = (k_dim + kGemmBlockK - 1) / kGemmBlockK;
-
-  if (threadIdx.x < 32) {
-    build_mblock_table<kClusterCtas * kGemmBlockM>(offsets, num_experts, s.row_begin,
-                                                   s.mblock_begin);
-  }
-  if (threadIdx.x == 32) init_ring(s.ring, kGemmConsumers * kClusterCtas);
-  cluster_sync();  // both blocks' barriers exist before either multicasts or arrives remotely
-  const int num_tiles = s.mblock_begin[num_experts] * n_blocks;
-
-  if (warpgroup == 0) {
-    warpgroup_reg_dealloc<kGemmProducerRegs>();
-    if (threadIdx.x == 0) {
-      prefetch_tensor_map(&a_map);
-      prefetch_tensor_map(&w_map);
-      int it = 0;
-      for (int tile = cluster; tile < num_tiles; tile += clusters) {
-        const TileCoord tc = decode_tile(s.mblock_begin, num_experts, n_blocks, tile);
-        const int row0 =
-            s.row_begin[tc.expert] + (tc.m_block * kClusterCtas + rank) * kGemmBlockM;
-        const int n0 = tc.n_block * kTileN;
-        produce_tile(s.ring, it, k_blocks, tile, timeout_ns, report, [&](int stage, int k0) {
-          uint64_t* full = &s.ring.full[stage];
-          tma_load_4d(s.ring.a[stage], &a_map, full, k0, row0, 0, 0);
-          uint8_t* b = s.ring.b[stage] + rank * kHalfB;
-          if constexpr (kGated) {
-            tma_load_4d_multicast(b, &w_map, full, k0, n0, rank, tc.expert, 0b11);
-          } else {
-            tma_load_4d_multicast(b, &w_map, full, k0, n0 + rank * (kGemmBlockN / 2), 0,
-                                  tc.expert, 0b11);
-          }
-        });
-      }
-    }
-  } else {
-    warpgroup_reg_alloc<kGemmConsumerRegs>();
-    const int consumer = warpgroup - 1;
-    const bool leader = threadIdx.x % 128 == 0;
-    float acc[kAccRegs];
-    int it = 0;
-    for (int tile = cluster; tile < num_tiles; tile += clusters) {
-      const TileCoord tc = decode_tile(s.mblock_begin, num_experts, n_blocks, tile);
-      const int m_row0 = (tc.m_block * kClusterCtas + rank) * kGemmBlockM;
-      const int rows_left = s.row_begin[tc.expert + 1] - s.row_begin[tc.expert] - m_row0;
-      const int rows_valid = max(0, min(kStagedRows, rows_left - kStagedRows * consumer));
-      const int row0 = s.row_begin[tc.expert] + m_row0 + kStagedRows * consumer;
-      float p[2];
-      load_row_probs<kAct>(row_prob, row0, rows_valid, p);
-      consume_tile<kClusterCtas>(s.ring, it, k_blocks, tile, consumer, leader, acc, timeout_ns,
-                                 report);
-      if (rows_left <= 0) continue;
-      store_rows_staged<kAct>(acc, s.epilogue.out[consumer],
-                              EpilogueTensor{&out_map, out, out_stride},
-                              EpilogueTensor{&h_map, h_out, h_stride}, row0,
-                              rows_left >= kStagedRows * (consumer + 1), rows_valid,
-                              tc.n_block * kTileN, n_out, p, consumer, leader);
-    }
-    if (leader) bulk_wait_read<0>();
-  }
-  cluster_sync();  // no block exits while the other may still arrive on its barriers
-}
-
 template <int kAct>
 void launch(const CUtensorMap& a_map, const CUtensorMap& w_map, const CUtensorMap& out_map,
             const CUtensorMap& h_map, const at::Tensor& offsets, int num_experts, int n_out,
             int k_dim, const float* row_prob, at::Tensor& out, __nv_bfloat16* h_out,
-            int64_t h_stride, int64_t timeout_ns, int schedule) {
-  auto* out_ptr = reinterpret_cast<__nv_bfloat16*>(out.data_ptr());
-  const int32_t* offs = offsets.data_ptr<int32_t>();
-  const uint64_t timeout = static_cast<uint64_t>(timeout_ns);
-  int* report = timeout_report_device();
-  if (schedule == kMulticastTiles) {
-    launch_persistent_clusters(grouped_gemm_multicast_kernel<kAct>, kSharedBytes, kClusterCtas,
-                               a_map, w_map, out_map, h_map, offs, num_experts, n_out, k_dim,
-                               row_prob, out_ptr, out.stride(0), h_out, h_stride, timeout,
-                               report);
-    return;
-  }
-  const bool pingpong = schedule == kPingPongTiles;
-  launch_persistent(pingpong ? grouped_gemm_pingpong_kernel<kAct> : grouped_gemm_kernel<kAct>,
-                    pingpong ? kPingPongSharedBytes : kSharedBytes, a_map, w_map, out_map,
-                    h_map, offs, num_experts, n_out, k_dim, row_prob, out_ptr, out.stride(0),
-                    h_out, h_stride, timeout, report);
-}
-
-// Weight rows one TMA box pair covers (expert_weight_map's tile_n): the tile's, except that a
-// multicast block loads half of a plain tile.
-int weight_tile_rows(int64_t schedule, bool gated) {
-  if (schedule == kPingPongTiles) return kPingPongBlockN;
-  if (schedule == kMulticastTiles && !gated) return kGemmBlockN / kClusterCtas;
-  return kGemmBlockN;
+            int64_t h_stride, int64_t timeout_ns) {
+  launch_persistent(grouped_gemm_kernel<kAct>, kSharedBytes, a_map, w_map, out_map, h_map,
+                    offsets.data_ptr<int32_t>(), num_experts, n_out, k_dim, row_prob,
+                    reinterpret_cast<__nv_bfloat16*>(out.data_ptr()), out.stride(0), h_out,
+                    h_stride, static_cast<uint64_t>(timeout_ns), timeout_report_device());
 }
 
 }  // namespace
 
 void grouped_gemm(const at::Tensor& a, const at::Tensor& w, const at::Tensor& offsets,
                   const c10::optional<at::Tensor>& row_prob, int64_t activation, at::Tensor& out,
-                  const c10::optional<at::Tensor>& h_out, int64_t timeout_ns,
-                  int64_t schedule) {
-  MOK_HOST_CHECK(schedule == kCooperativeTiles || schedule == kPingPongTiles ||
-                     schedule == kMulticastTiles,
-                 "grouped_gemm: unknown tile schedule ", schedule);
+                  const c10::optional<at::Tensor>& h_out, int64_t timeout_ns) {
   MOK_HOST_CHECK(a.is_cuda() && w.is_cuda() && offsets.is_cuda() && out.is_cuda(),
                  "grouped_gemm: all tensors must be on the GPU");
   MOK_HOST_CHECK(a.scalar_type() == at::kBFloat16 && w.scalar_type() == at::kBFloat16 &&
@@ -399,9 +173,8 @@ void grouped_gemm(const at::Tensor& a, const at::Tensor& w, const at::Tensor& of
 
   const CUtensorMap a_map =
       sm90::row_tile_map(a.data_ptr(), a.size(0), k_dim, a.stride(0));
-  const CUtensorMap w_map =
-      sm90::expert_weight_map(w.data_ptr(), num_experts, w.size(1), k_dim, w.stride(0),
-                              w.stride(1), gated ? 2 : 1, weight_tile_rows(schedule, gated));
+  const CUtensorMap w_map = sm90::expert_weight_map(w.data_ptr(), num_experts, w.size(1), k_dim,
+                                                    w.stride(0), w.stride(1), gated ? 2 : 1);
   MOK_HOST_CHECK(out.stride(0) % 8 == 0 && h_stride % 8 == 0,
                  "grouped_gemm: out and h_out row strides must be multiples of 8 elements "
                  "(16 bytes, for TMA stores)");
@@ -412,14 +185,14 @@ void grouped_gemm(const at::Tensor& a, const at::Tensor& w, const at::Tensor& of
             : CUtensorMap{};
   const float* prob = activation == kPlain ? nullptr : row_prob->data_ptr<float>();
   const int e = static_cast<int>(num_experts), n = static_cast<int>(n_out),
-            k = static_cast<int>(k_dim), sched = static_cast<int>(schedule);
+            k = static_cast<int>(k_dim);
   if (activation == kPlain) {
     launch<kPlain>(a_map, w_map, out_map, h_map, offsets, e, n, k, prob, out, h_ptr, h_stride,
-                   timeout_ns, sched);
+                   timeout_ns);
   } else {
     MOK_DISPATCH_ACTIVATION(activation, KACT,
         launch<KACT>(a_map, w_map, out_map, h_map, offsets, e, n, k, prob, out, h_ptr,
-                     h_stride, timeout_ns, sched));
+                     h_stride, timeout_ns));
   }
 }
 

@@ -14,7 +14,6 @@
 
 #include "config/kernel_config.cuh"
 #include "epilogue/activation_math.cuh"
-#include "gemm/sm90/cluster.cuh"
 #include "gemm/sm90/tma.cuh"
 #include "gemm/sm90/wgmma.cuh"
 
@@ -23,6 +22,7 @@ namespace mok::sm90 {
 constexpr int kPlain = -1;  // epilogue id: no activation
 constexpr int kATileBytes = kGemmBlockM * kGemmBlockK * 2;
 constexpr int kBTileBytes = kGemmBlockN * kGemmBlockK * 2;
+constexpr int kStageBytes = kATileBytes + kBTileBytes;
 constexpr int kAccRegs = kGemmBlockN / 2;  // m64 x n256 fp32 over 128 threads
 
 // Timeout report roles (where a bounded wait gave up).
@@ -44,26 +44,18 @@ constexpr bool gated_epilogue() {
   else return is_gated(kAct);
 }
 
-// Output columns one tile of kTileN weight rows produces.
-template <int kAct, int kTileN = kGemmBlockN>
+// Output columns one tile produces.
+template <int kAct>
 constexpr int tile_cols() {
-  return gated_epilogue<kAct>() ? kTileN / 2 : kTileN;
+  return gated_epilogue<kAct>() ? kGemmBlockN / 2 : kGemmBlockN;
 }
 
-// kStages operand stages: an A tile (kGemmBlockM x kGemmBlockK) and a B tile (kTileN weight
-// rows x kGemmBlockK) each; `full` completes when a stage's TMA loads have landed, `empty`
-// when its consumers are done reading it.
-template <int kTileN, int kStages>
-struct OperandRing {
-  static constexpr int kNumStages = kStages;
-  static constexpr int kBBytes = kTileN * kGemmBlockK * 2;
-  static constexpr int kBytesPerStage = kATileBytes + kBBytes;
-  uint8_t a[kStages][kATileBytes];  // each 1024-aligned: the swizzle atom
-  uint8_t b[kStages][kBBytes];
-  uint64_t full[kStages];
-  uint64_t empty[kStages];
+struct StageRing {
+  uint8_t a[kGemmStages][kATileBytes];  // each 1024-aligned: the swizzle atom
+  uint8_t b[kGemmStages][kBTileBytes];
+  uint64_t full[kGemmStages];
+  uint64_t empty[kGemmStages];
 };
-using StageRing = OperandRing<kGemmBlockN, kGemmStages>;  // the cooperative tile's
 
 struct TileCoord {
   int expert, m_block, n_block;
@@ -92,11 +84,11 @@ __device__ __forceinline__ TileCoord decode_tile(const int32_t* mblock_begin, in
 
 // Issues the B-operand TMA loads of one stage (see expert_weight_map): a gated FC1 tile gets
 // its gate rows in the first half and the matching up rows in the second half.
-template <bool kGatedWeights, int kBBytes = kBTileBytes>
+template <bool kGatedWeights>
 __device__ __forceinline__ void load_weight_tile(uint8_t* b, const CUtensorMap* map,
                                                  uint64_t* full, int k0, int n0, int expert) {
   tma_load_4d(b, map, full, k0, n0, 0, expert);
-  if constexpr (kGatedWeights) tma_load_4d(b + kBBytes / 2, map, full, k0, n0, 1, expert);
+  if constexpr (kGatedWeights) tma_load_4d(b + kBTileBytes / 2, map, full, k0, n0, 1, expert);
 }
 
 // The table build_mblock_table fills, and the translations between schedule rows and
@@ -121,9 +113,7 @@ struct MBlockTable {
 };
 
 // One warp: `row_begin[e]` = offsets[e] and `mblock_begin[e]` = the exclusive prefix sum of
-// ceil(rows_e / kBlockRows), the first m-block of expert e, for e in [0, E] (a cluster pair
-// of m-blocks counts as one block of 2 kGemmBlockM rows).
-template <int kBlockRows = kGemmBlockM>
+// ceil(rows_e / kGemmBlockM), the first m-block of expert e, for e in [0, E].
 __device__ __forceinline__ void build_mblock_table(const int32_t* offsets, int num_experts,
                                                    int32_t* row_begin, int32_t* mblock_begin) {
   const int lane = threadIdx.x % 32;
@@ -134,7 +124,7 @@ __device__ __forceinline__ void build_mblock_table(const int32_t* offsets, int n
     if (e <= num_experts) {
       const int begin = offsets[e];
       row_begin[e] = begin;
-      if (e < num_experts) blocks = (offsets[e + 1] - begin + kBlockRows - 1) / kBlockRows;
+      if (e < num_experts) blocks = (offsets[e + 1] - begin + kGemmBlockM - 1) / kGemmBlockM;
     }
     int incl = blocks;
 #pragma unroll
@@ -159,47 +149,30 @@ __device__ __forceinline__ Storage& aligned_smem(uint8_t* raw) {
                                      ~uintptr_t(1023));
 }
 
-// `readers`: consumer warpgroups that read each stage (and arrive on its `empty`).
-template <class Ring>
-__device__ __forceinline__ void init_ring(Ring& ring, int readers = kGemmConsumers) {
-  for (int i = 0; i < Ring::kNumStages; ++i) {
+__device__ __forceinline__ void init_ring(StageRing& ring) {
+  for (int i = 0; i < kGemmStages; ++i) {
     mbar_init(&ring.full[i], 1);
-    mbar_init(&ring.empty[i], readers);
+    mbar_init(&ring.empty[i], kGemmConsumers);
   }
   fence_barrier_init();
 }
 
 // Producer side of one tile: for each k-block, wait for a free stage and issue
-// `load(stage, k0)`, which must start TMA loads of exactly Ring::kBytesPerStage onto
-// ring.full[stage]. `it` counts k-blocks over the whole launch (stage = it % stages, parity
-// flips per wrap).
-template <class Ring, class Load>
-__device__ __forceinline__ void produce_tile(Ring& ring, int& it, int k_blocks, int tile,
+// `load(stage, k0)`, which must start TMA loads of exactly kStageBytes onto ring.full[stage].
+// `it` counts k-blocks over the whole launch (stage = it % stages, parity flips per wrap).
+template <class Load>
+__device__ __forceinline__ void produce_tile(StageRing& ring, int& it, int k_blocks, int tile,
                                              uint64_t timeout_ns, int* report, Load load) {
-  constexpr int kStages = Ring::kNumStages;
   for (int kb = 0; kb < k_blocks; ++kb, ++it) {
-    const int stage = it % kStages;
-    const uint32_t parity = (it / kStages) & 1;
+    const int stage = it % kGemmStages;
+    const uint32_t parity = (it / kGemmStages) & 1;
     mbar_wait(&ring.empty[stage], parity ^ 1, timeout_ns, kWaitProducer, tile, stage, report);
-    mbar_arrive_expect_tx(&ring.full[stage], Ring::kBytesPerStage);
+    mbar_arrive_expect_tx(&ring.full[stage], kStageBytes);
     load(stage, kb * kGemmBlockK);
   }
 }
 
-// Consumer side of one tile: acc = A[rows of this warpgroup] @ B^T over k_blocks. A stage is
-// released to the producers of kClusterCtas CTAs (1: this CTA's; 2: both of a cluster that
-// multicasts its loads).
-template <int kClusterCtas = 1>
-__device__ __forceinline__ void release_stage(uint64_t* empty) {
-  if constexpr (kClusterCtas == 1) {
-    mbar_arrive(empty);
-  } else {
-#pragma unroll
-    for (int c = 0; c < kClusterCtas; ++c) mbar_arrive_cluster(empty, c);
-  }
-}
-
-template <int kClusterCtas = 1>
+// Consumer side of one tile: acc = A[rows of this warpgroup] @ B^T over k_blocks.
 __device__ __forceinline__ void consume_tile(StageRing& ring, int& it, int k_blocks, int tile,
                                              int consumer, bool leader, float (&acc)[kAccRegs],
                                              uint64_t timeout_ns, int* report) {
@@ -221,57 +194,11 @@ __device__ __forceinline__ void consume_tile(StageRing& ring, int& it, int k_blo
     // Keep one k-block of MMAs in flight; the one before it is done reading its stage.
     wgmma_wait<1>();
     fence_accumulators(acc);
-    if (prev_stage >= 0 && leader) release_stage<kClusterCtas>(&ring.empty[prev_stage]);
+    if (prev_stage >= 0 && leader) mbar_arrive(&ring.empty[prev_stage]);
     prev_stage = stage;
   }
   wgmma_wait<0>();
   fence_accumulators(acc);
-  if (prev_stage >= 0 && leader) release_stage<kClusterCtas>(&ring.empty[prev_stage]);
-}
-
-// Ping-pong tiles: one warpgroup computes all kGemmBlockM rows of a kPingPongBlockN-column
-// tile, as two m64 halves (acc[h]: rows 64h .. 64h + 63).
-constexpr int kPingPongAccRegs = kPingPongBlockN / 2;  // m64 x n128 fp32 over 128 threads
-using PingPongRing = OperandRing<kPingPongBlockN, kPingPongStages>;
-
-// Consumer side of one ping-pong tile whose k-blocks start at ring position `it` (the two
-// warpgroups' tiles alternate in the ring, so each skips the other's k-blocks). `issued()`
-// runs once every MMA of the tile is issued, before the last ones are waited for: the other
-// warpgroup may start its mainloop then.
-template <class Issued>
-__device__ __forceinline__ void consume_tile_pingpong(
-    PingPongRing& ring, int it, int k_blocks, int tile, bool leader,
-    float (&acc)[2][kPingPongAccRegs], uint64_t timeout_ns, int* report, Issued issued) {
-  constexpr int kStages = PingPongRing::kNumStages;
-  constexpr int kHalfBytes = kATileBytes / 2;  // 64 rows of A: 8 swizzle atoms
-  int prev_stage = -1;
-  for (int kb = 0; kb < k_blocks; ++kb, ++it) {
-    const int stage = it % kStages;
-    mbar_wait(&ring.full[stage], (it / kStages) & 1, timeout_ns, kWaitMma, tile, stage,
-              report);
-    const uint64_t desc_a0 = smem_desc_k_major_sw128(ring.a[stage]);
-    const uint64_t desc_a1 = smem_desc_k_major_sw128(ring.a[stage] + kHalfBytes);
-    const uint64_t desc_b = smem_desc_k_major_sw128(ring.b[stage]);
-    wgmma_fence();
-#pragma unroll
-    for (int k = 0; k < kGemmBlockK / 16; ++k) {
-      const int accumulate = kb > 0 || k > 0;
-      wgmma_m64n128k16_bf16(acc[0], desc_advance_k16(desc_a0, k), desc_advance_k16(desc_b, k),
-                            accumulate);
-      wgmma_m64n128k16_bf16(acc[1], desc_advance_k16(desc_a1, k), desc_advance_k16(desc_b, k),
-                            accumulate);
-    }
-    wgmma_commit();
-    wgmma_wait<1>();
-    fence_accumulators(acc[0]);
-    fence_accumulators(acc[1]);
-    if (prev_stage >= 0 && leader) mbar_arrive(&ring.empty[prev_stage]);
-    prev_stage = stage;
-  }
-  issued();
-  wgmma_wait<0>();
-  fence_accumulators(acc[0]);
-  fence_accumulators(acc[1]);
   if (prev_stage >= 0 && leader) mbar_arrive(&ring.empty[prev_stage]);
 }
 

@@ -62,19 +62,13 @@ __device__ __forceinline__ float activate(float h) {
   else return act_eval<kAct>(h).f;
 }
 
-// Output columns of an m64 accumulator of kRegs registers per thread (m64 x n(2 kRegs)).
-template <int kAct, int kRegs>
-constexpr int accumulator_cols() {
-  return tile_cols<kAct, 2 * kRegs>();
-}
-
 // The epilogue's value for accumulator pair (8-column chunk j, row half i) with row prob p:
 // output columns 8j + 2(lane % 4) + {0, 1} of the thread's row 16 warp + lane / 4 + 8i.
-template <int kAct, int kRegs>
-__device__ __forceinline__ __nv_bfloat162 output_pair(const float (&d)[kRegs], int j, int i,
+template <int kAct>
+__device__ __forceinline__ __nv_bfloat162 output_pair(const float (&d)[kAccRegs], int j, int i,
                                                       float p) {
   constexpr bool kGated = gated_epilogue<kAct>();
-  constexpr int kCols = accumulator_cols<kAct, kRegs>();
+  constexpr int kCols = tile_cols<kAct>();
   float v[2];
 #pragma unroll
   for (int c = 0; c < 2; ++c) {
@@ -175,14 +169,14 @@ __device__ __forceinline__ void load_row_probs(const float* __restrict__ row_pro
 // rows' probs (load_row_probs); `full` says all 64 rows belong to the tile (decided by the
 // caller with its own comparison: when ptxas derived the branch from `rows_valid == 64` after
 // a min/max, partial blocks took the TMA path).
-template <int kAct, int kRegs>
-__device__ __forceinline__ void store_rows_staged(const float (&d)[kRegs], uint8_t* buf,
+template <int kAct>
+__device__ __forceinline__ void store_rows_staged(const float (&d)[kAccRegs], uint8_t* buf,
                                                   const EpilogueTensor& out,
                                                   const EpilogueTensor& h, int row0, bool full,
                                                   int rows_valid, int col0, int n_out,
                                                   const float (&p)[2], int consumer,
                                                   bool leader) {
-  constexpr int kCols = accumulator_cols<kAct, kRegs>();
+  constexpr int kCols = tile_cols<kAct>();
   store_round<kCols>(buf, out, 0, row0, full, rows_valid, col0, n_out, consumer, leader,
                      [&](int j, int i) { return output_pair<kAct>(d, j, i, p[i]); });
   if constexpr (kAct != kPlain) {
