@@ -10,6 +10,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   // comm: barrier and row movers over symmetric memory
   m.def("peer_barrier", &mok::peer_barrier);
   m.def("stall_for_test", &mok::stall_for_test);
+  m.def("publish_inputs", &mok::publish_inputs);
   m.def("pull_rows", &mok::pull_rows);
   m.def("push_rows", &mok::push_rows);
   m.def("push_values", &mok::push_values);

@@ -21,6 +21,12 @@ void build_schedule(const at::Tensor& peer_bases, int64_t ids_offset, int64_t pr
                     int64_t expert_begin, const at::Tensor& expert_position, at::Tensor& offsets,
                     at::Tensor& row_slot, at::Tensor& row_prob);
 
+// comm/publish.cu: x, ids, probs and the token count into this rank's workspace regions
+// (byte offsets into buffer); ids32 receives the int32 ids too.
+void publish_inputs(const at::Tensor& x, const at::Tensor& ids, const at::Tensor& probs,
+                    at::Tensor& buffer, int64_t tokens_offset, int64_t ids_offset,
+                    int64_t probs_offset, int64_t count_offset, at::Tensor& ids32);
+
 // comm/rows.cu
 void pull_rows(const at::Tensor& peer_bases, int64_t src_offset, const at::Tensor& row_slot,
                const at::Tensor& num_rows, int64_t max_tokens, int64_t topk, at::Tensor& out);

@@ -87,6 +87,17 @@ def build_schedule(peer_bases, ids_offset, probs_offset, count_offset, world, ma
                                row_slot, row_prob)
 
 
+def publish_inputs(x, ids, probs, buffer, offsets: dict, ids32) -> None:
+    """x (bf16 [T, H]), ids (int32/int64 [T, K], written as int32) and probs ([T, K], written
+    as fp32) into the workspace regions at `offsets` (WorkspaceLayout.offsets()) of `buffer`,
+    and T into its count; ids32 ([T, K] int32) receives the ids as well. One launch."""
+    for name, t in (("x", x), ("ids", ids), ("probs", probs), ("buffer", buffer)):
+        _cuda(name, t)
+    _cuda("ids32", ids32, torch.int32)
+    extension().publish_inputs(x, ids, probs, buffer, offsets["tokens"], offsets["ids"],
+                               offsets["probs"], offsets["count"], ids32)
+
+
 def pull_rows(peer_bases, src_offset, row_slot, num_rows, max_tokens, topk, out):
     _cuda("row_slot", row_slot, torch.int32)
     _cuda("out", out)

@@ -111,11 +111,9 @@ class _SymmMoE(torch.autograd.Function):
         ws = plan.ws
         T, H = x.shape
         K = ids.shape[1]
-        ids32 = ids.to(torch.int32).contiguous()
-        ws.count().fill_(T)
-        ws.tokens(T).copy_(x)
-        ws.ids(T, K).copy_(ids32)
-        ws.probs(T, K).copy_(probs)
+        ids32 = torch.empty(T, K, dtype=torch.int32, device=x.device)
+        ops.publish_inputs(x, ids.contiguous(), probs.contiguous(), ws.buffer, ws.offsets,
+                           ids32)
         ws.barrier(ops.Stage.FORWARD_PUBLISHED)
 
         offsets, row_slot, row_prob = _schedule(ws, K, plan.num_local, plan.position,

@@ -146,15 +146,6 @@ class Workspace:
         nbytes = math.prod(shape) * dtype.itemsize
         return self.buffer[start:start + nbytes].view(dtype).view(shape)
 
-    def count(self) -> torch.Tensor:
-        return self._view("count", (1,), torch.int32)
-
-    def ids(self, tokens: int, topk: int) -> torch.Tensor:
-        return self._view("ids", (tokens, topk), torch.int32)
-
-    def probs(self, tokens: int, topk: int) -> torch.Tensor:
-        return self._view("probs", (tokens, topk), torch.float32)
-
     def tokens(self, tokens: int) -> torch.Tensor:
         return self._view("tokens", (tokens, self.layout.hidden), torch.bfloat16)
 
@@ -170,6 +161,10 @@ class Workspace:
         return self._view("slot_values", (tokens * topk,), torch.float32)
 
     def barrier(self, stage: ops.Stage, channel: int = 0) -> None:
+        """Every rank of the group has reached `stage` (its writes before it are visible to
+        all). A group of one has no one to wait for: its stream already orders them."""
+        if self.world == 1:
+            return
         ops.peer_barrier(self.peer_bases, self.offsets["flags"], self.epochs, channel,
                          self.rank, self.world, self.timeout_ns, stage)
 

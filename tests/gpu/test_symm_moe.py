@@ -1,5 +1,6 @@
 """The CUDA backend on one GPU (EP=1: no peers, the same kernels and workspace)."""
 
+import math
 import subprocess
 import sys
 
@@ -7,6 +8,7 @@ import pytest
 import torch
 
 import gpu_checks
+from mok_megatron import ops
 from mok_megatron.testing import ProblemSpec
 
 pytestmark = pytest.mark.gpu
@@ -92,3 +94,35 @@ def test_stall_ends_in_timeout_report():
                           timeout=120)
     assert proc.returncode != 0
     assert "TIMEOUT rank 0 stage 4 (test: planted stall)" in proc.stdout, proc.stdout + proc.stderr
+
+
+@pytest.mark.parametrize("aligned", [True, False], ids=["aligned_x", "unaligned_x"])
+@pytest.mark.parametrize("prob_dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("id_dtype", [torch.int32, torch.int64])
+def test_publish_inputs_writes_every_region(id_dtype, prob_dtype, aligned):
+    """One launch puts x, the ids (as int32, unused slots included), the probs (as fp32) and
+    the token count where the other ranks read them; the rest of the buffer is untouched."""
+    from mok_megatron.workspace import WorkspaceLayout
+
+    T, H, K = 37, 64, 3
+    layout = WorkspaceLayout(64, K, H)
+    offsets = layout.offsets()
+    buffer = torch.full((layout.nbytes,), 0xAB, dtype=torch.uint8, device="cuda")
+    raw = torch.randn(T * H + 1, device="cuda").bfloat16()
+    x = (raw[:T * H] if aligned else raw[1:]).view(T, H)  # unaligned: 2 bytes past 16
+    ids = torch.randint(-1, 16, (T, K), device="cuda").to(id_dtype)
+    probs = torch.rand(T, K, device="cuda").to(prob_dtype)
+    ids32 = torch.full((T, K), -7, dtype=torch.int32, device="cuda")
+    ops.publish_inputs(x, ids, probs, buffer, offsets, ids32)
+
+    def region(name, dtype, shape):
+        n = math.prod(shape) * dtype.itemsize
+        return buffer[offsets[name]:offsets[name] + n].view(dtype).view(shape)
+
+    assert torch.equal(region("tokens", torch.bfloat16, (T, H)), x)
+    assert torch.equal(region("ids", torch.int32, (T, K)), ids.to(torch.int32))
+    assert torch.equal(ids32, ids.to(torch.int32))
+    assert torch.equal(region("probs", torch.float32, (T, K)), probs.float())
+    assert region("count", torch.int32, (1,)).item() == T
+    untouched = region("tokens", torch.uint8, (64 * H * 2,))[T * H * 2:]
+    assert (untouched == 0xAB).all(), "rows past T were written"

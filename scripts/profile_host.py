@@ -1,0 +1,86 @@
+"""Host-side cost of one mok forward (CUDA backend, EP=1, no process group): the time the
+host takes to issue a call, a call's time in a stream of calls (what training sees when the
+host runs ahead), a call synchronized alone (what bench_moe times), and where the host time
+goes (cProfile, top functions by own time).
+
+    python scripts/profile_host.py --model qwen3_30b_a3b_like --experts 8 --tokens 2048
+"""
+
+from __future__ import annotations
+
+import argparse
+import cProfile
+import pstats
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from mok_megatron.config import KernelKnobs, Recipe, load_model  # noqa: E402
+from mok_megatron.functional import moe_experts  # noqa: E402
+
+
+def main(argv=None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--model", default="qwen3_30b_a3b_like")
+    ap.add_argument("--experts", type=int, default=8)
+    ap.add_argument("--tokens", type=int, default=2048)
+    ap.add_argument("--comm-sms", type=int, default=12)
+    ap.add_argument("--calls", type=int, default=200)
+    ap.add_argument("--top", type=int, default=18, help="functions listed by cProfile")
+    args = ap.parse_args(argv)
+
+    model = load_model(args.model)
+    H, F, K, E, T = (model.hidden_size, model.moe_ffn_hidden_size, model.topk, args.experts,
+                     args.tokens)
+    g = torch.Generator(device="cuda").manual_seed(0)
+    x = torch.randn(T, H, device="cuda", generator=g).bfloat16()
+    ids = torch.rand(T, E, device="cuda", generator=g).topk(K, dim=1).indices
+    probs = torch.rand(T, K, device="cuda", generator=g)
+    w1 = (torch.randn(E, 2 * F, H, device="cuda", generator=g) * H**-0.5).bfloat16()
+    w2 = (torch.randn(E, H, F, device="cuda", generator=g) * F**-0.5).bfloat16()
+
+    for forward_kernel in ("megakernel", "separate"):
+        recipe = Recipe(name="host", backend="cuda",
+                        kernel=KernelKnobs(max_tokens_per_rank=T, forward_kernel=forward_kernel,
+                                           comm_sms_forward=args.comm_sms))
+
+        def forward():
+            with torch.no_grad():
+                return moe_experts(x, ids, probs, w1, w2, group=None, activation="swiglu",
+                                   recipe=recipe)
+
+        for _ in range(10):
+            forward()
+        torch.cuda.synchronize()
+        start = time.perf_counter()
+        for _ in range(args.calls):
+            forward()
+        issued = (time.perf_counter() - start) / args.calls
+        torch.cuda.synchronize()
+        streamed = (time.perf_counter() - start) / args.calls
+        alone = []
+        for _ in range(50):
+            torch.cuda.synchronize()
+            start = time.perf_counter()
+            forward()
+            torch.cuda.synchronize()
+            alone.append(time.perf_counter() - start)
+        print(f"{forward_kernel}: host issue {issued * 1e3:.3f} ms/call, stream "
+              f"{streamed * 1e3:.3f} ms/call, synchronized alone (median) "
+              f"{statistics.median(alone) * 1e3:.3f} ms")
+        profiler = cProfile.Profile()
+        profiler.enable()
+        for _ in range(100):
+            forward()
+        profiler.disable()
+        torch.cuda.synchronize()
+        pstats.Stats(profiler).sort_stats("tottime").print_stats(args.top)
+
+
+if __name__ == "__main__":
+    main()
