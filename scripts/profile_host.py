@@ -20,6 +20,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from layer_problem import one_gpu_layer  # noqa: E402
 from mok_megatron.config import KernelKnobs, Recipe, load_model  # noqa: E402
 from mok_megatron.functional import moe_experts  # noqa: E402
 
@@ -35,14 +36,8 @@ def main(argv=None) -> None:
     args = ap.parse_args(argv)
 
     model = load_model(args.model)
-    H, F, K, E, T = (model.hidden_size, model.moe_ffn_hidden_size, model.topk, args.experts,
-                     args.tokens)
-    g = torch.Generator(device="cuda").manual_seed(0)
-    x = torch.randn(T, H, device="cuda", generator=g).bfloat16()
-    ids = torch.rand(T, E, device="cuda", generator=g).topk(K, dim=1).indices
-    probs = torch.rand(T, K, device="cuda", generator=g)
-    w1 = (torch.randn(E, 2 * F, H, device="cuda", generator=g) * H**-0.5).bfloat16()
-    w2 = (torch.randn(E, H, F, device="cuda", generator=g) * F**-0.5).bfloat16()
+    T = args.tokens
+    x, ids, probs, w1, w2 = one_gpu_layer(model, args.experts, T)
 
     for forward_kernel in ("megakernel", "separate"):
         recipe = Recipe(name="host", backend="cuda",

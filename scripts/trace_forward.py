@@ -21,6 +21,7 @@ from torch.profiler import ProfilerActivity, profile
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
+from layer_problem import one_gpu_layer  # noqa: E402
 from mok_megatron.config import KernelKnobs, Recipe, load_model  # noqa: E402
 from mok_megatron.functional import moe_experts  # noqa: E402
 
@@ -37,14 +38,8 @@ def main(argv=None) -> None:
     args = ap.parse_args(argv)
 
     model = load_model(args.model)
-    H, F, K, E, T = (model.hidden_size, model.moe_ffn_hidden_size, model.topk, args.experts,
-                     args.tokens)
-    g = torch.Generator(device="cuda").manual_seed(0)
-    x = torch.randn(T, H, device="cuda", generator=g).bfloat16()
-    ids = torch.rand(T, E, device="cuda", generator=g).topk(K, dim=1).indices
-    probs = torch.rand(T, K, device="cuda", generator=g)
-    w1 = (torch.randn(E, 2 * F, H, device="cuda", generator=g) * H**-0.5).bfloat16()
-    w2 = (torch.randn(E, H, F, device="cuda", generator=g) * F**-0.5).bfloat16()
+    T = args.tokens
+    x, ids, probs, w1, w2 = one_gpu_layer(model, args.experts, T)
     recipe = Recipe(name="trace", backend="cuda",
                     kernel=KernelKnobs(max_tokens_per_rank=T, forward_kernel=args.forward_kernel,
                                        comm_sms_forward=args.comm_sms))
@@ -78,8 +73,9 @@ def main(argv=None) -> None:
     rows = sorted(((name, ms, n // args.iters) for name, (ms, n) in per_kernel.items()),
                   key=lambda r: -r[1])
     gpu_ms = sum(ms for _, ms, _ in rows)
-    print(f"{args.model} E={E} T={T} {args.forward_kernel}: forward {wall_ms:.3f} ms per call, "
-          f"kernels {gpu_ms:.3f} ms ({sum(n for *_, n in rows)} launches)")
+    print(f"{args.model} E={args.experts} T={T} {args.forward_kernel}: forward "
+          f"{wall_ms:.3f} ms per call, kernels {gpu_ms:.3f} ms "
+          f"({sum(n for *_, n in rows)} launches)")
     for name, ms, n in rows:
         print(f"  {ms:8.3f} ms  x{n:<3} {name}")
     if args.out:

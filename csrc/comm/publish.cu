@@ -78,9 +78,10 @@ void publish_inputs(const at::Tensor& x, const at::Tensor& ids, const at::Tensor
     using Prob = decltype(prob_tag);
     publish_inputs_kernel<Id, Prob><<<blocks, kActThreads, 0, stream>>>(
         reinterpret_cast<const uint16_t*>(x.data_ptr()), x.numel(), vector_rows,
-        reinterpret_cast<const Id*>(ids.data_ptr()), reinterpret_cast<const Prob*>(probs.data_ptr()),
-        slots, static_cast<int32_t>(tokens), ws_tokens,
-        reinterpret_cast<int32_t*>(base + ids_offset), reinterpret_cast<float*>(base + probs_offset),
+        reinterpret_cast<const Id*>(ids.data_ptr()),
+        reinterpret_cast<const Prob*>(probs.data_ptr()), slots, static_cast<int32_t>(tokens),
+        ws_tokens, reinterpret_cast<int32_t*>(base + ids_offset),
+        reinterpret_cast<float*>(base + probs_offset),
         reinterpret_cast<int32_t*>(base + count_offset), ids32.data_ptr<int32_t>());
   };
   auto with_probs = [&](auto id_tag) {
