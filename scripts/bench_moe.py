@@ -213,6 +213,25 @@ def timed(fn, iters: int, warmup: int) -> float:
     return t.median().item()
 
 
+def graph_forward_seconds(fwd, iters: int, warmup: int) -> float:
+    """The no-grad forward captured once as a CUDA graph and replayed, timed as `timed` does:
+    the layer's GPU time without the host's launch latency, as a training step captured in
+    CUDA graphs sees it. Only for paths without host synchronization (not alltoall, which
+    reads its split sizes on the host)."""
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        fwd()
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        fwd()
+    seconds = timed(graph.replay, iters, warmup)
+    del graph
+    torch.cuda.empty_cache()
+    return seconds
+
+
 def roofline(model, rows, remote_rows, local_experts, peaks, backward: bool) -> dict:
     H, Fh = model.hidden_size, model.moe_ffn_hidden_size
     flops = 6 * rows * H * Fh * (3 if backward else 1)
@@ -286,6 +305,9 @@ def run_case(model, variant, tokens, peaks, args, group):
         tf = timed(fwd, args.iters, args.warmup)
         tb = timed(both, args.iters, args.warmup)
         result["paths"][name] = {"fwd_s": tf, "both_s": tb, "bwd_s": tb - tf}
+        if args.cuda_graph and name != "alltoall":
+            result["paths"][name]["fwd_graph_s"] = graph_forward_seconds(
+                fwd, args.iters, args.warmup)
     for direction, backward, key in (("fwd", False, "fwd_s"), ("both", True, "both_s")):
         roof = roofline(model, rows, remote, E // world, peaks, backward)
         result[f"roofline_{direction}"] = roof
@@ -293,6 +315,9 @@ def run_case(model, variant, tokens, peaks, args, group):
             t = result["paths"][name][key]
             result["paths"][name][f"tflops_{direction}"] = roof["flops"] / t / 1e12
             result["paths"][name][f"roof_{direction}"] = roof["floor_s"] / t
+            if direction == "fwd" and "fwd_graph_s" in result["paths"][name]:
+                result["paths"][name]["roof_fwd_graph"] = (
+                    roof["floor_s"] / result["paths"][name]["fwd_graph_s"])
     base = result["paths"]["alltoall"]
     mok = result["paths"]["mok"]
     result["speedup_vs_alltoall"] = {k: base[k] / mok[k] for k in ("fwd_s", "bwd_s", "both_s")}
@@ -318,6 +343,11 @@ def print_row(r):
              f"x{r['speedup_vs_alltoall_megakernel']['fwd_s']:.2f} vs a2a, "
              f"x{m['fwd_s'] / k['fwd_s']:.2f} vs v1 | fwd+bwd {k['both_s']*1e3:7.2f} ms "
              f"x{r['speedup_vs_alltoall_megakernel']['both_s']:.2f}")
+    graphed = {n: p for n, p in r["paths"].items() if "fwd_graph_s" in p}
+    if graphed:
+        log0(f"{'':<20} CUDA-graph fwd: " + ", ".join(
+            f"{n} {p['fwd_graph_s']*1e3:.2f} ms ({p['roof_fwd_graph']*100:.0f}% roof, "
+            f"x{b['fwd_s'] / p['fwd_graph_s']:.2f} vs eager a2a)" for n, p in graphed.items()))
 
 
 def chart(results, path: Path):
@@ -365,6 +395,8 @@ def main(argv=None):
     p.add_argument("--macrobatch-tokens", type=int, default=KernelKnobs.macrobatch_tokens,
                    help="rows per macrobatch of the megakernel's ring (with --backward-inputs "
                         "recomputed)")
+    p.add_argument("--cuda-graph", action="store_true",
+                   help="also time the mok paths' forward replayed from a CUDA graph")
     p.add_argument("--out", type=Path, default=None)
     args = p.parse_args(argv)
 
