@@ -1,8 +1,13 @@
 """The symmetric workspace's layout (mok_megatron/workspace.py): regions in order, aligned,
-not overlapping; the `inputs` region only where backward recomputes from the token rows. And
-the rows a rank's schedule holds (kernel.schedule_capacity)."""
+not overlapping; the `inputs` region only where backward recomputes from the token rows. The
+rows a rank's schedule holds (kernel.schedule_capacity), the barriers a group launches, and
+the publish op's argument checks."""
 
-from mok_megatron.workspace import WorkspaceLayout
+import pytest
+import torch
+
+from mok_megatron import ops
+from mok_megatron.workspace import Workspace, WorkspaceLayout
 
 
 def test_regions_are_aligned_and_disjoint():
@@ -31,3 +36,27 @@ def test_schedule_rows_is_the_capacity_fraction_of_the_worst_case():
     assert schedule_rows(4, 100, 2, 0.25) == 200  # perfect balance
     assert schedule_rows(4, 100, 2, 0.2501) == 201  # rounded up, never below the fraction
     assert schedule_rows(4, 100, 2, 1e-9) == 1  # at least one row
+
+
+def test_a_group_of_one_launches_no_barrier(monkeypatch):
+    """Barriers order the ranks' writes for each other; a group of one has its own stream
+    order, so it launches none, and a group of two launches each one."""
+    launched = []
+    monkeypatch.setattr(ops, "peer_barrier", lambda *args: launched.append(args))
+    layout = WorkspaceLayout(max_tokens=8, topk=2, hidden=64)
+    for world in (1, 2):
+        ws = Workspace.__new__(Workspace)
+        ws._setup(None, torch.device("cpu"), layout, 1000, 0, world)
+        ws.peer_bases = None
+        ws.barrier(ops.Stage.FORWARD_PUBLISHED)
+    assert [args[5] for args in launched] == [2]  # peer_barrier(..., rank, world, ...)
+
+
+def test_publish_inputs_refuses_host_tensors():
+    layout = WorkspaceLayout(max_tokens=8, topk=2, hidden=64)
+    x = torch.zeros(4, 64, dtype=torch.bfloat16)
+    ids = torch.zeros(4, 2, dtype=torch.int64)
+    buffer = torch.zeros(layout.nbytes, dtype=torch.uint8)
+    with pytest.raises(ValueError, match="x must be a CUDA tensor"):
+        ops.publish_inputs(x, ids, torch.zeros(4, 2), buffer, layout.offsets(),
+                           torch.zeros(4, 2, dtype=torch.int32))
