@@ -39,7 +39,9 @@ def rel_l2(a, b) -> float:
     return ((a.double() - b.double()).norm() / b.double().norm()).item()
 
 
-def run_case(model, local: int, tokens: int, iters: int, warmup: int, seed: int) -> dict:
+def grouped_problem(model, local: int, tokens: int, seed: int):
+    """One GPU's expert work: rows = tokens x topk routed uniformly at random over `local`
+    experts (grouped by expert), and counts, offsets [E + 1] (int32), x, w1, w2, prob."""
     H, F, K = model.hidden_size, model.moe_ffn_hidden_size, model.topk
     g = torch.Generator(device="cuda").manual_seed(seed)
     rows = tokens * K
@@ -51,6 +53,13 @@ def run_case(model, local: int, tokens: int, iters: int, warmup: int, seed: int)
     w1 = (torch.randn(local, 2 * F, H, device="cuda", generator=g) * H**-0.5).bfloat16()
     w2 = (torch.randn(local, H, F, device="cuda", generator=g) * F**-0.5).bfloat16()
     prob = torch.rand(rows, device="cuda", generator=g)
+    return counts, offsets, x, w1, w2, prob
+
+
+def run_case(model, local: int, tokens: int, iters: int, warmup: int, seed: int) -> dict:
+    H, F, K = model.hidden_size, model.moe_ffn_hidden_size, model.topk
+    rows = tokens * K
+    counts, offsets, x, w1, w2, prob = grouped_problem(model, local, tokens, seed)
     num_rows = offsets[-1:].clone()
 
     act_ours = torch.empty(rows, F, device="cuda", dtype=torch.bfloat16)

@@ -10,6 +10,7 @@ import argparse
 
 import torch
 
+from bench_gemm import grouped_problem
 from mok_megatron import ops
 from mok_megatron.config import load_model
 
@@ -22,16 +23,8 @@ def main(argv=None):
     args = p.parse_args(argv)
     model = load_model(args.model)
     H, F, K = model.hidden_size, model.moe_ffn_hidden_size, model.topk
-    g = torch.Generator(device="cuda").manual_seed(0)
     rows = args.tokens * K
-    expert = torch.randint(0, args.local_experts, (rows,), device="cuda", generator=g)
-    offsets = torch.zeros(args.local_experts + 1, dtype=torch.int32, device="cuda")
-    offsets[1:] = torch.bincount(expert, minlength=args.local_experts).cumsum(0)
-    x = torch.randn(rows, H, device="cuda", generator=g).bfloat16()
-    w1 = (torch.randn(args.local_experts, 2 * F, H, device="cuda", generator=g)
-          * H**-0.5).bfloat16()
-    w2 = (torch.randn(args.local_experts, H, F, device="cuda", generator=g) * F**-0.5).bfloat16()
-    prob = torch.rand(rows, device="cuda", generator=g)
+    _, offsets, x, w1, w2, prob = grouped_problem(model, args.local_experts, args.tokens, 0)
     act = torch.empty(rows, F, device="cuda", dtype=torch.bfloat16)
     h = torch.empty(rows, 2 * F, device="cuda", dtype=torch.bfloat16)
     y = torch.empty(rows, H, device="cuda", dtype=torch.bfloat16)

@@ -20,9 +20,8 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from layer_problem import one_gpu_layer  # noqa: E402
-from mok_megatron.config import KernelKnobs, Recipe, load_model  # noqa: E402
-from mok_megatron.functional import moe_experts  # noqa: E402
+from layer_problem import one_gpu_forward  # noqa: E402
+from mok_megatron.config import load_model  # noqa: E402
 
 
 def main(argv=None) -> None:
@@ -36,19 +35,9 @@ def main(argv=None) -> None:
     args = ap.parse_args(argv)
 
     model = load_model(args.model)
-    T = args.tokens
-    x, ids, probs, w1, w2 = one_gpu_layer(model, args.experts, T)
-
     for forward_kernel in ("megakernel", "separate"):
-        recipe = Recipe(name="host", backend="cuda",
-                        kernel=KernelKnobs(max_tokens_per_rank=T, forward_kernel=forward_kernel,
-                                           comm_sms_forward=args.comm_sms))
-
-        def forward():
-            with torch.no_grad():
-                return moe_experts(x, ids, probs, w1, w2, group=None, activation="swiglu",
-                                   recipe=recipe)
-
+        forward = one_gpu_forward(model, args.experts, args.tokens, forward_kernel,
+                                  args.comm_sms)
         for _ in range(10):
             forward()
         torch.cuda.synchronize()

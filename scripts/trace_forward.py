@@ -21,9 +21,8 @@ from torch.profiler import ProfilerActivity, profile
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from layer_problem import one_gpu_layer  # noqa: E402
-from mok_megatron.config import KernelKnobs, Recipe, load_model  # noqa: E402
-from mok_megatron.functional import moe_experts  # noqa: E402
+from layer_problem import one_gpu_forward  # noqa: E402
+from mok_megatron.config import load_model  # noqa: E402
 
 
 def main(argv=None) -> None:
@@ -37,17 +36,9 @@ def main(argv=None) -> None:
     ap.add_argument("--out", type=Path)
     args = ap.parse_args(argv)
 
-    model = load_model(args.model)
     T = args.tokens
-    x, ids, probs, w1, w2 = one_gpu_layer(model, args.experts, T)
-    recipe = Recipe(name="trace", backend="cuda",
-                    kernel=KernelKnobs(max_tokens_per_rank=T, forward_kernel=args.forward_kernel,
-                                       comm_sms_forward=args.comm_sms))
-
-    def forward():
-        with torch.no_grad():
-            return moe_experts(x, ids, probs, w1, w2, group=None, activation="swiglu",
-                               recipe=recipe)
+    forward = one_gpu_forward(load_model(args.model), args.experts, T, args.forward_kernel,
+                              args.comm_sms)
 
     for _ in range(5):
         forward()
