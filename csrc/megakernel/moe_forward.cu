@@ -288,8 +288,13 @@ __global__ void __launch_bounds__(kGemmThreads, 1)
         flat = a.row_slot[row0 + threadIdx.x % 128];
       }
     }
-    consume_tile(s.ring, it, t.fc1 ? fc1_kblocks : fc2_kblocks, t.tile, consumer, leader, acc,
-                 a.timeout_ns, a.report);
+    const int k_blocks = t.fc1 ? fc1_kblocks : fc2_kblocks;
+    const bool split = split_k_tile(t.rows_left, k_blocks);
+    consume_tile(s.ring, it, k_blocks, t.tile, consumer, leader, split, acc, a.timeout_ns,
+                 a.report);
+    // A split tile's rows are all consumer 0's: it stores them; consumer 1 only counts.
+    if (split) reduce_split_k(acc, s.epilogue, consumer);
+    const bool stores = !(a.skip & kSkipStores) && !(split && consumer == 1);
     // The block's next tile (the producer queued it once it had issued this tile's loads).
     const QueuedTile& next = wait_tile(s.queue, seq + 1, a.timeout_ns, a.report);
     if (!t.fc1 && leader) {
@@ -300,7 +305,7 @@ __global__ void __launch_bounds__(kGemmThreads, 1)
     if (t.fc1) {
       // The previous FC1 tile's stores drained during this tile's MMAs; count it now.
       if (pending_mblock >= 0) publish_fc1(pending_mblock);
-      if (!(a.skip & kSkipStores)) {
+      if (stores) {
         store_rows_staged<kAct>(acc, buf, act_out, h_out, t.slot0 + kStagedRows * consumer,
                                 t.rows_left >= kStagedRows * (consumer + 1), rows_valid(t),
                                 t.n_block * kFc1Cols, a.ffn, p, consumer, leader);
@@ -310,7 +315,7 @@ __global__ void __launch_bounds__(kGemmThreads, 1)
         publish_fc1(pending_mblock);
         pending_mblock = -1;
       }
-    } else if (!(a.skip & kSkipStores)) {
+    } else if (stores) {
       // Each result row goes to its (token, k) slot on the source rank.
       __nv_bfloat16* dst = nullptr;
       if (flat >= 0) {
