@@ -63,6 +63,10 @@ constexpr int kPullLanesDivisor = 4;
 // Forward megakernel: tile indices the producer can take ahead of its consumers
 // (megakernel/tile_queue.cuh).
 constexpr int kTileQueueDepth = 4;
+// Forward megakernel: m-blocks of one expert whose tiles are taken n-block by n-block, so the
+// tiles reading one weight slab run together (megakernel/macrobatch_ring.cuh). Larger groups
+// spread an m-block's tiles (its A rows' reuse) over more indices.
+constexpr int kTileGroupMBlocks = 4;
 
 static_assert(kGemmProducerRegs * 128 + kGemmConsumerRegs * 128 * kGemmConsumers <= 65536,
               "register budget of one CTA per SM");

@@ -9,7 +9,6 @@
 //
 // Schedule: tiles are numbered expert-major (expert, m-block, n-block) from the device-side
 // offsets, so the host never learns the row counts; CTA b takes tiles b, b + grid, ...
-// A tile of at most 64 rows runs split along K (split_k_tile).
 // Each output element is computed by exactly one tile in a fixed K order: deterministic.
 #include <c10/cuda/CUDAGuard.h>
 #include <cuda_bf16.h>
@@ -96,14 +95,9 @@ __global__ void __launch_bounds__(kGemmThreads, 1)
     const int rows_left = s.row_begin[tc.expert + 1] - s.row_begin[tc.expert] - m_row0;
     const int rows_valid = max(0, min(kStagedRows, rows_left - kStagedRows * consumer));
     const int row0 = s.row_begin[tc.expert] + m_row0 + kStagedRows * consumer;
-    const bool split = split_k_tile(rows_left, k_blocks);
     float p[2];
     load_row_probs<kAct>(row_prob, row0, rows_valid, p);
-    consume_tile(s.ring, it, k_blocks, tile, consumer, leader, split, acc, timeout_ns, report);
-    if (split) {
-      reduce_split_k(acc, s.epilogue, consumer);
-      if (consumer == 1) continue;  // its rows are padding; consumer 0 stores the tile
-    }
+    consume_tile(s.ring, it, k_blocks, tile, consumer, leader, acc, timeout_ns, report);
     store_rows_staged<kAct>(acc, s.epilogue.out[consumer],
                             EpilogueTensor{&out_map, out, out_stride},
                             EpilogueTensor{&h_map, h_out, h_stride}, row0,

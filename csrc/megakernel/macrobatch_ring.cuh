@@ -13,11 +13,16 @@
 // lower indices: FC2(k) on FC1(k), FC1(k) on the pull of k, which waits for FC2(k - slots) -
 // lower as long as slots > 1 (FC2 lags FC1 by one macrobatch). Without the ring there is one
 // macrobatch (all FC1 tiles, then all FC2 tiles) and rows keep their schedule positions.
+// Inside a phase (FC1 or FC2 of one macrobatch) each expert's m-blocks are taken in groups
+// of up to kTileGroupMBlocks, n-block by n-block, so the tiles that read the same weight slab
+// have adjacent indices: handed out dynamically, they start together and the slab comes
+// from HBM once, the others reading it from L2 (docs/perf-log.md: grouped tile order).
 #pragma once
 
 #include <cstdint>
 
 #include "config/kernel_config.cuh"
+#include "gemm/sm90/tile_engine.cuh"
 
 namespace mok {
 
@@ -50,14 +55,35 @@ struct PhaseTile {
   bool fc1;
   int mblock;   // global m-block index
   int n_block;
+  int expert;
 };
 
+// Tile `local` of one phase over m-blocks [m0, m1), nb tiles per m-block. An expert's tiles
+// fill the same index range as in plain (m-block, n-block) order, so the m-block that plain
+// order would give names the expert; inside it, group g holds m-blocks g * G .. of the
+// expert's part of the phase, ordered (n-block, m-block).
+__device__ __forceinline__ PhaseTile grouped_tile(const sm90::MBlockTable& table, bool fc1,
+                                                  int m0, int m1, int nb, int local) {
+  constexpr int G = kTileGroupMBlocks;
+  const int e = table.expert_of_mblock(m0 + local / nb);
+  const int s0 = max(table.mblock_begin[e], m0);
+  const int s1 = min(table.mblock_begin[e + 1], m1);
+  const int in_expert = local - (s0 - m0) * nb;
+  const int group = in_expert / (G * nb);
+  const int g0 = s0 + group * G;
+  const int size = min(G, s1 - g0);
+  const int in_group = in_expert - group * G * nb;
+  return PhaseTile{fc1, g0 + in_group % size, in_group / size, e};
+}
+
 // Tile t of the order above; nb1 / nb2: FC1 / FC2 tiles per m-block.
-__device__ __forceinline__ PhaseTile tile_at(const MacrobatchRing& r, int nb1, int nb2, int t) {
+__device__ __forceinline__ PhaseTile tile_at(const MacrobatchRing& r,
+                                             const sm90::MBlockTable& table, int nb1, int nb2,
+                                             int t) {
   const int last = r.mblocks_in(r.n_macro - 1);
   auto in = [&](bool fc1, int macro, int local) {
-    const int nb = fc1 ? nb1 : nb2;
-    return PhaseTile{fc1, macro * r.per_macro + local / nb, local % nb};
+    const int m0 = macro * r.per_macro;
+    return grouped_tile(table, fc1, m0, m0 + r.mblocks_in(macro), fc1 ? nb1 : nb2, local);
   };
   const int first = (r.n_macro == 1 ? last : r.per_macro) * nb1;
   if (t < first) return in(true, 0, t);

@@ -7,7 +7,7 @@
 //                             buffer in the schedule's order, counted per m-block (rows_ready,
 //                             release); then they join the tiles below.
 //   every block               runs tiles of the sm90 tile engine over one index space: all FC1
-//                             tiles (expert, m-block, n-block), then all FC2 tiles, handed out
+//                             tiles, then all FC2 tiles (order: macrobatch_ring.cuh), handed out
 //                             in increasing order by a grid-wide counter (tile_queue.cuh). An
 //                             FC1 tile's producer waits (acquire) until its m-block's rows are
 //                             all pulled; an FC2 tile's producer waits until every FC1 tile of
@@ -171,13 +171,13 @@ __global__ void __launch_bounds__(kGemmThreads, 1)
   const int fc2_kblocks = (a.ffn + kGemmBlockK - 1) / kGemmBlockK;
 
   auto locate = [&](int tile) {
-    const PhaseTile pt = tile_at(ring, fc1_nblocks, fc2_nblocks, tile);
+    const PhaseTile pt = tile_at(ring, table, fc1_nblocks, fc2_nblocks, tile);
     QueuedTile w;
     w.tile = tile;
     w.fc1 = pt.fc1;
     w.mblock = pt.mblock;
     w.n_block = pt.n_block;
-    w.expert = table.expert_of_mblock(pt.mblock);
+    w.expert = pt.expert;
     w.row0 = table.first_row(pt.mblock, w.expert);
     w.slot0 = ring.on ? static_cast<int>(ring.slot_row0(pt.mblock)) : w.row0;
     w.rows_left = s.row_begin[w.expert + 1] - w.row0;
@@ -187,7 +187,7 @@ __global__ void __launch_bounds__(kGemmThreads, 1)
   // runs decode a tile here).
   const bool skip_phase = a.skip & (kSkipFc1 | kSkipFc2);
   auto skipped = [&](int tile) {
-    const bool fc1 = tile_at(ring, fc1_nblocks, fc2_nblocks, tile).fc1;
+    const bool fc1 = tile_at(ring, table, fc1_nblocks, fc2_nblocks, tile).fc1;
     return (a.skip & (fc1 ? kSkipFc1 : kSkipFc2)) != 0;
   };
   auto take = [&]() {
@@ -288,13 +288,8 @@ __global__ void __launch_bounds__(kGemmThreads, 1)
         flat = a.row_slot[row0 + threadIdx.x % 128];
       }
     }
-    const int k_blocks = t.fc1 ? fc1_kblocks : fc2_kblocks;
-    const bool split = split_k_tile(t.rows_left, k_blocks);
-    consume_tile(s.ring, it, k_blocks, t.tile, consumer, leader, split, acc, a.timeout_ns,
-                 a.report);
-    // A split tile's rows are all consumer 0's: it stores them; consumer 1 only counts.
-    if (split) reduce_split_k(acc, s.epilogue, consumer);
-    const bool stores = !(a.skip & kSkipStores) && !(split && consumer == 1);
+    consume_tile(s.ring, it, t.fc1 ? fc1_kblocks : fc2_kblocks, t.tile, consumer, leader, acc,
+                 a.timeout_ns, a.report);
     // The block's next tile (the producer queued it once it had issued this tile's loads).
     const QueuedTile& next = wait_tile(s.queue, seq + 1, a.timeout_ns, a.report);
     if (!t.fc1 && leader) {
@@ -305,7 +300,7 @@ __global__ void __launch_bounds__(kGemmThreads, 1)
     if (t.fc1) {
       // The previous FC1 tile's stores drained during this tile's MMAs; count it now.
       if (pending_mblock >= 0) publish_fc1(pending_mblock);
-      if (stores) {
+      if (!(a.skip & kSkipStores)) {
         store_rows_staged<kAct>(acc, buf, act_out, h_out, t.slot0 + kStagedRows * consumer,
                                 t.rows_left >= kStagedRows * (consumer + 1), rows_valid(t),
                                 t.n_block * kFc1Cols, a.ffn, p, consumer, leader);
@@ -315,7 +310,7 @@ __global__ void __launch_bounds__(kGemmThreads, 1)
         publish_fc1(pending_mblock);
         pending_mblock = -1;
       }
-    } else if (stores) {
+    } else if (!(a.skip & kSkipStores)) {
       // Each result row goes to its (token, k) slot on the source rank.
       __nv_bfloat16* dst = nullptr;
       if (flat >= 0) {

@@ -62,14 +62,11 @@ CASES = {
     "many_small": (64, [3] * 64, 256, 256),
     # several tiles per block (each block's tile loop and stage ring wrap many times)
     "many_tiles": (8, [2000, 1500, 0, 1999, 64, 3000, 1, 1200], 512, 1024),
-    # last m-blocks of <= 64 rows run split along K (both warpgroups on rows 0..63, halves of
-    # the k-blocks, summed): at 64 / 65 rows, after full blocks, with a partial last k-block,
-    # an odd k-block count, and a single k-block (not split)
-    "split_k_edges": (7, [64, 65, 192, 129, 1, 63, 320], 200, 264),
-    "split_k_odd": (4, [40, 200, 0, 7], 192, 256),
+    # short last m-blocks (at most 64 rows: one warpgroup's worth) at 64 / 65 rows and after
+    # full blocks, with a partial last k-block, an odd k-block count and a single k-block
+    "short_tails": (7, [64, 65, 192, 129, 1, 63, 320], 200, 264),
+    "odd_k_blocks": (4, [40, 200, 0, 7], 192, 256),
     "one_k_block": (3, [5, 64, 130], 64, 256),
-    # split and unsplit tiles interleaved, several per block, 12 k-blocks each: a warp that
-    # lagged while its leader released a skipped stage hung here before the warpgroup synced
     "split_k_mixed": (96, [(37 * i) % 200 + 1 for i in range(96)], 768, 1024),
 }
 
@@ -93,7 +90,7 @@ def test_plain_matches_torch(name):
 
 
 @pytest.mark.parametrize("activation", ["swiglu", "geglu", "gelu", "squared_relu"])
-@pytest.mark.parametrize("name", ["aligned", "ragged", "many_tiles", "split_k_edges"])
+@pytest.mark.parametrize("name", ["aligned", "ragged", "many_tiles", "short_tails"])
 def test_activation_epilogue_matches_v1(name, activation):
     experts, rows, k, n = CASES[name]
     gated = get_activation(activation).gated

@@ -50,12 +50,6 @@ constexpr int tile_cols() {
   return gated_epilogue<kAct>() ? kGemmBlockN / 2 : kGemmBlockN;
 }
 
-// Named barriers (0 is __syncthreads'): kStagingBarrier + c over consumer warpgroup c's 128
-// threads (its epilogue staging buffer; the stages it skips in a split-K tile),
-// kSplitKBarrier over both consumer warpgroups (reduce_split_k); ids above it are free.
-constexpr int kStagingBarrier = 1;
-constexpr int kSplitKBarrier = kStagingBarrier + kGemmConsumers;
-
 struct StageRing {
   uint8_t a[kGemmStages][kATileBytes];  // each 1024-aligned: the swizzle atom
   uint8_t b[kGemmStages][kBTileBytes];
@@ -178,58 +172,25 @@ __device__ __forceinline__ void produce_tile(StageRing& ring, int& it, int k_blo
   }
 }
 
-// A tile whose valid rows all fit in the first warpgroup's 64 (typically an expert's short
-// last m-block) is split along K instead of M: both warpgroups compute rows 0..63, consumer c
-// over k-blocks c, c + 2, ..., and consumer 1's partial sums are added into consumer 0's
-// (reduce_split_k in tile_epilogue.cuh). That halves the tile's MMA work, which over 128 rows
-// would be half padding. A one-k-block tile is not split (consumer 1 would have nothing).
-__device__ __forceinline__ bool split_k_tile(int rows_left, int k_blocks) {
-  return rows_left <= kGemmWarpgroupRows && k_blocks >= 2;
-}
-
-// Consumer side of one tile: acc = A[rows of this warpgroup] @ B^T over k_blocks, or with
-// `split` (split_k_tile) A[rows 0..63] @ B^T over this consumer's k-blocks. Every consumer
-// waits for every stage, so the stage ring advances in lockstep; a stage another consumer
-// multiplies is released at once.
+// Consumer side of one tile: acc = A[rows of this warpgroup] @ B^T over k_blocks.
 __device__ __forceinline__ void consume_tile(StageRing& ring, int& it, int k_blocks, int tile,
-                                             int consumer, bool leader, bool split,
-                                             float (&acc)[kAccRegs], uint64_t timeout_ns,
-                                             int* report) {
-  const int a_half = split ? 0 : consumer;
-  const int first_kb = split ? consumer : 0;
+                                             int consumer, bool leader, float (&acc)[kAccRegs],
+                                             uint64_t timeout_ns, int* report) {
   int prev_stage = -1;
   for (int kb = 0; kb < k_blocks; ++kb, ++it) {
     const int stage = it % kGemmStages;
     mbar_wait(&ring.full[stage], (it / kGemmStages) & 1, timeout_ns, kWaitMma, tile, stage,
               report);
-    if (split && (kb & 1) != consumer) {
-      // The stage may be refilled once this arrive and the other consumer's release are in,
-      // so every warp of the warpgroup must have seen this phase first: a warp still polling
-      // would otherwise wait on the refill's phase (same parity) and miss it.
-      named_barrier_sync(kStagingBarrier + consumer, 128);
-      if (leader) mbar_arrive(&ring.empty[stage]);
-      continue;
-    }
     const uint64_t desc_a =
-        smem_desc_k_major_sw128(ring.a[stage] + a_half * (kATileBytes / kGemmConsumers));
+        smem_desc_k_major_sw128(ring.a[stage] + consumer * (kATileBytes / kGemmConsumers));
     const uint64_t desc_b = smem_desc_k_major_sw128(ring.b[stage]);
     wgmma_fence();
 #pragma unroll
     for (int k = 0; k < kGemmBlockK / 16; ++k) {
       wgmma_m64n256k16_bf16(acc, desc_advance_k16(desc_a, k), desc_advance_k16(desc_b, k),
-                            kb > first_kb || k > 0);
+                            kb > 0 || k > 0);
     }
     wgmma_commit();
-    if (split) {
-      // In a split tile the other consumer's MMAs run between this one's, so these need not
-      // overlap each other; releasing the stage as soon as they are done keeps two stages
-      // loading ahead (holding it until the next own k-block, two stages on, would leave
-      // every load's latency exposed).
-      wgmma_wait<0>();
-      fence_accumulators(acc);
-      if (leader) mbar_arrive(&ring.empty[stage]);
-      continue;
-    }
     // Keep one k-block of MMAs in flight; the one before it is done reading its stage.
     wgmma_wait<1>();
     fence_accumulators(acc);

@@ -44,11 +44,13 @@ constexpr int kStagedBufBytes = kStagedRows * kScatterRowBytes;
 static_assert(kStagedBufBytes >= kStagedRows * kGemmBlockN * 2 && kStagedBufBytes % 1024 == 0,
               "staging buffer: both layouts, swizzle-atom aligned");
 
+// Named barriers kStagingBarrier + c (c < kGemmConsumers) order consumer warpgroup c's
+// staging buffer; ids from kStagingBarrier + kGemmConsumers on are free for the caller.
+constexpr int kStagingBarrier = 1;
+
 struct EpilogueBuffers {
   uint8_t out[kGemmConsumers][kStagedBufBytes];  // 1024-aligned where the struct is
 };
-static_assert(sizeof(EpilogueBuffers) >= 128 * kAccRegs * 4,
-              "a warpgroup's fp32 accumulators fit in the staging buffers (split-K reduction)");
 
 __device__ __forceinline__ float round_bf16(float x) {
   return __bfloat162float(__float2bfloat16(x));
@@ -144,37 +146,6 @@ __device__ __forceinline__ void store_round(uint8_t* buf, const EpilogueTensor& 
     *reinterpret_cast<uint4*>(dst.base + int64_t(row0 + r) * dst.stride +
                               int64_t(half) * n_out + col) = v;
   }
-}
-
-// A split-K tile (split_k_tile): consumer 1's fp32 partial sums are added into consumer 0's,
-// through both staging buffers (thread t's 4-float group i at float4 index 128 i + t: a warp
-// touches 512 consecutive bytes). All 256 consumer threads call it after their k-loops. The
-// buffers are free once each thread's earlier stores from them have read them; the last
-// barrier keeps consumer 1 from restaging into them before consumer 0 has read its sums.
-// Fixed order (consumer 0's k-blocks + consumer 1's): deterministic.
-__device__ __forceinline__ void reduce_split_k(float (&d)[kAccRegs], EpilogueBuffers& bufs,
-                                               int consumer) {
-  float4* part = reinterpret_cast<float4*>(bufs.out[0]) + threadIdx.x % 128;
-  bulk_wait_read<0>();
-  named_barrier_sync(kSplitKBarrier, 128 * kGemmConsumers);
-  if (consumer == 1) {
-#pragma unroll
-    for (int i = 0; i < kAccRegs / 4; ++i) {
-      part[128 * i] = make_float4(d[4 * i], d[4 * i + 1], d[4 * i + 2], d[4 * i + 3]);
-    }
-  }
-  named_barrier_sync(kSplitKBarrier, 128 * kGemmConsumers);
-  if (consumer == 0) {
-#pragma unroll
-    for (int i = 0; i < kAccRegs / 4; ++i) {
-      const float4 v = part[128 * i];
-      d[4 * i] += v.x;
-      d[4 * i + 1] += v.y;
-      d[4 * i + 2] += v.z;
-      d[4 * i + 3] += v.w;
-    }
-  }
-  named_barrier_sync(kSplitKBarrier, 128 * kGemmConsumers);
 }
 
 // The router probs of this thread's two rows of its warpgroup's 64 (rows 16 warp + lane / 4
