@@ -105,4 +105,28 @@ __device__ __forceinline__ PhaseTile tile_at(const MacrobatchRing& r,
   return in(false, r.n_macro - 1, t);
 }
 
+// One past the last index of the run of same-phase tiles (FC1 or FC2 of one macrobatch) that
+// holds t, in the order of tile_at.
+__device__ __forceinline__ int phase_run_end(const MacrobatchRing& r, int nb1, int nb2, int t) {
+  const int last = r.mblocks_in(r.n_macro - 1);
+  const int first = (r.n_macro == 1 ? last : r.per_macro) * nb1;
+  if (t < first) return first;
+  int base = first;
+  const int fc1_full = r.per_macro * nb1;
+  const int pair = fc1_full + r.per_macro * nb2;
+  const int full_pairs = r.n_macro > 2 ? r.n_macro - 2 : 0;
+  if (t - base < full_pairs * pair) {
+    const int k = (t - base) / pair, off = (t - base) % pair;
+    return base + k * pair + (off < fc1_full ? fc1_full : pair);
+  }
+  base += full_pairs * pair;
+  if (r.n_macro >= 2) {
+    if (t - base < last * nb1) return base + last * nb1;
+    base += last * nb1;
+    if (t - base < r.per_macro * nb2) return base + r.per_macro * nb2;
+    base += r.per_macro * nb2;
+  }
+  return base + last * nb2;
+}
+
 }  // namespace mok

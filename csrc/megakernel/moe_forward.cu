@@ -190,9 +190,15 @@ __global__ void __launch_bounds__(kGemmThreads, 1)
     const bool fc1 = tile_at(ring, table, fc1_nblocks, fc2_nblocks, tile).fc1;
     return (a.skip & (fc1 ? kSkipFc1 : kSkipFc2)) != 0;
   };
+  // They pass over a run of the other phase's tiles at once: taking them one atomic each put
+  // thousands of serialized atomics into the variant's time (docs/perf-log.md, clock64
+  // stamps). atomicMax only moves the counter to the end of a run that is skipped anyway.
   auto take = [&]() {
     int tile = take_tile(a.tile_counter, end_tile);
-    while (skip_phase && tile >= 0 && skipped(tile)) tile = take_tile(a.tile_counter, end_tile);
+    while (skip_phase && tile >= 0 && skipped(tile)) {
+      atomicMax(a.tile_counter, uint32_t(phase_run_end(ring, fc1_nblocks, fc2_nblocks, tile)));
+      tile = take_tile(a.tile_counter, end_tile);
+    }
     return tile;
   };
 

@@ -1,11 +1,14 @@
 """The forward megakernel (kernel.forward_kernel: megakernel) on one GPU (EP=1): the v1 checks
 (reference agreement on uniform, skewed and adversarial routings, poisoned outputs, bitwise
 reruns, CUDA graphs), plus bit-identical results across numbers of row-pulling blocks and
-minibatch sizes, and with the macrobatch ring at several macrobatch sizes."""
+minibatch sizes, and with the macrobatch ring at several macrobatch sizes; and that the
+profiling variants (a phase left out) still run every tile they keep."""
 
 import pytest
+import torch
 
 import gpu_checks
+from mok_megatron import ops
 from test_symm_moe import SPECS
 
 pytestmark = pytest.mark.gpu
@@ -36,3 +39,53 @@ def test_ring_bit_identical_to_no_ring(spec):
 @pytest.mark.parametrize("setting", SETTINGS)
 def test_cuda_graph_replay(setting):
     gpu_checks.check_cuda_graph(SPECS[1], 0, None, **SETTINGS[setting])
+
+
+@pytest.mark.parametrize("ring_mblocks", [0, 2])
+def test_profile_variants_run_every_kept_tile(ring_mblocks):
+    """The timing variants of scripts/profile_megakernel.py leave a phase out by moving the
+    tile counter past its runs; every tile of the kept phase must still run (counted in the
+    counters: FC1 tile halves per m-block, FC2 tile halves per macrobatch), with no wait
+    timing out."""
+    E, T, K, H, F = 6, 300, 2, 512, 256
+    g = torch.Generator(device="cuda").manual_seed(3)
+    x = torch.randn(T, H, device="cuda", generator=g).bfloat16()
+    ids = torch.rand(T, E, device="cuda", generator=g).topk(K, dim=1).indices
+    n = T * K
+    keys = torch.sort(ids.flatten().long() * n + torch.arange(n, device="cuda")).values
+    row_slot = torch.remainder(keys, n).to(torch.int32)
+    offsets = torch.searchsorted(keys, torch.arange(E + 1, device="cuda") * n).to(torch.int32)
+    counts = (offsets[1:] - offsets[:-1]).tolist()
+    mblocks = sum(-(-c // 128) for c in counts)
+    w1 = (torch.randn(E, 2 * F, H, device="cuda", generator=g) * H**-0.5).bfloat16()
+    w2 = (torch.randn(E, H, F, device="cuda", generator=g) * F**-0.5).bfloat16()
+    buf_rows = ops.macrobatch_ring_rows(n, E, ring_mblocks) if ring_mblocks else n
+    rows = torch.empty(buf_rows, H, device="cuda", dtype=torch.bfloat16)
+    act = torch.empty(buf_rows, F, device="cuda", dtype=torch.bfloat16)
+    h = None if ring_mblocks else torch.empty(n, 2 * F, device="cuda", dtype=torch.bfloat16)
+    slots = torch.empty(n, H, device="cuda", dtype=torch.bfloat16)
+    bases = torch.zeros(1, dtype=torch.int64, device="cuda")
+    prob = torch.rand(n, device="cuda", generator=g)
+    skip = ops.PROFILE_SKIP
+    max_mblocks = n // 128 + E + 1
+    fc1_tiles, fc2_tiles = F // 128 + (F % 128 > 0), H // 256 + (H % 256 > 0)
+    for variant, bits in (("fc1_only", skip["pull"] | skip["fc2"]),
+                          ("fc2_only", skip["pull"] | skip["fc1"]),
+                          ("fc1_only_no_stores", skip["pull"] | skip["fc2"] | skip["stores"]),
+                          ("fc2_only_no_stores", skip["pull"] | skip["fc1"] | skip["stores"])):
+        counters = ops.megakernel_counters(n, E, "cuda", ring_mblocks)
+        ops.moe_forward_megakernel(bases, x.data_ptr(), slots.data_ptr(), offsets, row_slot,
+                                   prob, T, K, w1, w2, "swiglu", rows, act, h, counters, 0,
+                                   10**10, ring_mblocks=ring_mblocks, profile_skip=bits)
+        torch.cuda.synchronize()
+        assert ops.timeout_report() is None, variant
+        c = counters.cpu()
+        fc1_done = c[max_mblocks:max_mblocks + mblocks]
+        fc2_done = c[2 * max_mblocks:2 * max_mblocks + (-(-mblocks // ring_mblocks)
+                                                        if ring_mblocks else 1)]
+        if variant.startswith("fc1"):
+            assert (fc1_done == 2 * fc1_tiles).all(), (variant, fc1_done)
+            assert (fc2_done == 0).all(), variant
+        else:
+            assert int(fc2_done.sum()) == 2 * fc2_tiles * mblocks, (variant, fc2_done)
+            assert (fc1_done == 0).all(), variant
