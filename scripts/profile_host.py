@@ -12,16 +12,12 @@ import argparse
 import cProfile
 import pstats
 import statistics
-import sys
 import time
-from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-
-from layer_problem import one_gpu_forward  # noqa: E402
-from mok_megatron.config import load_model  # noqa: E402
+from layer_problem import one_gpu_forward
+from mok_megatron.config import load_model
 
 
 def main(argv=None) -> None:

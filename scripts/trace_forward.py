@@ -18,11 +18,8 @@ from pathlib import Path
 import torch
 from torch.profiler import ProfilerActivity, profile
 
-REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO))
-
-from layer_problem import one_gpu_forward  # noqa: E402
-from mok_megatron.config import load_model  # noqa: E402
+from layer_problem import one_gpu_forward
+from mok_megatron.config import load_model
 
 
 def main(argv=None) -> None:

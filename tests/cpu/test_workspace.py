@@ -7,6 +7,7 @@ import pytest
 import torch
 
 from mok_megatron import ops
+from mok_megatron.symm_moe import schedule_rows
 from mok_megatron.workspace import Workspace, WorkspaceLayout
 
 
@@ -29,8 +30,6 @@ def test_inputs_region_only_when_recomputing():
 
 
 def test_schedule_rows_is_the_capacity_fraction_of_the_worst_case():
-    from mok_megatron.symm_moe import schedule_rows
-
     # EP=4, 100 tokens per rank, top-2: the worst case is 800 rows on one rank.
     assert schedule_rows(4, 100, 2, 1.0) == 800
     assert schedule_rows(4, 100, 2, 0.25) == 200  # perfect balance

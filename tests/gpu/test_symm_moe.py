@@ -10,6 +10,7 @@ import torch
 import gpu_checks
 from mok_megatron import ops
 from mok_megatron.testing import ProblemSpec
+from mok_megatron.workspace import WorkspaceLayout
 
 pytestmark = pytest.mark.gpu
 
@@ -102,8 +103,6 @@ def test_stall_ends_in_timeout_report():
 def test_publish_inputs_writes_every_region(id_dtype, prob_dtype, aligned):
     """One launch puts x, the ids (as int32, unused slots included), the probs (as fp32) and
     the token count where the other ranks read them; the rest of the buffer is untouched."""
-    from mok_megatron.workspace import WorkspaceLayout
-
     T, H, K = 37, 64, 3
     layout = WorkspaceLayout(64, K, H)
     offsets = layout.offsets()
