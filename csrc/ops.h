@@ -57,7 +57,8 @@ void grouped_gemm(const at::Tensor& a, const at::Tensor& w, const at::Tensor& of
 // persistent launch. counters: int32 zeros (ops.megakernel_counters sizes them). h_out
 // (optional) receives FC1's output for backward. minibatch_rows: rows the pull publishes at
 // once. ring_mblocks > 0: rows and act are a ring of
-// ring_slots macrobatches of ring_mblocks m-blocks (megakernel/macrobatch_ring.cuh).
+// ring_slots macrobatches of ring_mblocks m-blocks (megakernel/macrobatch_ring.cuh). trace
+// (optional): int64 [SMs, kTraceBlockValues] receiving timestamps (megakernel/tile_trace.cuh).
 void moe_forward_megakernel(const at::Tensor& peer_bases, int64_t tokens_offset,
                             int64_t slots_offset, const at::Tensor& offsets,
                             const at::Tensor& row_slot, const at::Tensor& row_prob,
@@ -66,6 +67,6 @@ void moe_forward_megakernel(const at::Tensor& peer_bases, int64_t tokens_offset,
                             at::Tensor& act, const c10::optional<at::Tensor>& h_out,
                             at::Tensor& counters, int64_t comm_blocks, int64_t minibatch_rows,
                             int64_t ring_mblocks, int64_t ring_slots, int64_t timeout_ns,
-                            int64_t profile_skip);
+                            int64_t profile_skip, const c10::optional<at::Tensor>& trace);
 
 }  // namespace mok

@@ -174,7 +174,8 @@ def moe_forward_megakernel(peer_bases, tokens_offset, slots_offset, offsets, row
                            max_tokens, topk, w1, w2, activation: str, rows, act, h_out,
                            counters, comm_blocks: int, timeout_ns: int,
                            minibatch_rows: int = MEGAKERNEL_BLOCK_M, ring_mblocks: int = 0,
-                           profile_skip: int = 0) -> None:
+                           profile_skip: int = 0,
+                           trace: Optional[torch.Tensor] = None) -> None:
     """Pull-dispatch + FC1/activation + FC2 + push-combine in one persistent launch
     (csrc/megakernel/moe_forward.cu). ``h_out``: FC1's output for backward, or None (not
     kept). ``counters``: ``megakernel_counters(...)``, zeroed before every launch.
@@ -183,7 +184,9 @@ def moe_forward_megakernel(peer_bases, tokens_offset, slots_offset, offsets, row
     of that many 128-row m-blocks (``macrobatch_ring_rows`` rows; needs ``h_out=None``);
     0: they hold every schedule row.
     ``profile_skip``
-    (timing only, results meaningless when set): PROFILE_SKIP bits of stages to leave out."""
+    (timing only, results meaningless when set): PROFILE_SKIP bits of stages to leave out.
+    ``trace``: ``megakernel_trace_buffer(...)`` to record the blocks' timestamps
+    (``TRACE_SLOTS``, ``TRACE_HEADER``; scripts/trace_tiles.py reads them), or None."""
     _cuda("peer_bases", peer_bases, torch.int64)
     _cuda("offsets", offsets, torch.int32)
     _cuda("row_slot", row_slot, torch.int32)
@@ -197,10 +200,25 @@ def moe_forward_megakernel(peer_bases, tokens_offset, slots_offset, offsets, row
                                        row_slot, row_prob, max_tokens, topk, w1, w2,
                                        ACTIVATION_IDS[activation], rows, act, h_out, counters,
                                        comm_blocks, minibatch_rows, ring_mblocks,
-                                       MACROBATCH_RING_SLOTS, timeout_ns, profile_skip)
+                                       MACROBATCH_RING_SLOTS, timeout_ns, profile_skip, trace)
 
 
 PROFILE_SKIP = {"pull": 1, "waits": 2, "fc1": 4, "fc2": 8, "stores": 16}  # csrc ProfileSkip
+
+# The megakernel's trace layout (csrc/megakernel/tile_trace.cuh): per block, TRACE_TILES tiles
+# of TRACE_SLOTS values (clock64, except "tile_id" = tile * 2 + fc1), then TRACE_HEADER.
+TRACE_TILES = 64
+TRACE_SLOTS = ("tile_start", "tile_queued", "mainloop_end", "next_queued", "tile_end",
+               "tile_id", "producer_start", "pushed", "ready", "loads_issued")
+TRACE_HEADER = ("start_ns", "start_clock", "end_ns", "end_clock", "pull_end_clock", "ticket")
+
+
+def megakernel_trace_buffer(device) -> torch.Tensor:
+    """Zeroed int64 [SMs, TRACE_TILES * len(TRACE_SLOTS) + len(TRACE_HEADER)] for a traced
+    megakernel launch (one row per block of its SM-count grid)."""
+    sms = torch.cuda.get_device_properties(device).multi_processor_count
+    values = TRACE_TILES * len(TRACE_SLOTS) + len(TRACE_HEADER)
+    return torch.zeros(sms, values, dtype=torch.int64, device=device)
 
 
 # Macrobatches the megakernel's ring holds at once: FC2 lags FC1 by one macrobatch and the

@@ -43,6 +43,7 @@
 #include "megakernel/macrobatch_ring.cuh"
 #include "megakernel/row_pull.cuh"
 #include "megakernel/tile_queue.cuh"
+#include "megakernel/tile_trace.cuh"
 #include "ops.h"
 
 namespace mok {
@@ -71,6 +72,7 @@ struct ForwardArgs {
   uint64_t timeout_ns;
   int* report;
   int skip;                   // ProfileSkip bits: stages left out, for timing only
+  int64_t* trace;             // [grid, kTraceBlockValues] timestamps (tile_trace.cuh), or null
 };
 
 struct SharedStorage {
@@ -109,7 +111,10 @@ enum ProfileSkip : int {
   kSkipStores = 16
 };
 
-template <int kAct>
+// kDiagnostic: the kernel for profiling variants (a.skip) and traces (a.trace,
+// tile_trace.cuh). The production kernel has neither: their code costs registers (the
+// producer runs on 40) and spills even where it never runs.
+template <int kAct, bool kDiagnostic>
 __global__ void __launch_bounds__(kGemmThreads, 1)
     moe_forward_kernel(const __grid_constant__ CUtensorMap rows_map,
                        const __grid_constant__ CUtensorMap w1_map,
@@ -121,6 +126,8 @@ __global__ void __launch_bounds__(kGemmThreads, 1)
   constexpr int kFc1Cols = tile_cols<kAct>();
   extern __shared__ uint8_t smem_raw[];
   SharedStorage& s = aligned_smem<SharedStorage>(smem_raw);
+  const int skip = kDiagnostic ? a.skip : 0;
+  int64_t* const trace_buffer = kDiagnostic ? a.trace : nullptr;
 
   const int E = a.num_experts;
   const int fc1_nblocks = (a.ffn + kFc1Cols - 1) / kFc1Cols;
@@ -132,7 +139,11 @@ __global__ void __launch_bounds__(kGemmThreads, 1)
   const PullRing pull_ring{s.epilogue.out[0], s.pull_full, s.pull_empty, slots,
                            min(32, max(1, slots / kPullLanesDivisor))};
   if (threadIdx.x == 32) {
+    const TileTrace block_trace = TileTrace::make(trace_buffer);
+    block_trace.header_ns(kTrStartNs);
+    block_trace.header_clock(kTrStartClock);
     s.ticket = atomicAdd(a.arrivals, 1u);
+    block_trace.header_value(kTrTicket, s.ticket);
     // The stage ring's and the queue's barriers do not overlap the pull's slots.
     if (s.ticket < a.comm_blocks) init_pull_ring(pull_ring);
     init_tile_queue(s.queue);
@@ -145,13 +156,13 @@ __global__ void __launch_bounds__(kGemmThreads, 1)
   const MBlockTable table{s.row_begin, s.mblock_begin, E};
 
   if (ticket < a.comm_blocks) {
-    if (!(a.skip & kSkipPull)) {
+    if (!(skip & kSkipPull)) {
       const RowPlacement placement{ring,
                                    table,
                                    a.minibatch_rows,
                                    a.fc2_done,
                                    fc2_nblocks * kGemmConsumers,
-                                   !(a.skip & (kSkipFc2 | kSkipWaits)),
+                                   !(skip & (kSkipFc2 | kSkipWaits)),
                                    a.timeout_ns,
                                    a.report};
       pull_rows_bulk(RowSource{a.peer_bases, a.tokens_offset, a.row_slot, a.per_rank, a.topk,
@@ -162,11 +173,12 @@ __global__ void __launch_bounds__(kGemmThreads, 1)
     // Its rows are pulled (every slot's bulk store has completed): the block's shared memory
     // is free, and it joins the GEMM tiles below.
     __syncthreads();
+    if (threadIdx.x == 0) TileTrace::make(trace_buffer).header_clock(kTrPullEndClock);
   }
 
   const int end_tile = ring.mblocks * (fc1_nblocks + fc2_nblocks);
-  const bool wait_rows = !(a.skip & (kSkipPull | kSkipWaits));
-  const bool wait_fc1 = !(a.skip & (kSkipFc1 | kSkipWaits));
+  const bool wait_rows = !(skip & (kSkipPull | kSkipWaits));
+  const bool wait_fc1 = !(skip & (kSkipFc1 | kSkipWaits));
   const int fc1_kblocks = (a.hidden + kGemmBlockK - 1) / kGemmBlockK;
   const int fc2_kblocks = (a.ffn + kGemmBlockK - 1) / kGemmBlockK;
 
@@ -185,10 +197,10 @@ __global__ void __launch_bounds__(kGemmThreads, 1)
   };
   // Profiling variants leave FC1 or FC2 tiles out: the producer passes over them (only those
   // runs decode a tile here).
-  const bool skip_phase = a.skip & (kSkipFc1 | kSkipFc2);
+  const bool skip_phase = skip & (kSkipFc1 | kSkipFc2);
   auto skipped = [&](int tile) {
     const bool fc1 = tile_at(ring, table, fc1_nblocks, fc2_nblocks, tile).fc1;
-    return (a.skip & (fc1 ? kSkipFc1 : kSkipFc2)) != 0;
+    return (skip & (fc1 ? kSkipFc1 : kSkipFc2)) != 0;
   };
   // They pass over a run of the other phase's tiles at once: taking them one atomic each put
   // thousands of serialized atomics into the variant's time (docs/perf-log.md, clock64
@@ -210,8 +222,10 @@ __global__ void __launch_bounds__(kGemmThreads, 1)
     // One index is taken ahead, so the atomic's round trip overlaps this tile's loads instead
     // of leaving the stage ring empty between tiles (holding it keeps the order argument:
     // the block runs it next, after lower tiles only).
+    const TileTrace trace = TileTrace::make(trace_buffer);
     int ahead = take();
     for (int seq = 0;; ++seq) {
+      trace.stamp(seq, kTrProducerStart);
       const int tile = ahead;
       if (tile < 0) {
         push_tile(s.queue, seq, QueuedTile{-1}, a.timeout_ns, a.report);
@@ -220,6 +234,7 @@ __global__ void __launch_bounds__(kGemmThreads, 1)
       ahead = take();
       const QueuedTile w = locate(tile);
       push_tile(s.queue, seq, w, a.timeout_ns, a.report);
+      trace.stamp(seq, kTrPushed);
       if (w.fc1 && wait_rows) {
         counter_wait(&a.rows_ready[w.mblock], min(w.rows_left, kGemmBlockM), a.timeout_ns,
                      kWaitRowsReady, tile, w.mblock, a.report);
@@ -228,6 +243,7 @@ __global__ void __launch_bounds__(kGemmThreads, 1)
                      kWaitFc1Done, tile, w.mblock, a.report);
       }
       fence_proxy_async_global();
+      trace.stamp(seq, kTrReady);
       const int k_blocks = w.fc1 ? fc1_kblocks : fc2_kblocks;
       produce_tile(s.ring, it, k_blocks, tile, a.timeout_ns, a.report, [&](int stage, int k0) {
         uint64_t* full = &s.ring.full[stage];
@@ -240,6 +256,7 @@ __global__ void __launch_bounds__(kGemmThreads, 1)
           load_weight_tile<false>(b, &w2_map, full, k0, w.n_block * kGemmBlockN, w.expert);
         }
       });
+      trace.stamp(seq, kTrLoadsIssued);
     }
     return;
   }
@@ -277,11 +294,17 @@ __global__ void __launch_bounds__(kGemmThreads, 1)
     return max(0, min(kStagedRows, t.rows_left - kStagedRows * consumer));
   };
   int pending_mblock = -1;  // this block's last FC1 tile: stored, not yet counted
+  // The first consumer warpgroup's leader stamps the consumer side.
+  const TileTrace trace =
+      leader && consumer == 0 ? TileTrace::make(trace_buffer) : TileTrace{nullptr};
   float acc[kAccRegs];
   int it = 0;
   for (int seq = 0;; ++seq) {
+    trace.stamp(seq, kTrTileStart);
     const QueuedTile& t = wait_tile(s.queue, seq, a.timeout_ns, a.report);
     if (t.tile < 0) break;
+    trace.stamp(seq, kTrTileQueued);
+    trace.tile_value(seq, kTrTileId, int64_t(t.tile) * 2 + (t.fc1 ? 1 : 0));
     // What the epilogue reads per row - FC1: the rows' probs; FC2: where this thread's row
     // goes - is loaded before the mainloop, so its latency hides behind the MMAs.
     float p[2];
@@ -296,8 +319,10 @@ __global__ void __launch_bounds__(kGemmThreads, 1)
     }
     consume_tile(s.ring, it, t.fc1 ? fc1_kblocks : fc2_kblocks, t.tile, consumer, leader, acc,
                  a.timeout_ns, a.report);
+    trace.stamp(seq, kTrMainloopEnd);
     // The block's next tile (the producer queued it once it had issued this tile's loads).
     const QueuedTile& next = wait_tile(s.queue, seq + 1, a.timeout_ns, a.report);
+    trace.stamp(seq, kTrNextQueued);
     if (!t.fc1 && leader) {
       // This warpgroup's MMAs have read all of the tile's act rows (wgmma_wait<0>): count it
       // toward freeing the macrobatch's ring slot.
@@ -306,7 +331,7 @@ __global__ void __launch_bounds__(kGemmThreads, 1)
     if (t.fc1) {
       // The previous FC1 tile's stores drained during this tile's MMAs; count it now.
       if (pending_mblock >= 0) publish_fc1(pending_mblock);
-      if (!(a.skip & kSkipStores)) {
+      if (!(skip & kSkipStores)) {
         store_rows_staged<kAct>(acc, buf, act_out, h_out, t.slot0 + kStagedRows * consumer,
                                 t.rows_left >= kStagedRows * (consumer + 1), rows_valid(t),
                                 t.n_block * kFc1Cols, a.ffn, p, consumer, leader);
@@ -316,7 +341,7 @@ __global__ void __launch_bounds__(kGemmThreads, 1)
         publish_fc1(pending_mblock);
         pending_mblock = -1;
       }
-    } else if (!(a.skip & kSkipStores)) {
+    } else if (!(skip & kSkipStores)) {
       // Each result row goes to its (token, k) slot on the source rank.
       __nv_bfloat16* dst = nullptr;
       if (flat >= 0) {
@@ -327,8 +352,25 @@ __global__ void __launch_bounds__(kGemmThreads, 1)
       store_rows_scattered(acc, buf, dst, t.n_block * kGemmBlockN, a.hidden, consumer);
     }
     release_tile(s.queue, seq);
+    trace.stamp(seq, kTrTileEnd);
   }
   bulk_wait<0>();  // this thread's row stores are complete before the kernel ends
+  trace.header_ns(kTrEndNs);
+  trace.header_clock(kTrEndClock);
+}
+
+template <int kAct>
+void launch_forward(bool diagnostic, const CUtensorMap& rows_map, const CUtensorMap& w1_map,
+                    const CUtensorMap& act_map, const CUtensorMap& w2_map,
+                    const CUtensorMap& act_store_map, const CUtensorMap& h_store_map,
+                    const ForwardArgs& args) {
+  if (diagnostic) {
+    launch_persistent(moe_forward_kernel<kAct, true>, kSharedBytes, rows_map, w1_map, act_map,
+                      w2_map, act_store_map, h_store_map, args);
+  } else {
+    launch_persistent(moe_forward_kernel<kAct, false>, kSharedBytes, rows_map, w1_map, act_map,
+                      w2_map, act_store_map, h_store_map, args);
+  }
 }
 
 CUtensorMap rows_tensor_map(const at::Tensor& t) {
@@ -350,7 +392,7 @@ void moe_forward_megakernel(const at::Tensor& peer_bases, int64_t tokens_offset,
                             at::Tensor& act, const c10::optional<at::Tensor>& h_out,
                             at::Tensor& counters, int64_t comm_blocks, int64_t minibatch_rows,
                             int64_t ring_mblocks, int64_t ring_slots, int64_t timeout_ns,
-                            int64_t profile_skip) {
+                            int64_t profile_skip, const c10::optional<at::Tensor>& trace) {
   const int64_t E = w1.size(0), H = rows.size(1), F = w2.size(2);
   const bool gated = is_gated(static_cast<int>(activation));
   const int64_t F1 = gated ? 2 * F : F;
@@ -398,6 +440,11 @@ void moe_forward_megakernel(const at::Tensor& peer_bases, int64_t tokens_offset,
                  ", ", sms - 1, "]");
   MOK_HOST_CHECK(profile_skip >= 0 && profile_skip < 32,
                  "moe_forward_megakernel: profile_skip is a 5-bit mask");
+  MOK_HOST_CHECK(!trace || (trace->is_cuda() && trace->scalar_type() == at::kLong &&
+                              trace->is_contiguous() &&
+                              trace->numel() >= int64_t(sms) * kTraceBlockValues),
+                 "moe_forward_megakernel: trace must be a contiguous int64 GPU tensor of >= ",
+                 int64_t(sms) * kTraceBlockValues, " values");
   MOK_HOST_CHECK(peer_bases.numel() >= 1 && peer_bases.numel() <= kMaxRanks,
                  "moe_forward_megakernel: 1..", kMaxRanks, " ranks, got ", peer_bases.numel());
   c10::cuda::CUDAGuard guard(rows.device());
@@ -430,6 +477,7 @@ void moe_forward_megakernel(const at::Tensor& peer_bases, int64_t tokens_offset,
   args.timeout_ns = static_cast<uint64_t>(timeout_ns);
   args.report = timeout_report_device();
   args.skip = static_cast<int>(profile_skip);
+  args.trace = trace ? trace->data_ptr<int64_t>() : nullptr;
 
   const CUtensorMap rows_map = rows_tensor_map(rows);
   const CUtensorMap act_map = rows_tensor_map(act);
@@ -439,9 +487,9 @@ void moe_forward_megakernel(const at::Tensor& peer_bases, int64_t tokens_offset,
   const CUtensorMap h_store_map =
       h_out ? staged_rows_map(h_out->data_ptr(), cap, F, gated ? 2 : 1, F1) : CUtensorMap{};
   MOK_DISPATCH_ACTIVATION(activation, KACT,
-                          launch_persistent(moe_forward_kernel<KACT>, kSharedBytes, rows_map,
-                                            w1_map, act_map, w2_map, act_store_map,
-                                            h_store_map, args));
+                          launch_forward<KACT>(profile_skip != 0 || trace.has_value(),
+                                               rows_map, w1_map, act_map, w2_map,
+                                               act_store_map, h_store_map, args));
 }
 
 }  // namespace mok

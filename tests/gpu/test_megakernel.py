@@ -41,14 +41,11 @@ def test_cuda_graph_replay(setting):
     gpu_checks.check_cuda_graph(SPECS[1], 0, None, **SETTINGS[setting])
 
 
-@pytest.mark.parametrize("ring_mblocks", [0, 2])
-def test_profile_variants_run_every_kept_tile(ring_mblocks):
-    """The timing variants of scripts/profile_megakernel.py leave a phase out by moving the
-    tile counter past its runs; every tile of the kept phase must still run (counted in the
-    counters: FC1 tile halves per m-block, FC2 tile halves per macrobatch), with no wait
-    timing out."""
+def _small_launch(ring_mblocks: int, seed: int = 3) -> dict:
+    """A small EP=1 megakernel problem (6 experts, 600 rows, 2 FC1 and 2 FC2 tiles per
+    m-block) in the form ops.moe_forward_megakernel takes; `launch(**kw)` runs it."""
     E, T, K, H, F = 6, 300, 2, 512, 256
-    g = torch.Generator(device="cuda").manual_seed(3)
+    g = torch.Generator(device="cuda").manual_seed(seed)
     x = torch.randn(T, H, device="cuda", generator=g).bfloat16()
     ids = torch.rand(T, E, device="cuda", generator=g).topk(K, dim=1).indices
     n = T * K
@@ -56,36 +53,87 @@ def test_profile_variants_run_every_kept_tile(ring_mblocks):
     row_slot = torch.remainder(keys, n).to(torch.int32)
     offsets = torch.searchsorted(keys, torch.arange(E + 1, device="cuda") * n).to(torch.int32)
     counts = (offsets[1:] - offsets[:-1]).tolist()
-    mblocks = sum(-(-c // 128) for c in counts)
     w1 = (torch.randn(E, 2 * F, H, device="cuda", generator=g) * H**-0.5).bfloat16()
     w2 = (torch.randn(E, H, F, device="cuda", generator=g) * F**-0.5).bfloat16()
     buf_rows = ops.macrobatch_ring_rows(n, E, ring_mblocks) if ring_mblocks else n
     rows = torch.empty(buf_rows, H, device="cuda", dtype=torch.bfloat16)
     act = torch.empty(buf_rows, F, device="cuda", dtype=torch.bfloat16)
     h = None if ring_mblocks else torch.empty(n, 2 * F, device="cuda", dtype=torch.bfloat16)
-    slots = torch.empty(n, H, device="cuda", dtype=torch.bfloat16)
+    slots = torch.full((n, H), float("nan"), device="cuda", dtype=torch.bfloat16)
     bases = torch.zeros(1, dtype=torch.int64, device="cuda")
     prob = torch.rand(n, device="cuda", generator=g)
+
+    def launch(comm_blocks=0, **kw):
+        counters = ops.megakernel_counters(n, E, "cuda", ring_mblocks)
+        ops.moe_forward_megakernel(bases, x.data_ptr(), slots.data_ptr(), offsets, row_slot,
+                                   prob, T, K, w1, w2, "swiglu", rows, act, h, counters,
+                                   comm_blocks, 10**10, ring_mblocks=ring_mblocks, **kw)
+        torch.cuda.synchronize()
+        assert ops.timeout_report() is None
+        return counters.cpu()
+
+    return {"launch": launch, "slots": slots, "experts": E, "rows": n,
+            "mblocks": sum(-(-c // 128) for c in counts),
+            "fc1_tiles": -(-F // 128), "fc2_tiles": -(-H // 256)}
+
+
+@pytest.mark.parametrize("ring_mblocks", [0, 2])
+def test_profile_variants_run_every_kept_tile(ring_mblocks):
+    """The timing variants of scripts/profile_megakernel.py leave a phase out by moving the
+    tile counter past its runs; every tile of the kept phase must still run (counted in the
+    counters: FC1 tile halves per m-block, FC2 tile halves per macrobatch), with no wait
+    timing out."""
+    p = _small_launch(ring_mblocks)
     skip = ops.PROFILE_SKIP
-    max_mblocks = n // 128 + E + 1
-    fc1_tiles, fc2_tiles = F // 128 + (F % 128 > 0), H // 256 + (H % 256 > 0)
+    max_mblocks = p["rows"] // 128 + p["experts"] + 1
+    mblocks = p["mblocks"]
+    macros = -(-mblocks // ring_mblocks) if ring_mblocks else 1
     for variant, bits in (("fc1_only", skip["pull"] | skip["fc2"]),
                           ("fc2_only", skip["pull"] | skip["fc1"]),
                           ("fc1_only_no_stores", skip["pull"] | skip["fc2"] | skip["stores"]),
                           ("fc2_only_no_stores", skip["pull"] | skip["fc1"] | skip["stores"])):
-        counters = ops.megakernel_counters(n, E, "cuda", ring_mblocks)
-        ops.moe_forward_megakernel(bases, x.data_ptr(), slots.data_ptr(), offsets, row_slot,
-                                   prob, T, K, w1, w2, "swiglu", rows, act, h, counters, 0,
-                                   10**10, ring_mblocks=ring_mblocks, profile_skip=bits)
-        torch.cuda.synchronize()
-        assert ops.timeout_report() is None, variant
-        c = counters.cpu()
+        c = p["launch"](profile_skip=bits)
         fc1_done = c[max_mblocks:max_mblocks + mblocks]
-        fc2_done = c[2 * max_mblocks:2 * max_mblocks + (-(-mblocks // ring_mblocks)
-                                                        if ring_mblocks else 1)]
+        fc2_done = c[2 * max_mblocks:2 * max_mblocks + macros]
         if variant.startswith("fc1"):
-            assert (fc1_done == 2 * fc1_tiles).all(), (variant, fc1_done)
+            assert (fc1_done == 2 * p["fc1_tiles"]).all(), (variant, fc1_done)
             assert (fc2_done == 0).all(), variant
         else:
-            assert int(fc2_done.sum()) == 2 * fc2_tiles * mblocks, (variant, fc2_done)
+            assert int(fc2_done.sum()) == 2 * p["fc2_tiles"] * mblocks, (variant, fc2_done)
             assert (fc1_done == 0).all(), variant
+
+
+@pytest.mark.parametrize("ring_mblocks", [0, 2])
+def test_traced_launch_same_bits_and_ordered_stamps(ring_mblocks):
+    """A traced launch (the diagnostic kernel) gives the production kernel's results bit for
+    bit, and its stamps are consistent: every block started and ended on the global timer,
+    tickets are a permutation, each traced tile's phase stamps are in order and every tile
+    appears once."""
+    p = _small_launch(ring_mblocks)
+    p["launch"](comm_blocks=4)
+    expected = p["slots"].clone()
+    p["slots"].fill_(float("nan"))
+    trace = ops.megakernel_trace_buffer("cuda")
+    p["launch"](comm_blocks=4, trace=trace)
+    assert torch.equal(p["slots"], expected)
+    trace = trace.cpu()
+    slots = len(ops.TRACE_SLOTS)
+    head = trace[:, ops.TRACE_TILES * slots:]
+    h = {name: head[:, i] for i, name in enumerate(ops.TRACE_HEADER)}
+    assert (h["start_ns"] > 0).all() and (h["end_ns"] >= h["start_ns"]).all()
+    assert (h["end_clock"] > h["start_clock"]).all()
+    assert sorted(h["ticket"].tolist()) == list(range(trace.shape[0]))
+    assert int((h["pull_end_clock"] != 0).sum()) == 4
+    tiles = trace[:, :ops.TRACE_TILES * slots].view(trace.shape[0], ops.TRACE_TILES, slots)
+    order = [ops.TRACE_SLOTS.index(n) for n in
+             ("tile_start", "tile_queued", "mainloop_end", "next_queued", "tile_end")]
+    seen = []
+    for b in range(trace.shape[0]):
+        for row in tiles[b]:
+            if int(row[order[-1]]) == 0:
+                continue
+            stamps = [int(row[i]) for i in order]
+            assert stamps == sorted(stamps), stamps
+            seen.append(int(row[ops.TRACE_SLOTS.index("tile_id")]) // 2)
+    total = p["mblocks"] * (p["fc1_tiles"] + p["fc2_tiles"])
+    assert sorted(seen) == list(range(total))

@@ -1,0 +1,68 @@
+// Optional timestamps of the forward megakernel's blocks (scripts/trace_tiles.py reads them).
+// Given a trace buffer, every block records clock64 at the phase boundaries of its first
+// kTraceTiles tiles, and a header: globaltimer and clock64 at its start and end (a time base
+// shared by all SMs, and the SM clock's rate), when its pull ended and its ticket. Without
+// one (null), each stamp is one uniform branch; none sits inside a k-loop.
+#pragma once
+
+#include <cstdint>
+
+#include "common/ptx.cuh"
+
+namespace mok {
+
+constexpr int kTraceTiles = 64;
+
+// Per tile: [kTraceSlots] values, clock64 except kTrTileId.
+enum TraceSlot : int {
+  kTrTileStart = 0,   // consumer: before waiting for the tile's queue entry
+  kTrTileQueued,      // consumer: the entry is read
+  kTrMainloopEnd,     // consumer: accumulators complete
+  kTrNextQueued,      // consumer: the next tile's entry is read
+  kTrTileEnd,         // consumer: epilogue issued, entry released
+  kTrTileId,          // tile index * 2 + (FC1 ? 1 : 0)
+  kTrProducerStart,   // producer: before taking the index ahead
+  kTrPushed,          // producer: the tile is queued for the consumers
+  kTrReady,           // producer: its rows / FC1 activations are ready (and fenced)
+  kTrLoadsIssued,     // producer: all its loads issued
+  kTraceSlots
+};
+
+// Per block, after the tiles: [kTraceHeader] values.
+enum TraceHeader : int {
+  kTrStartNs = 0,     // globaltimer at the block's start
+  kTrStartClock,      // clock64 at the same point
+  kTrEndNs,           // globaltimer when its first consumer warpgroup is done
+  kTrEndClock,
+  kTrPullEndClock,    // clock64 when its pull ended (row-pulling blocks; else 0)
+  kTrTicket,          // its arrival ticket
+  kTraceHeader
+};
+
+constexpr int kTraceBlockValues = kTraceTiles * kTraceSlots + kTraceHeader;
+
+struct TileTrace {
+  int64_t* block;  // this block's kTraceBlockValues, or null: not tracing
+
+  __device__ static TileTrace make(int64_t* buffer) {
+    return {buffer ? buffer + int64_t(blockIdx.x) * kTraceBlockValues : nullptr};
+  }
+  // The timers are read only when tracing (they are volatile reads the compiler keeps).
+  __device__ void stamp(int seq, int slot) const {
+    if (block != nullptr && seq < kTraceTiles) block[seq * kTraceSlots + slot] = clock64();
+  }
+  __device__ void tile_value(int seq, int slot, int64_t value) const {
+    if (block != nullptr && seq < kTraceTiles) block[seq * kTraceSlots + slot] = value;
+  }
+  __device__ void header_clock(int slot) const {
+    if (block != nullptr) block[kTraceTiles * kTraceSlots + slot] = clock64();
+  }
+  __device__ void header_ns(int slot) const {
+    if (block != nullptr) block[kTraceTiles * kTraceSlots + slot] = int64_t(globaltimer_ns());
+  }
+  __device__ void header_value(int slot, int64_t value) const {
+    if (block != nullptr) block[kTraceTiles * kTraceSlots + slot] = value;
+  }
+};
+
+}  // namespace mok

@@ -1,0 +1,140 @@
+"""Where a forward megakernel's time goes, block by block and tile by tile (one GPU, EP=1).
+
+One traced launch per case (ops.megakernel_trace_buffer; csrc/megakernel/tile_trace.cuh) after
+an untraced warm-up: every block records clock64 at its tiles' phase boundaries and
+globaltimer / clock64 at its start and end. Printed per case: the SM clock the stamps imply,
+the launch's span against the blocks' (start: first block start to the last one's; tiles:
+each block's first tile start to its last tile end; tail: last tile end to block end; pull:
+row-pulling blocks' start to their pull's end), and per FC1 / FC2 tile the median of each
+phase: queue (waiting for the tile's entry), mainloop, next (waiting for the next entry),
+epilogue; in the producer: push (take + locate + queue), ready (rows or FC1 wait + fence),
+loads (issuing the tile's loads). Times in microseconds at the implied clock. The traced
+launch runs the diagnostic build of the kernel (the one the profiling variants use).
+
+    python scripts/trace_tiles.py --models qwen3_30b_a3b_like --variants ep64 --tokens 2048 \
+        --out trace.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+from pathlib import Path
+
+import torch
+
+from bench_gemm import per_gpu_experts
+from mok_megatron import ops
+from mok_megatron.config import load_model
+from profile_megakernel import build, megakernel
+
+SLOT = {name: i for i, name in enumerate(ops.TRACE_SLOTS)}
+HEADER = {name: i for i, name in enumerate(ops.TRACE_HEADER)}
+TILE_PHASES = {"queue": ("tile_start", "tile_queued"), "mainloop": ("tile_queued", "mainloop_end"),
+               "next": ("mainloop_end", "next_queued"), "epilogue": ("next_queued", "tile_end"),
+               "push": ("producer_start", "pushed"), "ready": ("pushed", "ready"),
+               "loads": ("ready", "loads_issued")}
+
+
+def traced_launch(p: dict, comm_blocks: int) -> torch.Tensor:
+    trace = ops.megakernel_trace_buffer("cuda")
+    p["counters"].zero_()
+    ops.moe_forward_megakernel(p["bases"], p["x"].data_ptr(), p["slots"].data_ptr(),
+                               p["offsets"], p["row_slot"], p["row_prob"], p["tokens"],
+                               p["topk"], p["w1"], p["w2"], "swiglu", p["rows"], p["act"],
+                               p["h"], p["counters"], comm_blocks, p["timeout_ns"], trace=trace)
+    torch.cuda.synchronize()
+    return trace.cpu()
+
+
+def summarize(trace: torch.Tensor) -> dict:
+    """Per-block spans and per-tile phase medians (µs) from one traced launch."""
+    tiles = trace[:, :ops.TRACE_TILES * len(SLOT)].view(trace.shape[0], ops.TRACE_TILES, len(SLOT))
+    head = trace[:, ops.TRACE_TILES * len(SLOT):]
+    ns = head[:, HEADER["end_ns"]] - head[:, HEADER["start_ns"]]
+    cycles = head[:, HEADER["end_clock"]] - head[:, HEADER["start_clock"]]
+    ghz = float(cycles.sum()) / float(ns.sum())
+    us = lambda c: c / ghz / 1e3  # noqa: E731  (clock64 cycles -> µs)
+    t0 = int(head[:, HEADER["start_ns"]].min())
+    blocks = []
+    phases: dict[str, dict[str, list]] = {"fc1": {}, "fc2": {}}
+    for b in range(trace.shape[0]):
+        done = tiles[b, :, SLOT["tile_end"]] != 0
+        n = int(done.sum())
+        start_clock = int(head[b, HEADER["start_clock"]])
+        block = {"start_us": (int(head[b, HEADER["start_ns"]]) - t0) / 1e3,
+                 "end_us": (int(head[b, HEADER["end_ns"]]) - t0) / 1e3, "tiles": n,
+                 "ticket": int(head[b, HEADER["ticket"]])}
+        if int(head[b, HEADER["pull_end_clock"]]):
+            block["pull_us"] = us(int(head[b, HEADER["pull_end_clock"]]) - start_clock)
+        if n:
+            block["first_tile_us"] = us(int(tiles[b, 0, SLOT["tile_start"]]) - start_clock)
+            block["tail_us"] = us(int(head[b, HEADER["end_clock"]])
+                                  - int(tiles[b, n - 1, SLOT["tile_end"]]))
+        blocks.append(block)
+        for s in range(n):
+            row = tiles[b, s]
+            kind = "fc1" if int(row[SLOT["tile_id"]]) % 2 else "fc2"
+            for name, (a, z) in TILE_PHASES.items():
+                if int(row[SLOT[a]]) and int(row[SLOT[z]]):
+                    phases[kind].setdefault(name, []).append(us(int(row[SLOT[z]] - row[SLOT[a]])))
+    medians = {kind: {name: statistics.median(v) for name, v in d.items()}
+               for kind, d in phases.items() if d}
+    counts = {kind: len(d.get("mainloop", [])) for kind, d in phases.items()}
+    return {"clock_ghz": ghz, "blocks": blocks, "tile_phase_median_us": medians,
+            "tiles_traced": counts}
+
+
+def run_case(model, variant: str, experts: int, tokens: int, comm_blocks: int, seed: int) -> dict:
+    p = build(model, experts, tokens, seed)
+    warm = megakernel(p, comm_blocks)
+    warm(), warm()
+    torch.cuda.synchronize()
+    trace = traced_launch(p, comm_blocks)
+    s = summarize(trace)
+    b = s["blocks"]
+    span = max(x["end_us"] for x in b) - min(x["start_us"] for x in b)
+    late_start = max(x["start_us"] for x in b)
+    pulls = [x["pull_us"] for x in b if "pull_us" in x]
+    print(f"{model.name} {variant} E={experts} T={tokens} comm={comm_blocks}: "
+          f"clock {s['clock_ghz']:.2f} GHz, blocks span {span:.1f} us (last start +{late_start:.1f}"
+          f", median first tile +{statistics.median(x.get('first_tile_us', 0) for x in b):.1f}, "
+          f"median tail {statistics.median(x.get('tail_us', 0) for x in b):.1f}"
+          + (f", pull {statistics.median(pulls):.1f}-{max(pulls):.1f}" if pulls else "") + ")",
+          flush=True)
+    for kind, med in s["tile_phase_median_us"].items():
+        print(f"    {kind} ({s['tiles_traced'][kind]} tiles traced): "
+              + " ".join(f"{k} {v:.2f}" for k, v in med.items()), flush=True)
+    return {"model": model.name, "variant": variant, "experts": experts, "tokens": tokens,
+            "comm_blocks": comm_blocks, "summary": s, "trace": trace.tolist()}
+
+
+def main(argv=None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--models", nargs="+", default=["qwen3_30b_a3b_like", "deepseek_v3_like"])
+    ap.add_argument("--tokens", nargs="+", type=int, default=[2048])
+    ap.add_argument("--variants", nargs="+", default=["ep64"], choices=["full", "ep64"])
+    ap.add_argument("--ep", type=int, default=4, help="GPUs the 'full' expert count is split over")
+    ap.add_argument("--comm-sms", type=int, default=12)
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--out", type=Path)
+    args = ap.parse_args(argv)
+    results = []
+    for name in args.models:
+        model = load_model(name)
+        for variant in args.variants:
+            for tokens in args.tokens:
+                results.append(run_case(model, variant, per_gpu_experts(model, variant, args.ep),
+                                        tokens, args.comm_sms, args.seed))
+                torch.cuda.empty_cache()
+    if args.out:
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        meta = {"gpu": torch.cuda.get_device_name(), "torch": torch.__version__,
+                "command": " ".join([Path(sys.argv[0]).name, *sys.argv[1:]])}
+        args.out.write_text(json.dumps({"meta": meta, "results": results}))
+
+
+if __name__ == "__main__":
+    main()
