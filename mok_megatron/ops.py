@@ -203,7 +203,8 @@ def moe_forward_megakernel(peer_bases, tokens_offset, slots_offset, offsets, row
                                        MACROBATCH_RING_SLOTS, timeout_ns, profile_skip, trace)
 
 
-PROFILE_SKIP = {"pull": 1, "waits": 2, "fc1": 4, "fc2": 8, "stores": 16}  # csrc ProfileSkip
+PROFILE_SKIP = {"pull": 1, "waits": 2, "fc1": 4, "fc2": 8, "stores": 16, "mma": 32,
+                "loads": 64}  # csrc ProfileSkip
 
 # The megakernel's trace layout (csrc/megakernel/tile_trace.cuh): per block, TRACE_TILES tiles
 # of TRACE_SLOTS values (clock64, except "tile_id" = tile * 2 + fc1), then TRACE_HEADER.

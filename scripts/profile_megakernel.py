@@ -126,6 +126,12 @@ def run_case(model, variant: str, experts: int, tokens: int, comm_list, args) ->
                                                      | skip["stores"]))
     times["fc2_only_no_stores_comm0"] = t(megakernel(p, 0, skip["pull"] | skip["fc1"]
                                                      | skip["stores"]))
+    # The mainloops' two sides alone (stores left out too): loads without MMAs, MMAs on
+    # whatever the stages hold without loads.
+    for phase, other in (("fc1", "fc2"), ("fc2", "fc1")):
+        base = skip["pull"] | skip[other] | skip["stores"]
+        times[f"{phase}_only_loads_only_comm0"] = t(megakernel(p, 0, base | skip["mma"]))
+        times[f"{phase}_only_mma_only_comm0"] = t(megakernel(p, 0, base | skip["loads"]))
     for name, fn in eng.items():
         times[f"engine_{name}"] = t(fn)
     for name in ("fc1", "fc2", "whole"):

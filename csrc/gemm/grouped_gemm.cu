@@ -97,6 +97,12 @@ __global__ void __launch_bounds__(kGemmThreads, 1)
     const int row0 = s.row_begin[tc.expert] + m_row0 + kStagedRows * consumer;
     float p[2];
     load_row_probs<kAct>(row_prob, row0, rows_valid, p);
+    // A tile of at most 64 rows is the first warpgroup's alone (tile_engine.cuh: pass_tile).
+    if (rows_valid == 0) {
+      pass_tile(s.ring, it, k_blocks, tile, leader, kStagingBarrier + consumer, timeout_ns,
+                report);
+      continue;
+    }
     consume_tile(s.ring, it, k_blocks, tile, consumer, leader, acc, timeout_ns, report);
     store_rows_staged<kAct>(acc, s.epilogue.out[consumer],
                             EpilogueTensor{&out_map, out, out_stride},

@@ -103,12 +103,16 @@ static_assert(kSharedBytes <= kMaxDynamicSmemBytes, "shared memory of one block 
 // Stages a profiling run leaves out (docs/perf-log.md: "time variants with a stage
 // removed"); any bit set makes the results meaningless, only the time counts.
 // kSkipStores: the epilogues compute but store nothing (FC1 tiles are still counted).
+// kSkipMma / kSkipLoads split a mainloop into its two sides: the stages move through the ring
+// without MMAs reading them, or are marked full without loads writing them.
 enum ProfileSkip : int {
   kSkipPull = 1,
   kSkipWaits = 2,
   kSkipFc1 = 4,
   kSkipFc2 = 8,
-  kSkipStores = 16
+  kSkipStores = 16,
+  kSkipMma = 32,
+  kSkipLoads = 64
 };
 
 // kDiagnostic: the kernel for profiling variants (a.skip) and traces (a.trace,
@@ -245,6 +249,11 @@ __global__ void __launch_bounds__(kGemmThreads, 1)
       fence_proxy_async_global();
       trace.stamp(seq, kTrReady);
       const int k_blocks = w.fc1 ? fc1_kblocks : fc2_kblocks;
+      if (skip & kSkipLoads) {
+        signal_tile(s.ring, it, k_blocks, tile, a.timeout_ns, a.report);
+        trace.stamp(seq, kTrLoadsIssued);
+        continue;
+      }
       produce_tile(s.ring, it, k_blocks, tile, a.timeout_ns, a.report, [&](int stage, int k0) {
         uint64_t* full = &s.ring.full[stage];
         uint8_t* b = s.ring.b[stage];
@@ -317,8 +326,16 @@ __global__ void __launch_bounds__(kGemmThreads, 1)
         flat = a.row_slot[row0 + threadIdx.x % 128];
       }
     }
-    consume_tile(s.ring, it, t.fc1 ? fc1_kblocks : fc2_kblocks, t.tile, consumer, leader, acc,
-                 a.timeout_ns, a.report);
+    // A tile of at most 64 rows (an expert's short last m-block) is the first warpgroup's
+    // alone: the second one runs no MMAs and stores nothing, so the tile costs about half.
+    const bool idle = rows_valid(t) == 0;
+    const int k_blocks = t.fc1 ? fc1_kblocks : fc2_kblocks;
+    if (idle || (skip & kSkipMma)) {
+      pass_tile(s.ring, it, k_blocks, t.tile, leader, kStagingBarrier + consumer, a.timeout_ns,
+                a.report);
+    } else {
+      consume_tile(s.ring, it, k_blocks, t.tile, consumer, leader, acc, a.timeout_ns, a.report);
+    }
     trace.stamp(seq, kTrMainloopEnd);
     // The block's next tile (the producer queued it once it had issued this tile's loads).
     const QueuedTile& next = wait_tile(s.queue, seq + 1, a.timeout_ns, a.report);
@@ -331,7 +348,7 @@ __global__ void __launch_bounds__(kGemmThreads, 1)
     if (t.fc1) {
       // The previous FC1 tile's stores drained during this tile's MMAs; count it now.
       if (pending_mblock >= 0) publish_fc1(pending_mblock);
-      if (!(skip & kSkipStores)) {
+      if (!idle && !(skip & kSkipStores)) {
         store_rows_staged<kAct>(acc, buf, act_out, h_out, t.slot0 + kStagedRows * consumer,
                                 t.rows_left >= kStagedRows * (consumer + 1), rows_valid(t),
                                 t.n_block * kFc1Cols, a.ffn, p, consumer, leader);
@@ -341,7 +358,7 @@ __global__ void __launch_bounds__(kGemmThreads, 1)
         publish_fc1(pending_mblock);
         pending_mblock = -1;
       }
-    } else if (!(skip & kSkipStores)) {
+    } else if (!idle && !(skip & kSkipStores)) {
       // Each result row goes to its (token, k) slot on the source rank.
       __nv_bfloat16* dst = nullptr;
       if (flat >= 0) {
@@ -438,8 +455,8 @@ void moe_forward_megakernel(const at::Tensor& peer_bases, int64_t tokens_offset,
   MOK_HOST_CHECK(comm_blocks >= min_comm && comm_blocks < sms,
                  "moe_forward_megakernel: comm_blocks ", comm_blocks, " must be in [", min_comm,
                  ", ", sms - 1, "]");
-  MOK_HOST_CHECK(profile_skip >= 0 && profile_skip < 32,
-                 "moe_forward_megakernel: profile_skip is a 5-bit mask");
+  MOK_HOST_CHECK(profile_skip >= 0 && profile_skip < 128,
+                 "moe_forward_megakernel: profile_skip is a 7-bit mask");
   MOK_HOST_CHECK(!trace || (trace->is_cuda() && trace->scalar_type() == at::kLong &&
                               trace->is_contiguous() &&
                               trace->numel() >= int64_t(sms) * kTraceBlockValues),

@@ -172,6 +172,37 @@ __device__ __forceinline__ void produce_tile(StageRing& ring, int& it, int k_blo
   }
 }
 
+// Producer side of one tile without loads (profiling only: the MMAs then read whatever the
+// stages hold): each free stage is marked full at once.
+__device__ __forceinline__ void signal_tile(StageRing& ring, int& it, int k_blocks, int tile,
+                                            uint64_t timeout_ns, int* report) {
+  for (int kb = 0; kb < k_blocks; ++kb, ++it) {
+    const int stage = it % kGemmStages;
+    mbar_wait(&ring.empty[stage], ((it / kGemmStages) & 1) ^ 1, timeout_ns, kWaitProducer, tile,
+              stage, report);
+    mbar_arrive(&ring.full[stage]);
+  }
+}
+
+// A consumer warpgroup with nothing to compute in this tile (none of its rows exist) still
+// owes each stage its release. Only the leader waits and arrives, then the warpgroup meets
+// (named barrier `barrier_id`): its other warps must not run ahead into the next tile's
+// `full` waits, where a parity wait on a barrier more than one phase behind reads as done.
+__device__ __forceinline__ void pass_tile(StageRing& ring, int& it, int k_blocks, int tile,
+                                          bool leader, int barrier_id, uint64_t timeout_ns,
+                                          int* report) {
+  if (leader) {
+    for (int kb = 0; kb < k_blocks; ++kb) {
+      const int stage = (it + kb) % kGemmStages;
+      mbar_wait(&ring.full[stage], ((it + kb) / kGemmStages) & 1, timeout_ns, kWaitMma, tile,
+                stage, report);
+      mbar_arrive(&ring.empty[stage]);
+    }
+  }
+  it += k_blocks;
+  named_barrier_sync(barrier_id, 128);
+}
+
 // Consumer side of one tile: acc = A[rows of this warpgroup] @ B^T over k_blocks.
 __device__ __forceinline__ void consume_tile(StageRing& ring, int& it, int k_blocks, int tile,
                                              int consumer, bool leader, float (&acc)[kAccRegs],
