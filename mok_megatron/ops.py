@@ -210,7 +210,7 @@ PROFILE_SKIP = {"pull": 1, "waits": 2, "fc1": 4, "fc2": 8, "stores": 16, "mma": 
 # of TRACE_SLOTS values (clock64, except "tile_id" = tile * 2 + fc1), then TRACE_HEADER.
 TRACE_TILES = 64
 TRACE_SLOTS = ("tile_start", "tile_queued", "mainloop_end", "next_queued", "tile_end",
-               "tile_id", "producer_start", "pushed", "ready", "loads_issued")
+               "tile_id", "producer_start", "pushed", "ready", "loads_issued", "staged")
 TRACE_HEADER = ("start_ns", "start_clock", "end_ns", "end_clock", "pull_end_clock", "ticket")
 
 
@@ -250,7 +250,7 @@ def macrobatch_ring_rows(rows: int, num_experts: int, ring_mblocks: int) -> int:
 
 
 WAIT_ROLES = ("gemm producer", "gemm mma", "rows ready", "fc1 done", "pull slot",
-              "pull row", "tile queue", "ring slot")  # csrc sm90::WaitRole
+              "pull row", "tile queue", "ring slot", "staging")  # csrc sm90::WaitRole
 
 
 def timeout_report() -> Optional[dict]:

@@ -7,8 +7,9 @@ the launch's span against the blocks' (start: first block start to the last one'
 each block's first tile start to its last tile end; tail: last tile end to block end; pull:
 row-pulling blocks' start to their pull's end), and per FC1 / FC2 tile the median of each
 phase: queue (waiting for the tile's entry), mainloop, next (waiting for the next entry),
-epilogue; in the producer: push (take + locate + queue), ready (rows or FC1 wait + fence),
-loads (issuing the tile's loads). Times in microseconds at the implied clock. The traced
+epilogue (of it, staging: rows written and handed to the storer warp); in the producer:
+push (take + locate + queue), ready (rows or FC1 wait + fence), loads (issuing the tile's
+loads). Times in microseconds at the implied clock. The traced
 launch runs the diagnostic build of the kernel (the one the profiling variants use).
 
     python scripts/trace_tiles.py --models qwen3_30b_a3b_like --variants ep64 --tokens 2048 \
@@ -34,17 +35,19 @@ SLOT = {name: i for i, name in enumerate(ops.TRACE_SLOTS)}
 HEADER = {name: i for i, name in enumerate(ops.TRACE_HEADER)}
 TILE_PHASES = {"queue": ("tile_start", "tile_queued"), "mainloop": ("tile_queued", "mainloop_end"),
                "next": ("mainloop_end", "next_queued"), "epilogue": ("next_queued", "tile_end"),
+               "staging": ("next_queued", "staged"),
                "push": ("producer_start", "pushed"), "ready": ("pushed", "ready"),
                "loads": ("ready", "loads_issued")}
 
 
-def traced_launch(p: dict, comm_blocks: int) -> torch.Tensor:
+def traced_launch(p: dict, comm_blocks: int, skip: int = 0) -> torch.Tensor:
     trace = ops.megakernel_trace_buffer("cuda")
     p["counters"].zero_()
     ops.moe_forward_megakernel(p["bases"], p["x"].data_ptr(), p["slots"].data_ptr(),
                                p["offsets"], p["row_slot"], p["row_prob"], p["tokens"],
                                p["topk"], p["w1"], p["w2"], "swiglu", p["rows"], p["act"],
-                               p["h"], p["counters"], comm_blocks, p["timeout_ns"], trace=trace)
+                               p["h"], p["counters"], comm_blocks, p["timeout_ns"], profile_skip=skip,
+                               trace=trace)
     torch.cuda.synchronize()
     return trace.cpu()
 
@@ -87,18 +90,25 @@ def summarize(trace: torch.Tensor) -> dict:
             "tiles_traced": counts}
 
 
-def run_case(model, variant: str, experts: int, tokens: int, comm_blocks: int, seed: int) -> dict:
+def run_case(model, variant: str, experts: int, tokens: int, comm_blocks: int, seed: int,
+             skip_names: list[str], no_h: bool = False) -> dict:
     p = build(model, experts, tokens, seed)
-    warm = megakernel(p, comm_blocks)
+    if no_h:
+        p["h"] = None
+    skip = sum(ops.PROFILE_SKIP[name] for name in skip_names)
+    comm_blocks = 0 if skip & ops.PROFILE_SKIP["pull"] else comm_blocks
+    warm = megakernel(p, comm_blocks, skip)
     warm(), warm()
     torch.cuda.synchronize()
-    trace = traced_launch(p, comm_blocks)
+    trace = traced_launch(p, comm_blocks, skip)
     s = summarize(trace)
     b = s["blocks"]
     span = max(x["end_us"] for x in b) - min(x["start_us"] for x in b)
     late_start = max(x["start_us"] for x in b)
     pulls = [x["pull_us"] for x in b if "pull_us" in x]
-    print(f"{model.name} {variant} E={experts} T={tokens} comm={comm_blocks}: "
+    print(f"{model.name} {variant} E={experts} T={tokens} comm={comm_blocks}"
+          + (f" skip={'+'.join(skip_names)}" if skip_names else "") + (" no h" if no_h else "")
+          + ": "
           f"clock {s['clock_ghz']:.2f} GHz, blocks span {span:.1f} us (last start +{late_start:.1f}"
           f", median first tile +{statistics.median(x.get('first_tile_us', 0) for x in b):.1f}, "
           f"median tail {statistics.median(x.get('tail_us', 0) for x in b):.1f}"
@@ -108,7 +118,7 @@ def run_case(model, variant: str, experts: int, tokens: int, comm_blocks: int, s
         print(f"    {kind} ({s['tiles_traced'][kind]} tiles traced): "
               + " ".join(f"{k} {v:.2f}" for k, v in med.items()), flush=True)
     return {"model": model.name, "variant": variant, "experts": experts, "tokens": tokens,
-            "comm_blocks": comm_blocks, "summary": s, "trace": trace.tolist()}
+            "comm_blocks": comm_blocks, "skip": skip_names, "summary": s, "trace": trace.tolist()}
 
 
 def main(argv=None) -> None:
@@ -119,6 +129,11 @@ def main(argv=None) -> None:
     ap.add_argument("--ep", type=int, default=4, help="GPUs the 'full' expert count is split over")
     ap.add_argument("--comm-sms", type=int, default=12)
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--skip", nargs="*", default=[], choices=list(ops.PROFILE_SKIP),
+                    help="trace a profiling variant: these stages left out (no pull: no comm "
+                    "blocks)")
+    ap.add_argument("--no-h", action="store_true",
+                    help="FC1 stores no h (backward_inputs: recomputed stores none)")
     ap.add_argument("--out", type=Path)
     args = ap.parse_args(argv)
     results = []
@@ -127,7 +142,8 @@ def main(argv=None) -> None:
         for variant in args.variants:
             for tokens in args.tokens:
                 results.append(run_case(model, variant, per_gpu_experts(model, variant, args.ep),
-                                        tokens, args.comm_sms, args.seed))
+                                        tokens, args.comm_sms, args.seed, args.skip,
+                                        args.no_h))
                 torch.cuda.empty_cache()
     if args.out:
         args.out.parent.mkdir(parents=True, exist_ok=True)

@@ -11,15 +11,19 @@
 //                             in increasing order by a grid-wide counter (tile_queue.cuh). An
 //                             FC1 tile's producer waits (acquire) until its m-block's rows are
 //                             all pulled; an FC2 tile's producer waits until every FC1 tile of
-//                             its m-block has stored its activation rows (fc1_done). FC2's
-//                             epilogue writes each result row straight into its (token, k)
-//                             slot on the source rank, the same slots v1's push-combine fills,
-//                             so the fixed-order reduction after the kernel is unchanged.
+//                             its m-block has stored its activation rows (fc1_done). Consumer
+//                             warpgroups stage each finished tile's bf16 rows and hand them to
+//                             a storer warp (epilogue_storer.cuh), which stores and counts them
+//                             while the consumers run the next tile. FC2 rows go straight into
+//                             their (token, k) slot on the source rank, the same slots v1's
+//                             push-combine fills, so the fixed-order reduction after the kernel
+//                             is unchanged.
 // Deadlock freedom: every tile depends only on tiles with lower indices (or on the pull, which
 // depends on nothing but, with the ring, FC2 tiles of earlier macrobatches), indices are
 // handed out in increasing order, each block runs its tiles in the order it took them, and
 // only running blocks hold work: tiles are taken when a block can run them and the pull
-// belongs to the first blocks to start, not to fixed block indices. So the kernel needs just
+// belongs to the first blocks to start, not to fixed block indices; a tile's counts come
+// from its storer, which waits only for its own stores. So the kernel needs just
 // comm_blocks + 1 blocks resident, not the whole grid - kernels of other streams (NCCL,
 // another rank's kernels when ranks share a GPU in tests) may hold SMs while it runs.
 // Memory ordering: rows and activations are written by TMA / bulk stores (async proxy; an
@@ -32,6 +36,7 @@
 #include <torch/extension.h>
 
 #include <algorithm>
+#include <type_traits>
 
 #include "common/error.cuh"
 #include "common/ptx.cuh"
@@ -40,6 +45,7 @@
 #include "gemm/sm90/tile_engine.cuh"
 #include "gemm/sm90/tile_epilogue.cuh"
 #include "gemm/timeout_report.h"
+#include "megakernel/epilogue_storer.cuh"
 #include "megakernel/macrobatch_ring.cuh"
 #include "megakernel/row_pull.cuh"
 #include "megakernel/tile_queue.cuh"
@@ -83,6 +89,7 @@ struct SharedStorage {
   uint64_t pull_full[kPullMaxSlots];  // row-pulling blocks: their slots live in epilogue
   uint64_t pull_empty[kPullMaxSlots];  // and ring.a/b until their pull is done
   TileQueue queue;
+  StagingHandoff handoff[kGemmConsumers];  // consumer warpgroup -> its storer warp
   uint32_t ticket;  // this block's arrival ticket
 };
 // The GEMM memory a row-pulling block uses for whole-row slots: the epilogue buffers and the
@@ -151,6 +158,7 @@ __global__ void __launch_bounds__(kGemmThreads, 1)
     // The stage ring's and the queue's barriers do not overlap the pull's slots.
     if (s.ticket < a.comm_blocks) init_pull_ring(pull_ring);
     init_tile_queue(s.queue);
+    for (int c = 0; c < kGemmConsumers; ++c) init_staging_handoff(s.handoff[c]);
     init_ring(s.ring);
   }
   __syncthreads();
@@ -221,6 +229,16 @@ __global__ void __launch_bounds__(kGemmThreads, 1)
   const int warpgroup = threadIdx.x / 128;
   if (warpgroup == 0) {
     warpgroup_reg_dealloc<kGemmProducerRegs>();
+    const int warp = threadIdx.x / 32;
+    if (warp >= 1 && warp <= kGemmConsumers) {
+      // Warp c + 1 stores what consumer warpgroup c stages (epilogue_storer.cuh).
+      const StorerTargets targets{&act_store_map, &h_store_map, a.act, a.h_out,
+                                  a.ffn, kGated ? 2 * a.ffn : a.ffn, a.hidden,
+                                  a.row_slot, a.peer_bases, a.slots_offset, a.per_rank,
+                                  a.fc1_done, a.fc2_done, a.timeout_ns, a.report};
+      run_storer<kFc1Cols>(s.handoff[warp - 1], s.epilogue.out[warp - 1], targets);
+      return;
+    }
     if (threadIdx.x != 0) return;
     int it = 0;
     // One index is taken ahead, so the atomic's round trip overlaps this tile's loads instead
@@ -272,37 +290,13 @@ __global__ void __launch_bounds__(kGemmThreads, 1)
 
   warpgroup_reg_alloc<kGemmConsumerRegs>();
   const int consumer = warpgroup - 1;
-  const bool leader = threadIdx.x % 128 == 0;
-  uint8_t* buf = s.epilogue.out[consumer];
-  const int f1 = kGated ? 2 * a.ffn : a.ffn;
-  const EpilogueTensor act_out{&act_store_map, a.act, a.ffn};
-  const EpilogueTensor h_out{&h_store_map, a.h_out, f1};
-  // Counts this warpgroup's half of an FC1 tile once its activation rows are in memory:
-  // the warpgroup meets (its copied-out rows' plain stores are then ordered before the
-  // leader's release), the leader waits for its TMA stores to complete and orders those
-  // async-proxy writes before the release. An m-block is done at fc1_nblocks * consumers.
-  auto publish_fc1 = [&](int mblock) {
-    named_barrier_sync(kStagingBarrier + consumer, 128);
-    if (leader) {
-      bulk_wait<0>();
-      fence_proxy_async_global();
-      red_release_gpu_add_u32(&a.fc1_done[mblock], 1);
-    }
-  };
-  // A stored FC1 tile of m-block j may be counted only after the block's next tile's
-  // mainloop if that next tile cannot be waiting, however indirectly, for the count: it must
-  // be an FC1 tile (FC1 waits for pulled rows only) whose rows' ring slot does not wait for
-  // FC2 of j's macrobatch or a later one. With the ring, the next tile can lie many
-  // macrobatches ahead (other blocks take the tiles in between).
-  auto may_defer = [&](int mblock, const QueuedTile& next) {
-    return next.tile >= 0 && next.fc1 &&
-           (!ring.on || ring.macro_of(next.mblock) - ring.slots < ring.macro_of(mblock));
-  };
+  const int t_in_wg = threadIdx.x % 128;
+  const bool leader = t_in_wg == 0;
+  StagingWriter staging{&s.handoff[consumer], s.epilogue.out[consumer], 0, leader};
   // Rows of tile t this warpgroup owns (of its 64).
   auto rows_valid = [&](const QueuedTile& t) {
     return max(0, min(kStagedRows, t.rows_left - kStagedRows * consumer));
   };
-  int pending_mblock = -1;  // this block's last FC1 tile: stored, not yet counted
   // The first consumer warpgroup's leader stamps the consumer side.
   const TileTrace trace =
       leader && consumer == 0 ? TileTrace::make(trace_buffer) : TileTrace{nullptr};
@@ -314,18 +308,10 @@ __global__ void __launch_bounds__(kGemmThreads, 1)
     if (t.tile < 0) break;
     trace.stamp(seq, kTrTileQueued);
     trace.tile_value(seq, kTrTileId, int64_t(t.tile) * 2 + (t.fc1 ? 1 : 0));
-    // What the epilogue reads per row - FC1: the rows' probs; FC2: where this thread's row
-    // goes - is loaded before the mainloop, so its latency hides behind the MMAs.
+    // FC1's epilogue reads its rows' probs; loaded before the mainloop, so the latency hides
+    // behind the MMAs.
     float p[2];
-    int flat = -1;  // FC2: the (source, token, k) slot of this thread's row, -1: none
-    {
-      const int row0 = t.row0 + kStagedRows * consumer;
-      if (t.fc1) {
-        load_row_probs<kAct>(a.row_prob, row0, rows_valid(t), p);
-      } else if (threadIdx.x % 128 < rows_valid(t)) {
-        flat = a.row_slot[row0 + threadIdx.x % 128];
-      }
-    }
+    if (t.fc1) load_row_probs<kAct>(a.row_prob, t.row0 + kStagedRows * consumer, rows_valid(t), p);
     // A tile of at most 64 rows (an expert's short last m-block) is the first warpgroup's
     // alone: the second one runs no MMAs and stores nothing, so the tile costs about half.
     const bool idle = rows_valid(t) == 0;
@@ -338,40 +324,60 @@ __global__ void __launch_bounds__(kGemmThreads, 1)
     }
     trace.stamp(seq, kTrMainloopEnd);
     // The block's next tile (the producer queued it once it had issued this tile's loads).
-    const QueuedTile& next = wait_tile(s.queue, seq + 1, a.timeout_ns, a.report);
+    wait_tile(s.queue, seq + 1, a.timeout_ns, a.report);
     trace.stamp(seq, kTrNextQueued);
-    if (!t.fc1 && leader) {
-      // This warpgroup's MMAs have read all of the tile's act rows (wgmma_wait<0>): count it
-      // toward freeing the macrobatch's ring slot.
-      red_release_gpu_add_u32(&a.fc2_done[ring.macro_of(t.mblock)], 1);
-    }
+    const bool stores = !idle && !(skip & kSkipStores);
+    const int nvalid = rows_valid(t);
     if (t.fc1) {
-      // The previous FC1 tile's stores drained during this tile's MMAs; count it now.
-      if (pending_mblock >= 0) publish_fc1(pending_mblock);
-      if (!idle && !(skip & kSkipStores)) {
-        store_rows_staged<kAct>(acc, buf, act_out, h_out, t.slot0 + kStagedRows * consumer,
-                                t.rows_left >= kStagedRows * (consumer + 1), rows_valid(t),
-                                t.n_block * kFc1Cols, a.ffn, p, consumer, leader);
+      // Rounds: act, then (h kept) h's gate and up halves; the storer counts the m-block in
+      // fc1_done once the last round's rows are in memory.
+      const int row0 = t.slot0 + kStagedRows * consumer;
+      const bool full = t.rows_left >= kStagedRows * (consumer + 1);
+      const int col0 = t.n_block * kFc1Cols;
+      const int rounds = (stores && a.h_out != nullptr) ? (kGated ? 3 : 2) : 1;
+      auto round_record = [&](int round) {
+        return StagedRecord{kStagedFc1, kFc1Cols / 128, stores, round > 0, round == 2, row0,
+                            nvalid, full, col0, t.mblock, round == rounds - 1};
+      };
+      auto stage_round = [&](int round, auto value) {
+        const StagedRecord r = round_record(round);
+        write_staged<kFc1Cols>(staging.acquire(r.slots, t.tile, a.timeout_ns, a.report),
+                               t_in_wg, value);
+        staging.hand_off(r);
+      };
+      // h's values straight from the accumulators; `base` is a constant in each call, as
+      // the accumulators must only ever be indexed by constants (else they go to memory).
+      auto h_pair = [&](auto base) {
+        return [&, base](int j, int i) {
+          return __floats2bfloat162_rn(acc[base + 4 * j + 2 * i], acc[base + 4 * j + 2 * i + 1]);
+        };
+      };
+      if (!stores) {
+        staging.hand_off_record(round_record(0), t.tile, a.timeout_ns, a.report);
+      } else {
+        stage_round(0, [&](int j, int i) { return output_pair<kAct>(acc, j, i, p[i]); });
+        if (rounds > 1) stage_round(1, h_pair(std::integral_constant<int, 0>{}));
+        if constexpr (kGated) {
+          if (rounds > 2) stage_round(2, h_pair(std::integral_constant<int, 4 * (kFc1Cols / 8)>{}));
+        }
       }
-      pending_mblock = t.mblock;
-      if (!may_defer(t.mblock, next)) {
-        publish_fc1(pending_mblock);
-        pending_mblock = -1;
+    } else {
+      // The storer counts fc2_done (this warpgroup's MMAs have read the act rows) and sends
+      // each row to its (token, k) slot on the source rank.
+      const StagedRecord r{kStagedFc2, 2, stores, 0, 0, t.row0 + kStagedRows * consumer,
+                           nvalid, 0, t.n_block * kGemmBlockN, ring.macro_of(t.mblock), 0};
+      if (stores) {
+        write_scatter_staged(acc, staging.acquire(2, t.tile, a.timeout_ns, a.report), t_in_wg);
+        staging.hand_off(r);
+      } else {
+        staging.hand_off_record(r, t.tile, a.timeout_ns, a.report);
       }
-    } else if (!idle && !(skip & kSkipStores)) {
-      // Each result row goes to its (token, k) slot on the source rank.
-      __nv_bfloat16* dst = nullptr;
-      if (flat >= 0) {
-        const int peer = flat / a.per_rank;
-        dst = reinterpret_cast<__nv_bfloat16*>(a.peer_bases[peer] + a.slots_offset) +
-              int64_t(flat - peer * a.per_rank) * a.hidden;
-      }
-      store_rows_scattered(acc, buf, dst, t.n_block * kGemmBlockN, a.hidden, consumer);
     }
+    trace.stamp(seq, kTrStaged);
     release_tile(s.queue, seq);
     trace.stamp(seq, kTrTileEnd);
   }
-  bulk_wait<0>();  // this thread's row stores are complete before the kernel ends
+  staging.hand_off_record(StagedRecord{kStagedEnd, 1}, -1, a.timeout_ns, a.report);
   trace.header_ns(kTrEndNs);
   trace.header_clock(kTrEndClock);
 }

@@ -25,6 +25,7 @@ enum TraceSlot : int {
   kTrPushed,          // producer: the tile is queued for the consumers
   kTrReady,           // producer: its rows / FC1 activations are ready (and fenced)
   kTrLoadsIssued,     // producer: all its loads issued
+  kTrStaged,          // consumer: the tile's rows are staged and handed to the storer
   kTraceSlots
 };
 

@@ -35,6 +35,7 @@ enum WaitRole : int {
   kWaitPullRow = 5,   // row puller: a loaded row to store
   kWaitTileQueue = 6, // megakernel: a tile index from / a free entry in the block's tile queue
   kWaitRingSlot = 7,  // row puller: FC2 of the macrobatch before to free its ring slot
+  kWaitStaging = 8,   // megakernel epilogue: a staging slot to write / a handoff to store
 };
 constexpr int kReportInts = 4;  // {role, block, tile, stage}
 

@@ -13,9 +13,11 @@
 //   - a full 64-row block whose rows are consecutive in a tensor leaves by TMA stores that
 //     one thread issues; the warpgroup goes on to its next tile's MMAs while they drain;
 //   - an expert's last, partial block (TMA clips only at a tensor's edge and the rows below
-//     belong to the next expert) is copied out by all 128 threads, 16 bytes per lane;
+//     belong to the next expert) is copied out with 16-byte plain stores;
 //   - rows that each go somewhere else (FC2 rows into their (token, k) combine slots, local
 //     or on a peer) leave as one 1-D bulk store per row, also asynchronous.
+// The grouped GEMM does all of it in its consumer warpgroups (store_rows_staged); the
+// megakernel hands the staged rows to a storer warp instead (megakernel/epilogue_storer.cuh).
 // Either way each output element is computed once in a fixed order, so the result does not
 // depend on the path taken.
 #pragma once
@@ -92,19 +94,13 @@ struct EpilogueTensor {
   int64_t stride;
 };
 
-// One round: value(j, i) -> buf (swizzled: 16-byte chunk c of row r sits at c ^ (r % 8), so
-// the 8 rows one warp store touches hit 8 different chunks), then into half `half` of `dst`
-// at rows row0 .. row0 + 63: by TMA when the block is `full`, else its first rows_valid rows
-// copied out. Columns at or past n_out are not written. The buffer is reused only after the
-// previous round's TMA stores have read it (leader's bulk_wait_read, then the barrier).
+// Writes value(j, i) for this thread's accumulator pairs into buf, 128-byte swizzled: 16-byte
+// chunk c of row r sits at c ^ (r % 8), so the 8 rows one warp store touches hit 8 different
+// chunks; box b (64 columns) starts at b * kStagedBoxBytes. `t` is the thread's index in its
+// consumer warpgroup.
 template <int kCols, class Value>
-__device__ __forceinline__ void store_round(uint8_t* buf, const EpilogueTensor& dst, int half,
-                                            int row0, bool full, int rows_valid, int col0,
-                                            int n_out, int consumer, bool leader, Value value) {
-  const int t = threadIdx.x % 128;
+__device__ __forceinline__ void write_staged(uint8_t* buf, int t, Value value) {
   const int warp = t / 32, lane = t % 32;
-  if (leader) bulk_wait_read<0>();
-  named_barrier_sync(kStagingBarrier + consumer, 128);
   // Chunk j of row r sits in box j / 8 at chunk (j % 8) ^ (r % 8); rows r and r + 8 share
   // r % 8, so 8 base addresses (one per j % 8) plus immediates cover every store and the
   // address arithmetic stays out of the registers the MMAs need.
@@ -122,22 +118,31 @@ __device__ __forceinline__ void store_round(uint8_t* buf, const EpilogueTensor& 
       }
     }
   }
-  fence_proxy_async_shared();
-  named_barrier_sync(kStagingBarrier + consumer, 128);
-  if (full) {
-    if (leader) {
-#pragma unroll
-      for (int box = 0; box < kCols / 64; ++box) {
-        if (col0 + 64 * box < n_out) {
-          tma_store_4d(dst.map, buf + box * kStagedBoxBytes, col0 + 64 * box, half, row0, 0);
-        }
-      }
-      bulk_commit();
+}
+
+// One thread: the staged boxes (write_staged) of a whole 64-row block into half `half` of
+// `dst` at rows row0 .. row0 + 63 by TMA, one bulk group; columns at or past n_out are
+// clipped by box.
+__device__ __forceinline__ void issue_staged_boxes(const EpilogueTensor& dst, const uint8_t* buf,
+                                                   int boxes, int half, int row0, int col0,
+                                                   int n_out) {
+  for (int box = 0; box < boxes; ++box) {
+    if (col0 + 64 * box < n_out) {
+      tma_store_4d(dst.map, buf + box * kStagedBoxBytes, col0 + 64 * box, half, row0, 0);
     }
-    return;
   }
-  constexpr int kChunksPerRow = kCols / 8;  // a warp copies 32 / kChunksPerRow whole rows
-  for (int idx = t; idx < rows_valid * kChunksPerRow; idx += 128) {
+  bulk_commit();
+}
+
+// Threads t = 0 .. threads - 1: the first rows_valid staged rows (an expert's partial last
+// block: TMA clips only at a tensor's edge and the rows below belong to the next expert)
+// copied out with 16-byte plain stores.
+template <int kCols>
+__device__ __forceinline__ void copy_staged_rows(const uint8_t* buf, const EpilogueTensor& dst,
+                                                 int half, int row0, int rows_valid, int col0,
+                                                 int n_out, int t, int threads) {
+  constexpr int kChunksPerRow = kCols / 8;
+  for (int idx = t; idx < rows_valid * kChunksPerRow; idx += threads) {
     const int r = idx / kChunksPerRow, c = idx % kChunksPerRow;
     const int col = col0 + 8 * c;
     if (col >= n_out) continue;
@@ -146,6 +151,27 @@ __device__ __forceinline__ void store_round(uint8_t* buf, const EpilogueTensor& 
     *reinterpret_cast<uint4*>(dst.base + int64_t(row0 + r) * dst.stride +
                               int64_t(half) * n_out + col) = v;
   }
+}
+
+// One round of the engine's epilogue: value(j, i) -> buf, then into half `half` of `dst` at
+// rows row0 .. row0 + 63: by TMA when the block is `full`, else its first rows_valid rows
+// copied out. The buffer is reused only after the previous round's TMA stores have read it
+// (leader's bulk_wait_read, then the barrier).
+template <int kCols, class Value>
+__device__ __forceinline__ void store_round(uint8_t* buf, const EpilogueTensor& dst, int half,
+                                            int row0, bool full, int rows_valid, int col0,
+                                            int n_out, int consumer, bool leader, Value value) {
+  const int t = threadIdx.x % 128;
+  if (leader) bulk_wait_read<0>();
+  named_barrier_sync(kStagingBarrier + consumer, 128);
+  write_staged<kCols>(buf, t, value);
+  fence_proxy_async_shared();
+  named_barrier_sync(kStagingBarrier + consumer, 128);
+  if (full) {
+    if (leader) issue_staged_boxes(dst, buf, kCols / 64, half, row0, col0, n_out);
+    return;
+  }
+  copy_staged_rows<kCols>(buf, dst, half, row0, rows_valid, col0, n_out, t, 128);
 }
 
 // The router probs of this thread's two rows of its warpgroup's 64 (rows 16 warp + lane / 4
@@ -197,18 +223,11 @@ __device__ __forceinline__ void store_rows_staged(const float (&d)[kAccRegs], ui
   }
 }
 
-// FC2's epilogue in the megakernel: row t (< rows_valid) of this warpgroup's 64, columns
-// col0 .. col0 + kGemmBlockN (clipped at n_out), is stored to dst + col0 by a 1-D bulk copy
-// that thread t issues (dst: that row's destination, null past rows_valid). Every thread
-// waits for its own previous copies to have read the buffer before it is rewritten; copies
-// still writing at kernel exit are waited for by the caller (bulk_wait).
-__device__ __forceinline__ void store_rows_scattered(const float (&d)[kAccRegs], uint8_t* buf,
-                                                     __nv_bfloat16* dst, int col0, int n_out,
-                                                     int consumer) {
-  const int t = threadIdx.x % 128;
+// FC2's rows in the megakernel, staged unswizzled (row r of the warpgroup's 64 at
+// r * kScatterRowBytes) so that each leaves as one 1-D bulk store to its own destination.
+__device__ __forceinline__ void write_scatter_staged(const float (&d)[kAccRegs], uint8_t* buf,
+                                                     int t) {
   const int warp = t / 32, lane = t % 32;
-  bulk_wait_read<0>();
-  named_barrier_sync(kStagingBarrier + consumer, 128);
   uint8_t* base = buf + (16 * warp + lane / 4) * kScatterRowBytes + (lane % 4) * 4;
 #pragma unroll
   for (int j = 0; j < kGemmBlockN / 8; ++j) {
@@ -217,13 +236,6 @@ __device__ __forceinline__ void store_rows_scattered(const float (&d)[kAccRegs],
       *reinterpret_cast<__nv_bfloat162*>(base + j * 16 + i * 8 * kScatterRowBytes) =
           __floats2bfloat162_rn(d[4 * j + 2 * i], d[4 * j + 2 * i + 1]);
     }
-  }
-  fence_proxy_async_shared();
-  named_barrier_sync(kStagingBarrier + consumer, 128);
-  if (dst != nullptr) {
-    const int cols = min(kGemmBlockN, n_out - col0);
-    bulk_store(dst + col0, buf + t * kScatterRowBytes, uint32_t(cols) * 2);
-    bulk_commit();
   }
 }
 

@@ -1,0 +1,196 @@
+// The forward megakernel's epilogue in two halves. A consumer warpgroup turns its accumulators
+// into bf16 rows in its staging buffer and hands them on; a storer warp of the producer
+// warpgroup (one per consumer warpgroup) stores them - TMA boxes, an expert's partial last
+// block copied out, FC2's rows as one bulk store each - and does the counting that waits on
+// them: fc1_done once a tile's activation rows are in memory, fc2_done once the consumer's
+// MMAs have read an FC2 tile's act rows. The consumers go straight on to their next tile's
+// MMAs, so the stores' issue, their completion waits and the release fences are off the
+// tensor cores' path (docs/perf-log.md: they took ~5-9 µs of a 20-90 µs tile).
+//
+// Handoffs use the buffer's two slots in sequence q = 0, 1, ... (slot q % 2, phase parity
+// (q / 2) & 1). A gated FC1 round (64 x 128) takes one slot; a 64 x 256 round and FC2's
+// rows (unswizzled, the whole 33 KiB) take both, starting at slot 0 (a skip record fills
+// slot 1 first when needed); a record without rows (count only, end) takes one. The record
+// travels in its first slot's entry. `full`: every consumer thread arrives, each after its
+// own fence.proxy.async (TMA then sees its writes); `empty`: the storer, once the stores
+// have read the slots. The storer cannot get a phase ahead of a lagging consumer warp (it
+// needs that warp's arrive), nor the consumers of the storer.
+#pragma once
+
+#include <cuda_bf16.h>
+
+#include <cstdint>
+
+#include "common/ptx.cuh"
+#include "gemm/sm90/tile_engine.cuh"
+#include "gemm/sm90/tile_epilogue.cuh"
+#include "gemm/sm90/tma.cuh"
+
+namespace mok {
+
+constexpr int kStagedSlotBytes = 16 * 1024;  // one 64 x 128 bf16 round: two swizzled boxes
+static_assert(2 * kStagedSlotBytes <= sm90::kStagedBufBytes &&
+                  kStagedSlotBytes == 2 * sm90::kStagedBoxBytes,
+              "a consumer's staging buffer holds two slots");
+
+enum StagedKind : int { kStagedFc1 = 0, kStagedFc2 = 1, kStagedSkip = 2, kStagedEnd = 3 };
+
+struct StagedRecord {
+  int kind;
+  int slots;       // slots it takes (1 or 2)
+  int has_rows;    // 0: count only (the warpgroup had no rows, or a profile skips stores)
+  int h;           // FC1: 0 act, 1 h (half: 0 gate, 1 up)
+  int half;
+  int row0;        // FC1: the warpgroup's first row in act / h; FC2: its first schedule row
+  int rows_valid;  // rows of the 64 that exist
+  int full;        // FC1: all 64 rows consecutive in the tensor (TMA), else copied out
+  int col0;        // first output column
+  int counter;     // FC1: m-block counted in fc1_done (when `last`); FC2: macrobatch (fc2_done)
+  int last;        // FC1: the tile's last round - count it once its rows are in memory
+};
+
+struct StagingHandoff {
+  uint64_t full[2];
+  uint64_t empty[2];
+  StagedRecord rec[2];
+};
+
+__device__ __forceinline__ void init_staging_handoff(StagingHandoff& h) {
+  for (int i = 0; i < 2; ++i) {
+    sm90::mbar_init(&h.full[i], 128);
+    sm90::mbar_init(&h.empty[i], 1);
+  }
+}
+
+// What the storer writes and counts (pointers and sizes of the launch).
+struct StorerTargets {
+  const CUtensorMap* act_map;
+  const CUtensorMap* h_map;
+  __nv_bfloat16* act;
+  __nv_bfloat16* h;
+  int ffn, f1, hidden;       // act row width, h row width (2F gated), FC2 row width
+  const int32_t* row_slot;   // FC2 rows: flat (source, token, k) slot
+  const int64_t* peer_bases;
+  int64_t slots_offset;
+  int per_rank;
+  uint32_t* fc1_done;
+  uint32_t* fc2_done;
+  uint64_t timeout_ns;
+  int* report;
+};
+
+// Consumer warpgroup side; every one of its 128 threads keeps the same sequence position.
+struct StagingWriter {
+  StagingHandoff* hand;
+  uint8_t* buf;
+  int q;
+  bool leader;
+
+  __device__ void wait_free(int pos, int tile, uint64_t timeout_ns, int* report) const {
+    sm90::mbar_wait(&hand->empty[pos % 2], ((pos / 2) & 1) ^ 1, timeout_ns,
+                    sm90::kWaitStaging, tile, pos % 2, report);
+  }
+  __device__ void arrive(int slots) const {
+    sm90::fence_proxy_async_shared();
+    for (int i = 0; i < slots; ++i) sm90::mbar_arrive(&hand->full[(q + i) % 2]);
+  }
+  // The slots for a handoff of `slots`, once free: returns where its rows go.
+  __device__ uint8_t* acquire(int slots, int tile, uint64_t timeout_ns, int* report) {
+    if (slots == 2 && q % 2 == 1) {
+      wait_free(q, tile, timeout_ns, report);
+      if (leader) hand->rec[1] = StagedRecord{kStagedSkip, 1};
+      arrive(1);
+      ++q;
+    }
+    for (int i = 0; i < slots; ++i) wait_free(q + i, tile, timeout_ns, report);
+    return buf + (q % 2) * kStagedSlotBytes;
+  }
+  // After this thread's writes into the acquired slots: the record goes with them.
+  __device__ void hand_off(const StagedRecord& r) {
+    if (leader) hand->rec[q % 2] = r;
+    arrive(r.slots);
+    q += r.slots;
+  }
+  // A record without rows (count only, end): one slot.
+  __device__ void hand_off_record(StagedRecord r, int tile, uint64_t timeout_ns, int* report) {
+    r.slots = 1;
+    r.has_rows = 0;
+    acquire(1, tile, timeout_ns, report);
+    hand_off(r);
+  }
+};
+
+// The storer warp of one consumer warpgroup: takes its handoffs in order until the end record.
+template <int kFc1Cols>
+__device__ __forceinline__ void run_storer(StagingHandoff& hand, uint8_t* buf,
+                                           const StorerTargets& tg) {
+  const int lane = threadIdx.x % 32;
+  for (int q = 0;; ) {
+    const int slot = q % 2;
+    const uint32_t parity = (q / 2) & 1;
+    sm90::mbar_wait(&hand.full[slot], parity, tg.timeout_ns, sm90::kWaitStaging, -1, slot,
+                    tg.report);
+    const StagedRecord r = hand.rec[slot];
+    if (r.slots == 2) {
+      sm90::mbar_wait(&hand.full[1], parity, tg.timeout_ns, sm90::kWaitStaging, -1, 1,
+                      tg.report);
+    }
+    const uint8_t* rows = buf + slot * kStagedSlotBytes;
+    if (r.kind == kStagedEnd) {
+      sm90::bulk_wait<0>();  // this lane's stores are complete before the kernel ends
+      return;
+    }
+    if (r.kind == kStagedFc1) {
+      const int n_out = tg.ffn;  // h is viewed as [rows, halves, F] like act's [rows, 1, F]
+      const sm90::EpilogueTensor dst = r.h ? sm90::EpilogueTensor{tg.h_map, tg.h, tg.f1}
+                                           : sm90::EpilogueTensor{tg.act_map, tg.act, tg.ffn};
+      if (r.has_rows && r.full) {
+        if (lane == 0) {
+          sm90::issue_staged_boxes(dst, rows, kFc1Cols / 64, r.half, r.row0, r.col0, n_out);
+          sm90::bulk_wait_read<0>();
+        }
+      } else if (r.has_rows) {
+        sm90::copy_staged_rows<kFc1Cols>(rows, dst, r.half, r.row0, r.rows_valid, r.col0, n_out,
+                                         lane, 32);
+      }
+      __syncwarp();
+      if (lane == 0) {
+        for (int i = 0; i < r.slots; ++i) sm90::mbar_arrive(&hand.empty[(q + i) % 2]);
+        if (r.last) {
+          // Rows stored by TMA are complete (wait) and ordered before the release for the
+          // FC2 tiles' TMA loads (fence.proxy.async); copied-out rows are ordered by the
+          // warp barrier above and the release's cumulativity.
+          sm90::bulk_wait<0>();
+          fence_proxy_async_global();
+          red_release_gpu_add_u32(&tg.fc1_done[r.counter], 1);
+        }
+      }
+    } else if (r.kind == kStagedFc2) {
+      // The consumer's MMAs have read the tile's act rows (wgmma_wait<0> before its arrive).
+      if (lane == 0) red_release_gpu_add_u32(&tg.fc2_done[r.counter], 1);
+      if (r.has_rows) {
+        const int cols = min(kGemmBlockN, tg.hidden - r.col0);
+        for (int row = lane; row < r.rows_valid; row += 32) {
+          const int flat = tg.row_slot[r.row0 + row];
+          const int peer = flat / tg.per_rank;
+          __nv_bfloat16* dst = reinterpret_cast<__nv_bfloat16*>(tg.peer_bases[peer] +
+                                                                tg.slots_offset) +
+                               int64_t(flat - peer * tg.per_rank) * tg.hidden + r.col0;
+          sm90::bulk_store(dst, buf + row * sm90::kScatterRowBytes, uint32_t(cols) * 2);
+        }
+        sm90::bulk_commit();
+        sm90::bulk_wait_read<0>();
+      }
+      __syncwarp();
+      if (lane == 0) {
+        for (int i = 0; i < r.slots; ++i) sm90::mbar_arrive(&hand.empty[(q + i) % 2]);
+      }
+    } else {  // kStagedSkip
+      __syncwarp();
+      if (lane == 0) sm90::mbar_arrive(&hand.empty[slot]);
+    }
+    q += r.slots;
+  }
+}
+
+}  // namespace mok
