@@ -1,16 +1,20 @@
-// The forward megakernel's epilogue in two halves. A consumer warpgroup turns its accumulators
-// into bf16 rows in its staging buffer and hands them on; a storer warp of the producer
-// warpgroup (one per consumer warpgroup) stores them - TMA boxes, an expert's partial last
-// block copied out, FC2's rows as one bulk store each - and does the counting that waits on
-// them: fc1_done once a tile's activation rows are in memory, fc2_done once the consumer's
-// MMAs have read an FC2 tile's act rows. The consumers go straight on to their next tile's
-// MMAs, so the stores' issue, their completion waits and the release fences are off the
-// tensor cores' path (docs/perf-log.md: they took ~5-9 µs of a 20-90 µs tile).
+// The forward megakernel's epilogue in two halves. A consumer warpgroup only converts its
+// accumulators to bf16 rows in its staging buffer and hands them on: FC1's pre-activation h
+// (gate | up when gated), FC2's output rows. A storer warp of the producer warpgroup (one per
+// consumer warpgroup) does the rest - for FC1 stores h when backward keeps it, computes
+// act(h) * prob (act(gate) * up * prob) in place and stores that; stores are TMA boxes, an
+// expert's partial last block copied out, FC2's rows one bulk store each - and the counting
+// that waits on them: fc1_done once a tile's activation rows are in memory, fc2_done once the
+// consumer's MMAs have read an FC2 tile's act rows. The consumers go straight on to their
+// next tile's MMAs, so the activation's math, the stores, their completion waits and the
+// release fences are off the tensor cores' path (docs/perf-log.md: 5-9 µs of a 20-90 µs tile).
+// The rounding points are the consumer epilogue's (output_pair): h is bf16, the activation
+// is computed in fp32 and rounded once, so results are the same bits either way.
 //
 // Handoffs use the buffer's two slots in sequence q = 0, 1, ... (slot q % 2, phase parity
-// (q / 2) & 1). A gated FC1 round (64 x 128) takes one slot; a 64 x 256 round and FC2's
-// rows (unswizzled, the whole 33 KiB) take both, starting at slot 0 (a skip record fills
-// slot 1 first when needed); a record without rows (count only, end) takes one. The record
+// (q / 2) & 1). A tile's rows (64 x 256 bf16 of h, or FC2's unswizzled 33 KiB) take both,
+// starting at slot 0 (a skip record fills slot 1 first when needed); a record without rows
+// (count only, end) takes one. The record
 // travels in its first slot's entry. `full`: every consumer thread arrives, each after its
 // own fence.proxy.async (TMA then sees its writes); `empty`: the storer, once the stores
 // have read the slots. The storer cannot get a phase ahead of a lagging consumer warp (it
@@ -39,14 +43,12 @@ struct StagedRecord {
   int kind;
   int slots;       // slots it takes (1 or 2)
   int has_rows;    // 0: count only (the warpgroup had no rows, or a profile skips stores)
-  int h;           // FC1: 0 act, 1 h (half: 0 gate, 1 up)
-  int half;
   int row0;        // FC1: the warpgroup's first row in act / h; FC2: its first schedule row
+  int prob_row0;   // FC1: its first schedule row (row_prob)
   int rows_valid;  // rows of the 64 that exist
   int full;        // FC1: all 64 rows consecutive in the tensor (TMA), else copied out
   int col0;        // first output column
-  int counter;     // FC1: m-block counted in fc1_done (when `last`); FC2: macrobatch (fc2_done)
-  int last;        // FC1: the tile's last round - count it once its rows are in memory
+  int counter;     // FC1: m-block (fc1_done); FC2: macrobatch (fc2_done)
 };
 
 struct StagingHandoff {
@@ -64,6 +66,7 @@ __device__ __forceinline__ void init_staging_handoff(StagingHandoff& h) {
 
 // What the storer writes and counts (pointers and sizes of the launch).
 struct StorerTargets {
+  const float* row_prob;
   const CUtensorMap* act_map;
   const CUtensorMap* h_map;
   __nv_bfloat16* act;
@@ -120,10 +123,53 @@ struct StagingWriter {
   }
 };
 
+// act(h) * prob (gated: act(gate) * up * prob) of one staged FC1 tile, in place: slot 0 (and
+// slot 1) held h as write_staged<256> left it and afterwards slot 0 holds the activation as
+// write_staged<kFc1Cols> would have (same swizzled chunk positions). Each lane takes 16-byte
+// chunks (8 columns of one row); p_lo / p_hi are the probs of rows lane and lane + 32.
+template <int kAct>
+__device__ __forceinline__ void activate_staged(uint8_t* slots, float p_lo, float p_hi,
+                                                int lane) {
+  constexpr bool kGated = sm90::gated_epilogue<kAct>();
+  constexpr int kChunks = sm90::tile_cols<kAct>() / 8;  // output chunks per row
+#pragma unroll 2
+  for (int k = 0; k < 64 * kChunks / 32; ++k) {
+    const int idx = lane + 32 * k;
+    const int r = idx / kChunks, c = idx % kChunks;
+    // The rows of one k lie on one side of 32, so the choice is the same in every lane.
+    const float p = __shfl_sync(0xffffffffu, (32 * k) / kChunks < 32 ? p_lo : p_hi, r % 32);
+    const int off = (c / 8) * sm90::kStagedBoxBytes + r * 128 + (((c % 8) ^ (r % 8)) * 16);
+    uint4 h = *reinterpret_cast<const uint4*>(slots + off);
+    uint4 u = h;
+    if constexpr (kGated) u = *reinterpret_cast<const uint4*>(slots + kStagedSlotBytes + off);
+    const __nv_bfloat162* h2 = reinterpret_cast<const __nv_bfloat162*>(&h);
+    const __nv_bfloat162* u2 = reinterpret_cast<const __nv_bfloat162*>(&u);
+    uint4 out;
+    __nv_bfloat162* o2 = reinterpret_cast<__nv_bfloat162*>(&out);
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      const float2 hf = __bfloat1622float2(h2[e]);
+      float v0, v1;
+      if constexpr (kGated) {
+        const float2 uf = __bfloat1622float2(u2[e]);
+        v0 = sm90::activate<kAct>(hf.x) * uf.x * p;
+        v1 = sm90::activate<kAct>(hf.y) * uf.y * p;
+      } else {
+        v0 = sm90::activate<kAct>(hf.x) * p;
+        v1 = sm90::activate<kAct>(hf.y) * p;
+      }
+      o2[e] = __floats2bfloat162_rn(v0, v1);
+    }
+    *reinterpret_cast<uint4*>(slots + off) = out;
+  }
+}
+
 // The storer warp of one consumer warpgroup: takes its handoffs in order until the end record.
-template <int kFc1Cols>
+template <int kAct>
 __device__ __forceinline__ void run_storer(StagingHandoff& hand, uint8_t* buf,
                                            const StorerTargets& tg) {
+  constexpr bool kGated = sm90::gated_epilogue<kAct>();
+  constexpr int kFc1Cols = sm90::tile_cols<kAct>();
   const int lane = threadIdx.x % 32;
   for (int q = 0;; ) {
     const int slot = q % 2;
@@ -135,35 +181,43 @@ __device__ __forceinline__ void run_storer(StagingHandoff& hand, uint8_t* buf,
       sm90::mbar_wait(&hand.full[1], parity, tg.timeout_ns, sm90::kWaitStaging, -1, 1,
                       tg.report);
     }
-    const uint8_t* rows = buf + slot * kStagedSlotBytes;
     if (r.kind == kStagedEnd) {
       sm90::bulk_wait<0>();  // this lane's stores are complete before the kernel ends
       return;
     }
-    if (r.kind == kStagedFc1) {
-      const int n_out = tg.ffn;  // h is viewed as [rows, halves, F] like act's [rows, 1, F]
-      const sm90::EpilogueTensor dst = r.h ? sm90::EpilogueTensor{tg.h_map, tg.h, tg.f1}
-                                           : sm90::EpilogueTensor{tg.act_map, tg.act, tg.ffn};
-      if (r.has_rows && r.full) {
+    if (r.kind == kStagedFc1 && r.has_rows) {
+      const sm90::EpilogueTensor act{tg.act_map, tg.act, tg.ffn};
+      const sm90::EpilogueTensor h{tg.h_map, tg.h, tg.f1};
+      constexpr int kHalves = kGated ? 2 : 1;  // h's halves: gate and up, or the one
+      const float p_lo = lane < r.rows_valid ? tg.row_prob[r.prob_row0 + lane] : 0.f;
+      const float p_hi = lane + 32 < r.rows_valid ? tg.row_prob[r.prob_row0 + lane + 32] : 0.f;
+      if (tg.h != nullptr) {  // backward keeps h: store it before it is overwritten
+        for (int half = 0; half < kHalves; ++half) {
+          const uint8_t* src = buf + half * kStagedSlotBytes;
+          if (r.full) {
+            if (lane == 0) {
+              sm90::issue_staged_boxes(h, src, kFc1Cols / 64, half, r.row0, r.col0, tg.ffn);
+            }
+          } else {
+            sm90::copy_staged_rows<kFc1Cols>(src, h, half, r.row0, r.rows_valid, r.col0, tg.ffn,
+                                             lane, 32);
+          }
+        }
+        if (lane == 0) sm90::bulk_wait_read<0>();
+        __syncwarp();
+      }
+      activate_staged<kAct>(buf, p_lo, p_hi, lane);
+      if (r.full) {
+        sm90::fence_proxy_async_shared();
+        __syncwarp();
         if (lane == 0) {
-          sm90::issue_staged_boxes(dst, rows, kFc1Cols / 64, r.half, r.row0, r.col0, n_out);
+          sm90::issue_staged_boxes(act, buf, kFc1Cols / 64, 0, r.row0, r.col0, tg.ffn);
           sm90::bulk_wait_read<0>();
         }
-      } else if (r.has_rows) {
-        sm90::copy_staged_rows<kFc1Cols>(rows, dst, r.half, r.row0, r.rows_valid, r.col0, n_out,
-                                         lane, 32);
-      }
-      __syncwarp();
-      if (lane == 0) {
-        for (int i = 0; i < r.slots; ++i) sm90::mbar_arrive(&hand.empty[(q + i) % 2]);
-        if (r.last) {
-          // Rows stored by TMA are complete (wait) and ordered before the release for the
-          // FC2 tiles' TMA loads (fence.proxy.async); copied-out rows are ordered by the
-          // warp barrier above and the release's cumulativity.
-          sm90::bulk_wait<0>();
-          fence_proxy_async_global();
-          red_release_gpu_add_u32(&tg.fc1_done[r.counter], 1);
-        }
+      } else {
+        __syncwarp();
+        sm90::copy_staged_rows<kFc1Cols>(buf, act, 0, r.row0, r.rows_valid, r.col0, tg.ffn, lane,
+                                         32);
       }
     } else if (r.kind == kStagedFc2) {
       // The consumer's MMAs have read the tile's act rows (wgmma_wait<0> before its arrive).
@@ -181,13 +235,18 @@ __device__ __forceinline__ void run_storer(StagingHandoff& hand, uint8_t* buf,
         sm90::bulk_commit();
         sm90::bulk_wait_read<0>();
       }
-      __syncwarp();
-      if (lane == 0) {
-        for (int i = 0; i < r.slots; ++i) sm90::mbar_arrive(&hand.empty[(q + i) % 2]);
+    }
+    __syncwarp();
+    if (lane == 0) {
+      for (int i = 0; i < r.slots; ++i) sm90::mbar_arrive(&hand.empty[(q + i) % 2]);
+      if (r.kind == kStagedFc1) {
+        // Rows stored by TMA are complete (wait) and ordered before the release for the FC2
+        // tiles' TMA loads (fence.proxy.async); copied-out rows are ordered by the warp
+        // barrier above and the release's cumulativity.
+        sm90::bulk_wait<0>();
+        fence_proxy_async_global();
+        red_release_gpu_add_u32(&tg.fc1_done[r.counter], 1);
       }
-    } else {  // kStagedSkip
-      __syncwarp();
-      if (lane == 0) sm90::mbar_arrive(&hand.empty[slot]);
     }
     q += r.slots;
   }

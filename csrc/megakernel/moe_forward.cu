@@ -36,7 +36,6 @@
 #include <torch/extension.h>
 
 #include <algorithm>
-#include <type_traits>
 
 #include "common/error.cuh"
 #include "common/ptx.cuh"
@@ -232,11 +231,11 @@ __global__ void __launch_bounds__(kGemmThreads, 1)
     const int warp = threadIdx.x / 32;
     if (warp >= 1 && warp <= kGemmConsumers) {
       // Warp c + 1 stores what consumer warpgroup c stages (epilogue_storer.cuh).
-      const StorerTargets targets{&act_store_map, &h_store_map, a.act, a.h_out,
+      const StorerTargets targets{a.row_prob, &act_store_map, &h_store_map, a.act, a.h_out,
                                   a.ffn, kGated ? 2 * a.ffn : a.ffn, a.hidden,
                                   a.row_slot, a.peer_bases, a.slots_offset, a.per_rank,
                                   a.fc1_done, a.fc2_done, a.timeout_ns, a.report};
-      run_storer<kFc1Cols>(s.handoff[warp - 1], s.epilogue.out[warp - 1], targets);
+      run_storer<kAct>(s.handoff[warp - 1], s.epilogue.out[warp - 1], targets);
       return;
     }
     if (threadIdx.x != 0) return;
@@ -308,10 +307,6 @@ __global__ void __launch_bounds__(kGemmThreads, 1)
     if (t.tile < 0) break;
     trace.stamp(seq, kTrTileQueued);
     trace.tile_value(seq, kTrTileId, int64_t(t.tile) * 2 + (t.fc1 ? 1 : 0));
-    // FC1's epilogue reads its rows' probs; loaded before the mainloop, so the latency hides
-    // behind the MMAs.
-    float p[2];
-    if (t.fc1) load_row_probs<kAct>(a.row_prob, t.row0 + kStagedRows * consumer, rows_valid(t), p);
     // A tile of at most 64 rows (an expert's short last m-block) is the first warpgroup's
     // alone: the second one runs no MMAs and stores nothing, so the tile costs about half.
     const bool idle = rows_valid(t) == 0;
@@ -329,43 +324,27 @@ __global__ void __launch_bounds__(kGemmThreads, 1)
     const bool stores = !idle && !(skip & kSkipStores);
     const int nvalid = rows_valid(t);
     if (t.fc1) {
-      // Rounds: act, then (h kept) h's gate and up halves; the storer counts the m-block in
-      // fc1_done once the last round's rows are in memory.
-      const int row0 = t.slot0 + kStagedRows * consumer;
-      const bool full = t.rows_left >= kStagedRows * (consumer + 1);
-      const int col0 = t.n_block * kFc1Cols;
-      const int rounds = (stores && a.h_out != nullptr) ? (kGated ? 3 : 2) : 1;
-      auto round_record = [&](int round) {
-        return StagedRecord{kStagedFc1, kFc1Cols / 128, stores, round > 0, round == 2, row0,
-                            nvalid, full, col0, t.mblock, round == rounds - 1};
-      };
-      auto stage_round = [&](int round, auto value) {
-        const StagedRecord r = round_record(round);
-        write_staged<kFc1Cols>(staging.acquire(r.slots, t.tile, a.timeout_ns, a.report),
-                               t_in_wg, value);
+      // h (gate | up) as bf16, the rounding the activation starts from; the storer computes
+      // act(h) * prob from it, stores both and counts the m-block in fc1_done.
+      const StagedRecord r{kStagedFc1, 2, stores, t.slot0 + kStagedRows * consumer,
+                           t.row0 + kStagedRows * consumer, nvalid,
+                           t.rows_left >= kStagedRows * (consumer + 1), t.n_block * kFc1Cols,
+                           t.mblock};
+      if (stores) {
+        write_staged<kGemmBlockN>(staging.acquire(2, t.tile, a.timeout_ns, a.report), t_in_wg,
+                                  [&](int j, int i) {
+                                    return __floats2bfloat162_rn(acc[4 * j + 2 * i],
+                                                                 acc[4 * j + 2 * i + 1]);
+                                  });
         staging.hand_off(r);
-      };
-      // h's values straight from the accumulators; `base` is a constant in each call, as
-      // the accumulators must only ever be indexed by constants (else they go to memory).
-      auto h_pair = [&](auto base) {
-        return [&, base](int j, int i) {
-          return __floats2bfloat162_rn(acc[base + 4 * j + 2 * i], acc[base + 4 * j + 2 * i + 1]);
-        };
-      };
-      if (!stores) {
-        staging.hand_off_record(round_record(0), t.tile, a.timeout_ns, a.report);
       } else {
-        stage_round(0, [&](int j, int i) { return output_pair<kAct>(acc, j, i, p[i]); });
-        if (rounds > 1) stage_round(1, h_pair(std::integral_constant<int, 0>{}));
-        if constexpr (kGated) {
-          if (rounds > 2) stage_round(2, h_pair(std::integral_constant<int, 4 * (kFc1Cols / 8)>{}));
-        }
+        staging.hand_off_record(r, t.tile, a.timeout_ns, a.report);
       }
     } else {
       // The storer counts fc2_done (this warpgroup's MMAs have read the act rows) and sends
       // each row to its (token, k) slot on the source rank.
-      const StagedRecord r{kStagedFc2, 2, stores, 0, 0, t.row0 + kStagedRows * consumer,
-                           nvalid, 0, t.n_block * kGemmBlockN, ring.macro_of(t.mblock), 0};
+      const StagedRecord r{kStagedFc2, 2, stores, t.row0 + kStagedRows * consumer, 0, nvalid, 0,
+                           t.n_block * kGemmBlockN, ring.macro_of(t.mblock)};
       if (stores) {
         write_scatter_staged(acc, staging.acquire(2, t.tile, a.timeout_ns, a.report), t_in_wg);
         staging.hand_off(r);
