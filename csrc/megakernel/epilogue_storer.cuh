@@ -171,14 +171,18 @@ __device__ __forceinline__ void run_storer(StagingHandoff& hand, uint8_t* buf,
   constexpr bool kGated = sm90::gated_epilogue<kAct>();
   constexpr int kFc1Cols = sm90::tile_cols<kAct>();
   const int lane = threadIdx.x % 32;
+  // Between two handoffs its consumers may sit in several waits, each bounded by timeout_ns
+  // and reporting itself; the storer's one wait spans them, so it gets a multiple of the
+  // bound and a stuck consumer is reported by the consumer's wait, not by this one.
+  const uint64_t handoff_timeout_ns = 4 * tg.timeout_ns;
   for (int q = 0;; ) {
     const int slot = q % 2;
     const uint32_t parity = (q / 2) & 1;
-    sm90::mbar_wait(&hand.full[slot], parity, tg.timeout_ns, sm90::kWaitStaging, -1, slot,
+    sm90::mbar_wait(&hand.full[slot], parity, handoff_timeout_ns, sm90::kWaitStaging, -1, slot,
                     tg.report);
     const StagedRecord r = hand.rec[slot];
     if (r.slots == 2) {
-      sm90::mbar_wait(&hand.full[1], parity, tg.timeout_ns, sm90::kWaitStaging, -1, 1,
+      sm90::mbar_wait(&hand.full[1], parity, handoff_timeout_ns, sm90::kWaitStaging, -1, 1,
                       tg.report);
     }
     if (r.kind == kStagedEnd) {

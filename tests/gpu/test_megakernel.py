@@ -4,6 +4,10 @@ reruns, CUDA graphs), plus bit-identical results across numbers of row-pulling b
 minibatch sizes, and with the macrobatch ring at several macrobatch sizes; and that the
 profiling variants (a phase left out) still run every tile they keep."""
 
+import subprocess
+import sys
+from pathlib import Path
+
 import pytest
 import torch
 
@@ -71,11 +75,12 @@ def _small_launch(ring_mblocks: int, seed: int = 3, counts: list[int] | None = N
     bases = torch.zeros(1, dtype=torch.int64, device="cuda")
     prob = torch.rand(n, device="cuda", generator=g)
 
-    def launch(comm_blocks=0, **kw):
+    def launch(comm_blocks=0, timeout_ns=10**10, first_ticket=0, **kw):
         counters = ops.megakernel_counters(n, E, "cuda", ring_mblocks)
+        counters[-1] = first_ticket  # the arrival counter: tickets >= comm_blocks pull nothing
         ops.moe_forward_megakernel(bases, x.data_ptr(), slots.data_ptr(), offsets, row_slot,
                                    prob, T, K, w1, w2, "swiglu", rows, act, h, counters,
-                                   comm_blocks, 10**10, ring_mblocks=ring_mblocks, **kw)
+                                   comm_blocks, timeout_ns, ring_mblocks=ring_mblocks, **kw)
         torch.cuda.synchronize()
         assert ops.timeout_report() is None
         return counters.cpu()
@@ -177,3 +182,25 @@ def test_short_m_blocks_match_reference(ring_mblocks):
         err = (out[rows] - ref[rows]).norm() / ref[rows].norm()
         assert err < 1e-2, (expert, count, float(err))
     assert not torch.isnan(out).any()
+
+
+def test_stalled_megakernel_reports_where():
+    """A megakernel whose FC1 tiles wait for rows nobody pulls (every block's arrival ticket
+    starts past the pulling ones) traps after the bound instead of hanging, and the report
+    names a wait that hangs on those rows: an FC1 producer's for them, its consumers' for the
+    tile's first stage or next entry, an FC2 producer's for the FC1 tiles - they all start
+    within microseconds, and the report is the last trapping thread's. In a subprocess, as a
+    trap ends the CUDA context."""
+    code = ("import sys; sys.path[:0] = ['tests', 'tests/gpu']; "
+            "from mok_megatron import ops; from test_megakernel import _small_launch; "
+            "p = _small_launch(0)\n"
+            "try:\n"
+            "    p['launch'](comm_blocks=4, timeout_ns=200_000_000, first_ticket=1000)\n"
+            "except Exception as e:\n"
+            "    print('FAILED', type(e).__name__)\n"
+            "print('REPORT', ops.timeout_report())")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          timeout=120, cwd=Path(__file__).resolve().parents[2])
+    assert "FAILED" in proc.stdout, proc.stdout + proc.stderr
+    roles = ("rows ready", "gemm mma", "tile queue", "fc1 done")
+    assert any(f"'role': '{r}'" in proc.stdout for r in roles), proc.stdout + proc.stderr
