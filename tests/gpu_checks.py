@@ -229,7 +229,7 @@ def check_emulated_cuda_graph(spec: ProblemSpec, **knobs) -> None:
 
 def check_emulated_settings(spec: ProblemSpec, settings: list[dict]) -> None:
     """All ranks of `spec` emulated on one GPU give the same bits under every one of
-    `settings` (KernelKnobs fields), and - reported, not asserted - under EP=1."""
+    `settings` (KernelKnobs fields), and the same bits as the whole problem on one rank."""
     problem = spec.build()
     max_tokens = max(max(spec.tokens_per_rank), 1)
     runs = [concat_ranks(run_emulated(problem, max_tokens, **knobs)) for knobs in settings]
@@ -238,8 +238,7 @@ def check_emulated_settings(spec: ProblemSpec, settings: list[dict]) -> None:
     one_rank = whole(spec)
     single = run_cuda(one_rank.build(), 0, None, max(one_rank.tokens_per_rank[0], 1),
                       **settings[0])
-    same = {name: torch.equal(runs[0][name], single[name]) for name in NAMES}
-    print(spec.name, f"EP={spec.world_size} == EP=1 bitwise:", same)
+    assert_same_bits(runs[0], single, f"({spec.name}) EP={spec.world_size} against EP=1")
 
 
 def check_against_reference(spec: ProblemSpec, rank: int,

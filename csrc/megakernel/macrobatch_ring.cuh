@@ -76,57 +76,48 @@ __device__ __forceinline__ PhaseTile grouped_tile(const sm90::MBlockTable& table
   return PhaseTile{fc1, g0 + in_group % size, in_group / size, e};
 }
 
-// Tile t of the order above; nb1 / nb2: FC1 / FC2 tiles per m-block.
-__device__ __forceinline__ PhaseTile tile_at(const MacrobatchRing& r,
-                                             const sm90::MBlockTable& table, int nb1, int nb2,
-                                             int t) {
-  const int last = r.mblocks_in(r.n_macro - 1);
-  auto in = [&](bool fc1, int macro, int local) {
-    const int m0 = macro * r.per_macro;
-    return grouped_tile(table, fc1, m0, m0 + r.mblocks_in(macro), fc1 ? nb1 : nb2, local);
-  };
-  const int first = (r.n_macro == 1 ? last : r.per_macro) * nb1;
-  if (t < first) return in(true, 0, t);
-  t -= first;
-  const int fc1_full = r.per_macro * nb1;
-  const int pair = fc1_full + r.per_macro * nb2;
-  const int full_pairs = r.n_macro > 2 ? r.n_macro - 2 : 0;
-  if (t < full_pairs * pair) {
-    const int k = t / pair + 1, off = t % pair;
-    return off < fc1_full ? in(true, k, off) : in(false, k - 1, off - fc1_full);
-  }
-  t -= full_pairs * pair;
-  if (r.n_macro >= 2) {
-    if (t < last * nb1) return in(true, r.n_macro - 1, t);
-    t -= last * nb1;
-    if (t < r.per_macro * nb2) return in(false, r.n_macro - 2, t);
-    t -= r.per_macro * nb2;
-  }
-  return in(false, r.n_macro - 1, t);
-}
+// The run of same-phase tiles (FC1 or FC2 of one macrobatch) that holds index t in the tile
+// order above: its phase, macrobatch and index range [begin, end). nb1 / nb2: FC1 / FC2
+// tiles per m-block.
+struct PhaseRun {
+  bool fc1;
+  int macro;
+  int begin, end;
+};
 
-// One past the last index of the run of same-phase tiles (FC1 or FC2 of one macrobatch) that
-// holds t, in the order of tile_at.
-__device__ __forceinline__ int phase_run_end(const MacrobatchRing& r, int nb1, int nb2, int t) {
+__device__ __forceinline__ PhaseRun phase_run(const MacrobatchRing& r, int nb1, int nb2, int t) {
   const int last = r.mblocks_in(r.n_macro - 1);
   const int first = (r.n_macro == 1 ? last : r.per_macro) * nb1;
-  if (t < first) return first;
+  if (t < first) return {true, 0, 0, first};
   int base = first;
   const int fc1_full = r.per_macro * nb1;
   const int pair = fc1_full + r.per_macro * nb2;
   const int full_pairs = r.n_macro > 2 ? r.n_macro - 2 : 0;
   if (t - base < full_pairs * pair) {
-    const int k = (t - base) / pair, off = (t - base) % pair;
-    return base + k * pair + (off < fc1_full ? fc1_full : pair);
+    const int k = (t - base) / pair, p0 = base + k * pair;
+    return t - p0 < fc1_full ? PhaseRun{true, k + 1, p0, p0 + fc1_full}
+                             : PhaseRun{false, k, p0 + fc1_full, p0 + pair};
   }
   base += full_pairs * pair;
   if (r.n_macro >= 2) {
-    if (t - base < last * nb1) return base + last * nb1;
+    if (t - base < last * nb1) return {true, r.n_macro - 1, base, base + last * nb1};
     base += last * nb1;
-    if (t - base < r.per_macro * nb2) return base + r.per_macro * nb2;
+    if (t - base < r.per_macro * nb2) {
+      return {false, r.n_macro - 2, base, base + r.per_macro * nb2};
+    }
     base += r.per_macro * nb2;
   }
-  return base + last * nb2;
+  return {false, r.n_macro - 1, base, base + last * nb2};
+}
+
+// Tile t of the order above.
+__device__ __forceinline__ PhaseTile tile_at(const MacrobatchRing& r,
+                                             const sm90::MBlockTable& table, int nb1, int nb2,
+                                             int t) {
+  const PhaseRun run = phase_run(r, nb1, nb2, t);
+  const int m0 = run.macro * r.per_macro;
+  return grouped_tile(table, run.fc1, m0, m0 + r.mblocks_in(run.macro), run.fc1 ? nb1 : nb2,
+                      t - run.begin);
 }
 
 }  // namespace mok

@@ -210,7 +210,7 @@ __global__ void __launch_bounds__(kGemmThreads, 1)
   // runs decode a tile here).
   const bool skip_phase = skip & (kSkipFc1 | kSkipFc2);
   auto skipped = [&](int tile) {
-    const bool fc1 = tile_at(ring, table, fc1_nblocks, fc2_nblocks, tile).fc1;
+    const bool fc1 = phase_run(ring, fc1_nblocks, fc2_nblocks, tile).fc1;
     return (skip & (fc1 ? kSkipFc1 : kSkipFc2)) != 0;
   };
   // They pass over a run of the other phase's tiles at once: taking them one atomic each put
@@ -219,7 +219,7 @@ __global__ void __launch_bounds__(kGemmThreads, 1)
   auto take = [&]() {
     int tile = take_tile(a.tile_counter, end_tile);
     while (skip_phase && tile >= 0 && skipped(tile)) {
-      atomicMax(a.tile_counter, uint32_t(phase_run_end(ring, fc1_nblocks, fc2_nblocks, tile)));
+      atomicMax(a.tile_counter, uint32_t(phase_run(ring, fc1_nblocks, fc2_nblocks, tile).end));
       tile = take_tile(a.tile_counter, end_tile);
     }
     return tile;

@@ -172,10 +172,14 @@ __device__ void pull_rows_bulk(const RowSource& src, __nv_bfloat16* rows, int hi
       }
     });
   } else if (warp == 1) {
-    // Storer: same row numbering as the loader.
+    // Storer: same row numbering as the loader. A lane keeps two stores in flight: a slot is
+    // freed once the lane's next store is issued and the one before has read it (the
+    // loader's rows stay `slots - lanes` ahead, so this cannot hold back a load the next
+    // store needs); the chunk's last slot is freed before it is published.
     int seq = 0;
     for_each_chunk(placement, comm_block, comm_blocks, [&](int macro, int c0, int c1) {
       placement.wait_slot(macro);
+      int held = -1;  // this lane's slot whose store may still be reading it
       for (int base = c0; base < c1; base += lanes) {
         const int step = min(lanes, c1 - base);
         const int q = seq + lane;
@@ -188,8 +192,13 @@ __device__ void pull_rows_bulk(const RowSource& src, __nv_bfloat16* rows, int hi
         sm90::bulk_store(rows + placement.place(r) * hidden,
                          ring.data + size_t(slot) * row_bytes, row_bytes);
         sm90::bulk_commit();
-        sm90::bulk_wait_read<0>();  // the store has read the slot: free it for a load
-        sm90::mbar_arrive(&ring.empty[slot]);
+        sm90::bulk_wait_read<1>();  // the lane's previous store has read its slot
+        if (held >= 0) sm90::mbar_arrive(&ring.empty[held]);
+        held = slot;
+      }
+      if (held >= 0) {
+        sm90::bulk_wait_read<0>();
+        sm90::mbar_arrive(&ring.empty[held]);
       }
       // Publish the chunk: every storing lane's writes performed, then one release per
       // m-block (cumulative over the lanes' writes, ordered by the __syncwarp).
