@@ -6,11 +6,12 @@ globaltimer / clock64 at its start and end. Printed per case: the SM clock the s
 the launch's span against the blocks' (start: first block start to the last one's; tiles:
 each block's first tile start to its last tile end; tail: last tile end to block end; pull:
 row-pulling blocks' start to their pull's end), and per FC1 / FC2 tile the median of each
-phase: queue (waiting for the tile's entry), mainloop, next (waiting for the next entry),
-epilogue (of it, staging: rows written and handed to the storer warp); in the producer:
-push (take + locate + queue), ready (rows or FC1 wait + fence), loads (issuing the tile's
-loads). Times in microseconds at the implied clock. The traced
-launch runs the diagnostic build of the kernel (the one the profiling variants use).
+phase: queue (waiting for the tile's entry), mainloop, epilogue (of it, staging: rows
+written and handed to the storer warp); in the producer: push (take + locate + queue),
+ready (rows or FC1 wait + fence), loads (issuing the tile's loads). Times in microseconds at
+the implied clock. The traced launch runs the diagnostic build of the kernel (the one the
+profiling variants use); `--skip` traces a profiling variant, `--no-h` a forward that keeps
+no h.
 
     python scripts/trace_tiles.py --models qwen3_30b_a3b_like --variants ep64 --tokens 2048 \
         --out trace.json
@@ -34,8 +35,7 @@ from profile_megakernel import build, megakernel
 SLOT = {name: i for i, name in enumerate(ops.TRACE_SLOTS)}
 HEADER = {name: i for i, name in enumerate(ops.TRACE_HEADER)}
 TILE_PHASES = {"queue": ("tile_start", "tile_queued"), "mainloop": ("tile_queued", "mainloop_end"),
-               "next": ("mainloop_end", "next_queued"), "epilogue": ("next_queued", "tile_end"),
-               "staging": ("next_queued", "staged"),
+               "epilogue": ("mainloop_end", "tile_end"), "staging": ("mainloop_end", "staged"),
                "push": ("producer_start", "pushed"), "ready": ("pushed", "ready"),
                "loads": ("ready", "loads_issued")}
 

@@ -318,9 +318,6 @@ __global__ void __launch_bounds__(kGemmThreads, 1)
       consume_tile(s.ring, it, k_blocks, t.tile, consumer, leader, acc, a.timeout_ns, a.report);
     }
     trace.stamp(seq, kTrMainloopEnd);
-    // The block's next tile (the producer queued it once it had issued this tile's loads).
-    wait_tile(s.queue, seq + 1, a.timeout_ns, a.report);
-    trace.stamp(seq, kTrNextQueued);
     const bool stores = !idle && !(skip & kSkipStores);
     const int nvalid = rows_valid(t);
     if (t.fc1) {

@@ -18,7 +18,6 @@ enum TraceSlot : int {
   kTrTileStart = 0,   // consumer: before waiting for the tile's queue entry
   kTrTileQueued,      // consumer: the entry is read
   kTrMainloopEnd,     // consumer: accumulators complete
-  kTrNextQueued,      // consumer: the next tile's entry is read
   kTrTileEnd,         // consumer: epilogue issued, entry released
   kTrTileId,          // tile index * 2 + (FC1 ? 1 : 0)
   kTrProducerStart,   // producer: before taking the index ahead

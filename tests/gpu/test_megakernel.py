@@ -144,7 +144,7 @@ def test_traced_launch_same_bits_and_ordered_stamps(ring_mblocks):
     assert int((h["pull_end_clock"] != 0).sum()) == 4
     tiles = trace[:, :ops.TRACE_TILES * slots].view(trace.shape[0], ops.TRACE_TILES, slots)
     order = [ops.TRACE_SLOTS.index(n) for n in
-             ("tile_start", "tile_queued", "mainloop_end", "next_queued", "tile_end")]
+             ("tile_start", "tile_queued", "mainloop_end", "staged", "tile_end")]
     seen = []
     for b in range(trace.shape[0]):
         for row in tiles[b]:
