@@ -57,15 +57,27 @@ def build(model, experts: int, tokens: int, seed: int, timeout_ms: int = 20000) 
     }
 
 
-def megakernel(p: dict, comm_blocks: int, skip: int = 0):
+def megakernel(p: dict, comm_blocks: int, skip: int = 0, trace=None):
+    """One launch of the megakernel on problem p; `skip`: PROFILE_SKIP bits, `trace`: a
+    megakernel_trace_buffer to fill (scripts/trace_tiles.py)."""
     def run():
         p["counters"].zero_()
         ops.moe_forward_megakernel(p["bases"], p["x"].data_ptr(), p["slots"].data_ptr(),
                                    p["offsets"], p["row_slot"], p["row_prob"], p["tokens"],
                                    p["topk"], p["w1"], p["w2"], "swiglu", p["rows"], p["act"],
                                    p["h"], p["counters"], comm_blocks, p["timeout_ns"],
-                                   profile_skip=skip)
+                                   profile_skip=skip, trace=trace)
     return run
+
+
+def cases(args):
+    """(model, variant, local experts, tokens) for every combination of --models, --variants
+    and --tokens (local experts from --ep)."""
+    for name in args.models:
+        model = load_model(name)
+        for variant in args.variants:
+            for tokens in args.tokens:
+                yield model, variant, per_gpu_experts(model, variant, args.ep), tokens
 
 
 def separate(p: dict, engine: bool) -> dict:
@@ -162,20 +174,15 @@ def main(argv=None) -> None:
     ap.add_argument("--out", type=Path)
     args = ap.parse_args(argv)
     results = []
-    for name in args.models:
-        model = load_model(name)
-        for variant in args.variants:
-            experts = per_gpu_experts(model, variant, args.ep)
-            for tokens in args.tokens:
-                try:
-                    results.append(run_case(model, variant, experts, tokens, args.comm_sms,
-                                            args))
-                except torch.AcceleratorError:
-                    # A bounded wait gave up (or a fault): say where, if a wait did.
-                    print(f"{name} {variant} T={tokens}: kernel failed; timeout report: "
-                          f"{ops.timeout_report()}", flush=True)
-                    raise
-                torch.cuda.empty_cache()
+    for model, variant, experts, tokens in cases(args):
+        try:
+            results.append(run_case(model, variant, experts, tokens, args.comm_sms, args))
+        except torch.AcceleratorError:
+            # A bounded wait gave up (or a fault): say where, if a wait did.
+            print(f"{model.name} {variant} T={tokens}: kernel failed; timeout report: "
+                  f"{ops.timeout_report()}", flush=True)
+            raise
+        torch.cuda.empty_cache()
     if args.out:
         args.out.parent.mkdir(parents=True, exist_ok=True)
         meta = {"date": date.today().isoformat(), "gpu": torch.cuda.get_device_name(),

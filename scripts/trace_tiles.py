@@ -3,9 +3,9 @@
 One traced launch per case (ops.megakernel_trace_buffer; csrc/megakernel/tile_trace.cuh) after
 an untraced warm-up: every block records clock64 at its tiles' phase boundaries and
 globaltimer / clock64 at its start and end. Printed per case: the SM clock the stamps imply,
-the launch's span against the blocks' (start: first block start to the last one's; tiles:
-each block's first tile start to its last tile end; tail: last tile end to block end; pull:
-row-pulling blocks' start to their pull's end), and per FC1 / FC2 tile the median of each
+the blocks' span (first start to last end), the last block's start, the median start of a
+block's first tile and the median tail (its last tile's end to the block's end), the pull's
+duration in the row-pulling blocks (median-max), and per FC1 / FC2 tile the median of each
 phase: queue (waiting for the tile's entry), mainloop, epilogue (of it, staging: rows
 written and handed to the storer warp); in the producer: push (take + locate + queue),
 ready (rows or FC1 wait + fence), loads (issuing the tile's loads). Times in microseconds at
@@ -27,10 +27,8 @@ from pathlib import Path
 
 import torch
 
-from bench_gemm import per_gpu_experts
 from mok_megatron import ops
-from mok_megatron.config import load_model
-from profile_megakernel import build, megakernel
+from profile_megakernel import build, cases, megakernel
 
 SLOT = {name: i for i, name in enumerate(ops.TRACE_SLOTS)}
 HEADER = {name: i for i, name in enumerate(ops.TRACE_HEADER)}
@@ -42,12 +40,7 @@ TILE_PHASES = {"queue": ("tile_start", "tile_queued"), "mainloop": ("tile_queued
 
 def traced_launch(p: dict, comm_blocks: int, skip: int = 0) -> torch.Tensor:
     trace = ops.megakernel_trace_buffer("cuda")
-    p["counters"].zero_()
-    ops.moe_forward_megakernel(p["bases"], p["x"].data_ptr(), p["slots"].data_ptr(),
-                               p["offsets"], p["row_slot"], p["row_prob"], p["tokens"],
-                               p["topk"], p["w1"], p["w2"], "swiglu", p["rows"], p["act"],
-                               p["h"], p["counters"], comm_blocks, p["timeout_ns"], profile_skip=skip,
-                               trace=trace)
+    megakernel(p, comm_blocks, skip, trace)()
     torch.cuda.synchronize()
     return trace.cpu()
 
@@ -137,14 +130,10 @@ def main(argv=None) -> None:
     ap.add_argument("--out", type=Path)
     args = ap.parse_args(argv)
     results = []
-    for name in args.models:
-        model = load_model(name)
-        for variant in args.variants:
-            for tokens in args.tokens:
-                results.append(run_case(model, variant, per_gpu_experts(model, variant, args.ep),
-                                        tokens, args.comm_sms, args.seed, args.skip,
-                                        args.no_h))
-                torch.cuda.empty_cache()
+    for model, variant, experts, tokens in cases(args):
+        results.append(run_case(model, variant, experts, tokens, args.comm_sms, args.seed,
+                                args.skip, args.no_h))
+        torch.cuda.empty_cache()
     if args.out:
         args.out.parent.mkdir(parents=True, exist_ok=True)
         meta = {"gpu": torch.cuda.get_device_name(), "torch": torch.__version__,

@@ -64,7 +64,7 @@ def _small_launch(ring_mblocks: int, seed: int = 3, counts: list[int] | None = N
     keys = torch.sort(ids.flatten().long() * n + torch.arange(n, device="cuda")).values
     row_slot = torch.remainder(keys, n).to(torch.int32)
     offsets = torch.searchsorted(keys, torch.arange(E + 1, device="cuda") * n).to(torch.int32)
-    counts = (offsets[1:] - offsets[:-1]).tolist()
+    rows_per_expert = (offsets[1:] - offsets[:-1]).tolist()
     w1 = (torch.randn(E, 2 * F, H, device="cuda", generator=g) * H**-0.5).bfloat16()
     w2 = (torch.randn(E, H, F, device="cuda", generator=g) * F**-0.5).bfloat16()
     buf_rows = ops.macrobatch_ring_rows(n, E, ring_mblocks) if ring_mblocks else n
@@ -87,7 +87,7 @@ def _small_launch(ring_mblocks: int, seed: int = 3, counts: list[int] | None = N
 
     return {"launch": launch, "slots": slots, "experts": E, "rows": n, "x": x, "ids": ids,
             "prob": prob, "row_slot": row_slot, "w1": w1, "w2": w2,
-            "mblocks": sum(-(-c // 128) for c in counts),
+            "mblocks": sum(-(-c // 128) for c in rows_per_expert),
             "fc1_tiles": -(-F // 128), "fc2_tiles": -(-H // 256)}
 
 
@@ -102,14 +102,14 @@ def test_profile_variants_run_every_kept_tile(ring_mblocks):
     max_mblocks = p["rows"] // 128 + p["experts"] + 1
     mblocks = p["mblocks"]
     macros = -(-mblocks // ring_mblocks) if ring_mblocks else 1
-    for variant, bits in (("fc1_only", skip["pull"] | skip["fc2"]),
-                          ("fc2_only", skip["pull"] | skip["fc1"]),
-                          ("fc1_only_no_stores", skip["pull"] | skip["fc2"] | skip["stores"]),
-                          ("fc2_only_no_stores", skip["pull"] | skip["fc1"] | skip["stores"]),
-        ("fc1_only_loads_only", skip["pull"] | skip["fc2"] | skip["stores"] | skip["mma"]),
-        ("fc1_only_mma_only", skip["pull"] | skip["fc2"] | skip["stores"] | skip["loads"]),
-        ("fc2_only_loads_only", skip["pull"] | skip["fc1"] | skip["stores"] | skip["mma"]),
-        ("fc2_only_mma_only", skip["pull"] | skip["fc1"] | skip["stores"] | skip["loads"])):
+    variants = {}
+    for phase, other in (("fc1", "fc2"), ("fc2", "fc1")):
+        only = skip["pull"] | skip[other]
+        variants[f"{phase}_only"] = only
+        variants[f"{phase}_only_no_stores"] = only | skip["stores"]
+        variants[f"{phase}_only_loads_only"] = only | skip["stores"] | skip["mma"]
+        variants[f"{phase}_only_mma_only"] = only | skip["stores"] | skip["loads"]
+    for variant, bits in variants.items():
         c = p["launch"](profile_skip=bits)
         fc1_done = c[max_mblocks:max_mblocks + mblocks]
         fc2_done = c[2 * max_mblocks:2 * max_mblocks + macros]
