@@ -210,7 +210,8 @@ PROFILE_SKIP = {"pull": 1, "waits": 2, "fc1": 4, "fc2": 8, "stores": 16, "mma": 
 # of TRACE_SLOTS values (clock64, except "tile_id" = tile * 2 + fc1), then TRACE_HEADER.
 TRACE_TILES = 64
 TRACE_SLOTS = ("tile_start", "tile_queued", "mainloop_end", "tile_end", "tile_id",
-               "producer_start", "pushed", "ready", "loads_issued", "staged")
+               "producer_start", "pushed", "ready", "loads_issued", "staged", "storer_took",
+               "storer_h_out", "storer_activated", "storer_released", "storer_done")
 TRACE_HEADER = ("start_ns", "start_clock", "end_ns", "end_clock", "pull_end_clock", "ticket")
 
 

@@ -8,7 +8,9 @@ block's first tile and the median tail (its last tile's end to the block's end),
 duration in the row-pulling blocks (median-max), and per FC1 / FC2 tile the median of each
 phase: queue (waiting for the tile's entry), mainloop, epilogue (of it, staging: rows
 written and handed to the storer warp); in the producer: push (take + locate + queue),
-ready (rows or FC1 wait + fence), loads (issuing the tile's loads). Times in microseconds at
+ready (rows or FC1 wait + fence), loads (issuing the tile's loads); in consumer 0's storer
+warp: lag (handoff to taking it), h (h's stores reading the slots), act (the activation),
+release (act's / FC2's stores reading the slots), count. Times in microseconds at
 the implied clock. The traced launch runs the diagnostic build of the kernel (the one the
 profiling variants use); `--skip` traces a profiling variant, `--no-h` a forward that keeps
 no h.
@@ -35,7 +37,11 @@ HEADER = {name: i for i, name in enumerate(ops.TRACE_HEADER)}
 TILE_PHASES = {"queue": ("tile_start", "tile_queued"), "mainloop": ("tile_queued", "mainloop_end"),
                "epilogue": ("mainloop_end", "tile_end"), "staging": ("mainloop_end", "staged"),
                "push": ("producer_start", "pushed"), "ready": ("pushed", "ready"),
-               "loads": ("ready", "loads_issued")}
+               "loads": ("ready", "loads_issued"),
+               "st_lag": ("staged", "storer_took"), "st_h": ("storer_took", "storer_h_out"),
+               "st_act": ("storer_h_out", "storer_activated"),
+               "st_release": ("storer_activated", "storer_released"),
+               "st_count": ("storer_released", "storer_done")}
 
 
 def traced_launch(p: dict, comm_blocks: int, skip: int = 0) -> torch.Tensor:

@@ -29,6 +29,7 @@
 #include "gemm/sm90/tile_engine.cuh"
 #include "gemm/sm90/tile_epilogue.cuh"
 #include "gemm/sm90/tma.cuh"
+#include "megakernel/tile_trace.cuh"
 
 namespace mok {
 
@@ -165,9 +166,11 @@ __device__ __forceinline__ void activate_staged(uint8_t* slots, float p_lo, floa
 }
 
 // The storer warp of one consumer warpgroup: takes its handoffs in order until the end record.
+// `trace` (diagnostic kernel, storer of consumer 0, lane 0; else null) stamps each tile's
+// handoff at the consumer's tile index.
 template <int kAct>
 __device__ __forceinline__ void run_storer(StagingHandoff& hand, uint8_t* buf,
-                                           const StorerTargets& tg) {
+                                           const StorerTargets& tg, const TileTrace& trace) {
   constexpr bool kGated = sm90::gated_epilogue<kAct>();
   constexpr int kFc1Cols = sm90::tile_cols<kAct>();
   const int lane = threadIdx.x % 32;
@@ -175,6 +178,7 @@ __device__ __forceinline__ void run_storer(StagingHandoff& hand, uint8_t* buf,
   // and reporting itself; the storer's one wait spans them, so it gets a multiple of the
   // bound and a stuck consumer is reported by the consumer's wait, not by this one.
   const uint64_t handoff_timeout_ns = 4 * tg.timeout_ns;
+  int seq = 0;  // the consumer's tile index of the handoff (skip records are not tiles)
   for (int q = 0;; ) {
     const int slot = q % 2;
     const uint32_t parity = (q / 2) & 1;
@@ -189,6 +193,7 @@ __device__ __forceinline__ void run_storer(StagingHandoff& hand, uint8_t* buf,
       sm90::bulk_wait<0>();  // this lane's stores are complete before the kernel ends
       return;
     }
+    trace.stamp(seq, kTrStorerTook);
     if (r.kind == kStagedFc1 && r.has_rows) {
       const sm90::EpilogueTensor act{tg.act_map, tg.act, tg.ffn};
       const sm90::EpilogueTensor h{tg.h_map, tg.h, tg.f1};
@@ -210,7 +215,9 @@ __device__ __forceinline__ void run_storer(StagingHandoff& hand, uint8_t* buf,
         if (lane == 0) sm90::bulk_wait_read<0>();
         __syncwarp();
       }
+      trace.stamp(seq, kTrStorerHOut);
       activate_staged<kAct>(buf, p_lo, p_hi, lane);
+      trace.stamp(seq, kTrStorerActivated);
       if (r.full) {
         sm90::fence_proxy_async_shared();
         __syncwarp();
@@ -243,6 +250,7 @@ __device__ __forceinline__ void run_storer(StagingHandoff& hand, uint8_t* buf,
     __syncwarp();
     if (lane == 0) {
       for (int i = 0; i < r.slots; ++i) sm90::mbar_arrive(&hand.empty[(q + i) % 2]);
+      trace.stamp(seq, kTrStorerReleased);
       if (r.kind == kStagedFc1) {
         // Rows stored by TMA are complete (wait) and ordered before the release for the FC2
         // tiles' TMA loads (fence.proxy.async); copied-out rows are ordered by the warp
@@ -251,7 +259,9 @@ __device__ __forceinline__ void run_storer(StagingHandoff& hand, uint8_t* buf,
         fence_proxy_async_global();
         red_release_gpu_add_u32(&tg.fc1_done[r.counter], 1);
       }
+      trace.stamp(seq, kTrStorerDone);
     }
+    if (r.kind != kStagedSkip) ++seq;
     q += r.slots;
   }
 }

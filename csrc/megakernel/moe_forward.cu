@@ -235,7 +235,10 @@ __global__ void __launch_bounds__(kGemmThreads, 1)
                                   a.ffn, kGated ? 2 * a.ffn : a.ffn, a.hidden,
                                   a.row_slot, a.peer_bases, a.slots_offset, a.per_rank,
                                   a.fc1_done, a.fc2_done, a.timeout_ns, a.report};
-      run_storer<kAct>(s.handoff[warp - 1], s.epilogue.out[warp - 1], targets);
+      const TileTrace storer_trace = warp == 1 && threadIdx.x % 32 == 0
+                                         ? TileTrace::make(trace_buffer)
+                                         : TileTrace{nullptr};
+      run_storer<kAct>(s.handoff[warp - 1], s.epilogue.out[warp - 1], targets, storer_trace);
       return;
     }
     if (threadIdx.x != 0) return;

@@ -25,6 +25,11 @@ enum TraceSlot : int {
   kTrReady,           // producer: its rows / FC1 activations are ready (and fenced)
   kTrLoadsIssued,     // producer: all its loads issued
   kTrStaged,          // consumer: the tile's rows are staged and handed to the storer
+  kTrStorerTook,      // storer of consumer 0: the tile's handoff is taken (its full wait ends)
+  kTrStorerHOut,      // storer: h's stores have read the slots (FC1 with h kept; else = took)
+  kTrStorerActivated, // storer: the activation is in the slots (FC1; else = h out)
+  kTrStorerReleased,  // storer: the slots are released (act / FC2 rows have read them)
+  kTrStorerDone,      // storer: the tile is counted (FC1: its stores complete)
   kTraceSlots
 };
 

@@ -125,8 +125,8 @@ def test_profile_variants_run_every_kept_tile(ring_mblocks):
 def test_traced_launch_same_bits_and_ordered_stamps(ring_mblocks):
     """A traced launch (the diagnostic kernel) gives the production kernel's results bit for
     bit, and its stamps are consistent: every block started and ended on the global timer,
-    tickets are a permutation, each traced tile's phase stamps are in order and every tile
-    appears once."""
+    tickets are a permutation, each traced tile's phase stamps (consumer side, and its
+    storer's after it is staged) are in order and every tile appears once."""
     p = _small_launch(ring_mblocks)
     p["launch"](comm_blocks=4)
     expected = p["slots"].clone()
@@ -145,6 +145,9 @@ def test_traced_launch_same_bits_and_ordered_stamps(ring_mblocks):
     tiles = trace[:, :ops.TRACE_TILES * slots].view(trace.shape[0], ops.TRACE_TILES, slots)
     order = [ops.TRACE_SLOTS.index(n) for n in
              ("tile_start", "tile_queued", "mainloop_end", "staged", "tile_end")]
+    # Consumer 0's storer takes the tile after it is staged, then releases and counts it.
+    storer = [ops.TRACE_SLOTS.index(n) for n in
+              ("staged", "storer_took", "storer_released", "storer_done")]
     seen = []
     for b in range(trace.shape[0]):
         for row in tiles[b]:
@@ -152,6 +155,8 @@ def test_traced_launch_same_bits_and_ordered_stamps(ring_mblocks):
                 continue
             stamps = [int(row[i]) for i in order]
             assert stamps == sorted(stamps), stamps
+            stamps = [int(row[i]) for i in storer]
+            assert 0 not in stamps and stamps == sorted(stamps), stamps
             seen.append(int(row[ops.TRACE_SLOTS.index("tile_id")]) // 2)
     total = p["mblocks"] * (p["fc1_tiles"] + p["fc2_tiles"])
     assert sorted(seen) == list(range(total))
