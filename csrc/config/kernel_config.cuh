@@ -67,8 +67,15 @@ constexpr int kTileQueueDepth = 4;
 // tiles reading one weight slab run together (megakernel/macrobatch_ring.cuh). Larger groups
 // spread an m-block's tiles (its A rows' reuse) over more indices.
 constexpr int kTileGroupMBlocks = 4;
+// Forward megakernel: the producer warpgroup also holds the storer warps
+// (megakernel/epilogue_storer.cuh), whose FC1 activation at 40 registers ran one exp ->
+// reciprocal chain at a time; consumers give up 8 registers each so it gets 16 more.
+constexpr int kMegakernelProducerRegs = 56;
+constexpr int kMegakernelConsumerRegs = 224;
 
-static_assert(kGemmProducerRegs * 128 + kGemmConsumerRegs * 128 * kGemmConsumers <= 65536,
+static_assert(kGemmProducerRegs * 128 + kGemmConsumerRegs * 128 * kGemmConsumers <= 65536 &&
+                  kMegakernelProducerRegs * 128 +
+                          kMegakernelConsumerRegs * 128 * kGemmConsumers <= 65536,
               "register budget of one CTA per SM");
 
 }  // namespace mok

@@ -124,44 +124,65 @@ struct StagingWriter {
   }
 };
 
+// 16 bytes of shared memory at a shared-window address (what the storer's generic pointer
+// would otherwise become: a generic access, resolved to shared memory per access).
+__device__ __forceinline__ void ld_shared_v4(uint32_t addr, uint32_t (&v)[4]) {
+  asm volatile("ld.shared.v4.b32 {%0, %1, %2, %3}, [%4];"
+               : "=r"(v[0]), "=r"(v[1]), "=r"(v[2]), "=r"(v[3])
+               : "r"(addr));
+}
+__device__ __forceinline__ void st_shared_v4(uint32_t addr, const uint32_t (&v)[4]) {
+  asm volatile("st.shared.v4.b32 [%0], {%1, %2, %3, %4};" ::"r"(addr), "r"(v[0]), "r"(v[1]),
+               "r"(v[2]), "r"(v[3])
+               : "memory");
+}
+// Element i (0: low half) of a bf16 pair, exactly, as fp32; and a pair rounded to bf16.
+__device__ __forceinline__ float bf16_of(uint32_t pair, int i) {
+  return __uint_as_float(i == 0 ? pair << 16 : pair & 0xffff0000u);
+}
+__device__ __forceinline__ uint32_t pack_bf16x2(float lo, float hi) {
+  const __nv_bfloat162 b = __floats2bfloat162_rn(lo, hi);
+  return *reinterpret_cast<const uint32_t*>(&b);
+}
+
 // act(h) * prob (gated: act(gate) * up * prob) of one staged FC1 tile, in place: slot 0 (and
 // slot 1) held h as write_staged<256> left it and afterwards slot 0 holds the activation as
-// write_staged<kFc1Cols> would have (same swizzled chunk positions). Each lane takes 16-byte
-// chunks (8 columns of one row); p_lo / p_hi are the probs of rows lane and lane + 32.
+// write_staged<kFc1Cols> would have (same swizzled chunk positions). Lane l takes rows l and
+// l + 32 (p_lo / p_hi are their probs), 16-byte chunks (8 columns) at a time; the 8 lanes of
+// a quarter-warp are 8 consecutive rows, whose swizzled chunks lie in 8 different bank groups.
+// One warp does a tile's 8192 outputs, so its time is the latency of the exp -> reciprocal
+// chains that ptxas overlaps in the registers it has (two at 56, one at 40: docs/perf-log.md);
+// no chunk waits on a shuffle or a spilled prob.
 template <int kAct>
 __device__ __forceinline__ void activate_staged(uint8_t* slots, float p_lo, float p_hi,
                                                 int lane) {
   constexpr bool kGated = sm90::gated_epilogue<kAct>();
   constexpr int kChunks = sm90::tile_cols<kAct>() / 8;  // output chunks per row
-#pragma unroll 2
-  for (int k = 0; k < 64 * kChunks / 32; ++k) {
-    const int idx = lane + 32 * k;
-    const int r = idx / kChunks, c = idx % kChunks;
-    // The rows of one k lie on one side of 32, so the choice is the same in every lane.
-    const float p = __shfl_sync(0xffffffffu, (32 * k) / kChunks < 32 ? p_lo : p_hi, r % 32);
-    const int off = (c / 8) * sm90::kStagedBoxBytes + r * 128 + (((c % 8) ^ (r % 8)) * 16);
-    uint4 h = *reinterpret_cast<const uint4*>(slots + off);
-    uint4 u = h;
-    if constexpr (kGated) u = *reinterpret_cast<const uint4*>(slots + kStagedSlotBytes + off);
-    const __nv_bfloat162* h2 = reinterpret_cast<const __nv_bfloat162*>(&h);
-    const __nv_bfloat162* u2 = reinterpret_cast<const __nv_bfloat162*>(&u);
-    uint4 out;
-    __nv_bfloat162* o2 = reinterpret_cast<__nv_bfloat162*>(&out);
+  const uint32_t base = sm90::smem_addr(slots);
+#pragma unroll 1
+  for (int half = 0; half < 2; ++half) {
+    const int r = lane + 32 * half;
+    const float p = half == 0 ? p_lo : p_hi;
+#pragma unroll 1
+    for (int c = 0; c < kChunks; ++c) {
+      const uint32_t off =
+          base + (c / 8) * sm90::kStagedBoxBytes + r * 128 + (((c % 8) ^ (r % 8)) * 16);
+      uint32_t h[4], u[4];
+      ld_shared_v4(off, h);
+      if constexpr (kGated) ld_shared_v4(off + kStagedSlotBytes, u);
+      uint32_t out[4];
 #pragma unroll
-    for (int e = 0; e < 4; ++e) {
-      const float2 hf = __bfloat1622float2(h2[e]);
-      float v0, v1;
-      if constexpr (kGated) {
-        const float2 uf = __bfloat1622float2(u2[e]);
-        v0 = sm90::activate<kAct>(hf.x) * uf.x * p;
-        v1 = sm90::activate<kAct>(hf.y) * uf.y * p;
-      } else {
-        v0 = sm90::activate<kAct>(hf.x) * p;
-        v1 = sm90::activate<kAct>(hf.y) * p;
+      for (int e = 0; e < 4; ++e) {
+        float a[2];
+#pragma unroll
+        for (int i = 0; i < 2; ++i) {
+          a[i] = sm90::activate<kAct>(bf16_of(h[e], i));
+          a[i] = kGated ? a[i] * bf16_of(u[e], i) * p : a[i] * p;
+        }
+        out[e] = pack_bf16x2(a[0], a[1]);
       }
-      o2[e] = __floats2bfloat162_rn(v0, v1);
+      st_shared_v4(off, out);
     }
-    *reinterpret_cast<uint4*>(slots + off) = out;
   }
 }
 
@@ -184,7 +205,9 @@ __device__ __forceinline__ void run_storer(StagingHandoff& hand, uint8_t* buf,
     const uint32_t parity = (q / 2) & 1;
     sm90::mbar_wait(&hand.full[slot], parity, handoff_timeout_ns, sm90::kWaitStaging, -1, slot,
                     tg.report);
-    const StagedRecord r = hand.rec[slot];
+    // Read in place, not copied: the activation loop needs the registers (its MUFU chains
+    // only overlap with ~20 free). What is used after the release is copied before it.
+    const StagedRecord& r = hand.rec[slot];
     if (r.slots == 2) {
       sm90::mbar_wait(&hand.full[1], parity, handoff_timeout_ns, sm90::kWaitStaging, -1, 1,
                       tg.report);
@@ -195,7 +218,6 @@ __device__ __forceinline__ void run_storer(StagingHandoff& hand, uint8_t* buf,
     }
     trace.stamp(seq, kTrStorerTook);
     if (r.kind == kStagedFc1 && r.has_rows) {
-      const sm90::EpilogueTensor act{tg.act_map, tg.act, tg.ffn};
       const sm90::EpilogueTensor h{tg.h_map, tg.h, tg.f1};
       constexpr int kHalves = kGated ? 2 : 1;  // h's halves: gate and up, or the one
       const float p_lo = lane < r.rows_valid ? tg.row_prob[r.prob_row0 + lane] : 0.f;
@@ -218,6 +240,7 @@ __device__ __forceinline__ void run_storer(StagingHandoff& hand, uint8_t* buf,
       trace.stamp(seq, kTrStorerHOut);
       activate_staged<kAct>(buf, p_lo, p_hi, lane);
       trace.stamp(seq, kTrStorerActivated);
+      const sm90::EpilogueTensor act{tg.act_map, tg.act, tg.ffn};
       if (r.full) {
         sm90::fence_proxy_async_shared();
         __syncwarp();
@@ -247,22 +270,23 @@ __device__ __forceinline__ void run_storer(StagingHandoff& hand, uint8_t* buf,
         sm90::bulk_wait_read<0>();
       }
     }
+    const int kind = r.kind, slots = r.slots, counter = r.counter;
     __syncwarp();
     if (lane == 0) {
-      for (int i = 0; i < r.slots; ++i) sm90::mbar_arrive(&hand.empty[(q + i) % 2]);
+      for (int i = 0; i < slots; ++i) sm90::mbar_arrive(&hand.empty[(q + i) % 2]);
       trace.stamp(seq, kTrStorerReleased);
-      if (r.kind == kStagedFc1) {
+      if (kind == kStagedFc1) {
         // Rows stored by TMA are complete (wait) and ordered before the release for the FC2
         // tiles' TMA loads (fence.proxy.async); copied-out rows are ordered by the warp
         // barrier above and the release's cumulativity.
         sm90::bulk_wait<0>();
         fence_proxy_async_global();
-        red_release_gpu_add_u32(&tg.fc1_done[r.counter], 1);
+        red_release_gpu_add_u32(&tg.fc1_done[counter], 1);
       }
       trace.stamp(seq, kTrStorerDone);
     }
-    if (r.kind != kStagedSkip) ++seq;
-    q += r.slots;
+    if (kind != kStagedSkip) ++seq;
+    q += slots;
   }
 }
 

@@ -89,6 +89,7 @@ struct SharedStorage {
   uint64_t pull_empty[kPullMaxSlots];  // and ring.a/b until their pull is done
   TileQueue queue;
   StagingHandoff handoff[kGemmConsumers];  // consumer warpgroup -> its storer warp
+  StorerTargets storer_targets;  // read by the storers in place (epilogue_storer.cuh)
   uint32_t ticket;  // this block's arrival ticket
 };
 // The GEMM memory a row-pulling block uses for whole-row slots: the epilogue buffers and the
@@ -159,6 +160,10 @@ __global__ void __launch_bounds__(kGemmThreads, 1)
     init_tile_queue(s.queue);
     for (int c = 0; c < kGemmConsumers; ++c) init_staging_handoff(s.handoff[c]);
     init_ring(s.ring);
+    s.storer_targets = StorerTargets{a.row_prob, &act_store_map, &h_store_map, a.act, a.h_out,
+                                     a.ffn, kGated ? 2 * a.ffn : a.ffn, a.hidden,
+                                     a.row_slot, a.peer_bases, a.slots_offset, a.per_rank,
+                                     a.fc1_done, a.fc2_done, a.timeout_ns, a.report};
   }
   __syncthreads();
   const int ticket = static_cast<int>(s.ticket);
@@ -227,18 +232,15 @@ __global__ void __launch_bounds__(kGemmThreads, 1)
 
   const int warpgroup = threadIdx.x / 128;
   if (warpgroup == 0) {
-    warpgroup_reg_dealloc<kGemmProducerRegs>();
+    warpgroup_reg_dealloc<kMegakernelProducerRegs>();
     const int warp = threadIdx.x / 32;
     if (warp >= 1 && warp <= kGemmConsumers) {
       // Warp c + 1 stores what consumer warpgroup c stages (epilogue_storer.cuh).
-      const StorerTargets targets{a.row_prob, &act_store_map, &h_store_map, a.act, a.h_out,
-                                  a.ffn, kGated ? 2 * a.ffn : a.ffn, a.hidden,
-                                  a.row_slot, a.peer_bases, a.slots_offset, a.per_rank,
-                                  a.fc1_done, a.fc2_done, a.timeout_ns, a.report};
       const TileTrace storer_trace = warp == 1 && threadIdx.x % 32 == 0
                                          ? TileTrace::make(trace_buffer)
                                          : TileTrace{nullptr};
-      run_storer<kAct>(s.handoff[warp - 1], s.epilogue.out[warp - 1], targets, storer_trace);
+      run_storer<kAct>(s.handoff[warp - 1], s.epilogue.out[warp - 1], s.storer_targets,
+                       storer_trace);
       return;
     }
     if (threadIdx.x != 0) return;
@@ -290,7 +292,7 @@ __global__ void __launch_bounds__(kGemmThreads, 1)
     return;
   }
 
-  warpgroup_reg_alloc<kGemmConsumerRegs>();
+  warpgroup_reg_alloc<kMegakernelConsumerRegs>();
   const int consumer = warpgroup - 1;
   const int t_in_wg = threadIdx.x % 128;
   const bool leader = t_in_wg == 0;
