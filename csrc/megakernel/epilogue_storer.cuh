@@ -150,9 +150,9 @@ __device__ __forceinline__ uint32_t pack_bf16x2(float lo, float hi) {
 // write_staged<kFc1Cols> would have (same swizzled chunk positions). Lane l takes rows l and
 // l + 32 (p_lo / p_hi are their probs), 16-byte chunks (8 columns) at a time; the 8 lanes of
 // a quarter-warp are 8 consecutive rows, whose swizzled chunks lie in 8 different bank groups.
-// One warp does a tile's 8192 outputs, so its time is the latency of the exp -> reciprocal
-// chains that ptxas overlaps in the registers it has (two at 56, one at 40: docs/perf-log.md);
-// no chunk waits on a shuffle or a spilled prob.
+// One warp does all of a tile's 64 rows (8192 outputs for SwiGLU), so its time is the
+// latency of the exp -> reciprocal chains that ptxas overlaps in the registers it has (two at
+// 56, one at 40: docs/perf-log.md); no chunk waits on a shuffle or a spilled prob.
 template <int kAct>
 __device__ __forceinline__ void activate_staged(uint8_t* slots, float p_lo, float p_hi,
                                                 int lane) {
@@ -177,7 +177,8 @@ __device__ __forceinline__ void activate_staged(uint8_t* slots, float p_lo, floa
 #pragma unroll
         for (int i = 0; i < 2; ++i) {
           a[i] = sm90::activate<kAct>(bf16_of(h[e], i));
-          a[i] = kGated ? a[i] * bf16_of(u[e], i) * p : a[i] * p;
+          if constexpr (kGated) a[i] = a[i] * bf16_of(u[e], i) * p;
+          else a[i] = a[i] * p;
         }
         out[e] = pack_bf16x2(a[0], a[1]);
       }
