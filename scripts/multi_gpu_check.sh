@@ -31,4 +31,10 @@ step "bench_moe EP=$gpus" "$out/bench_ep$gpus.txt" \
     "$py" -m torch.distributed.run --nproc-per-node "$gpus" scripts/bench_moe.py --megakernel \
     --comm-sms 12 --models qwen3_30b_a3b_like deepseek_v3_like --tokens 2048 4096 8192 \
     --iters 20 --warmup 5 --out "$out/bench_ep$gpus"
+# The EP=1 figures are graph-replayed; a separate step, so a capture problem at EP > 1 leaves
+# the eager figures above standing.
+step "bench_moe EP=$gpus graph" "$out/bench_ep${gpus}_graph.txt" \
+    "$py" -m torch.distributed.run --nproc-per-node "$gpus" scripts/bench_moe.py --megakernel \
+    --cuda-graph --comm-sms 12 --models qwen3_30b_a3b_like deepseek_v3_like \
+    --tokens 2048 4096 8192 --iters 20 --warmup 5 --out "$out/bench_ep${gpus}_graph"
 exit $status
