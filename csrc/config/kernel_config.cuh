@@ -73,9 +73,13 @@ constexpr int kTileGroupMBlocks = 4;
 constexpr int kMegakernelProducerRegs = 56;
 constexpr int kMegakernelConsumerRegs = 224;
 
-static_assert(kGemmProducerRegs * 128 + kGemmConsumerRegs * 128 * kGemmConsumers <= 65536 &&
-                  kMegakernelProducerRegs * 128 +
-                          kMegakernelConsumerRegs * 128 * kGemmConsumers <= 65536,
-              "register budget of one CTA per SM");
+// setmaxnreg moves registers within what the block was launched with: kGemmThreads threads at
+// the most registers each that fit the SM's 64K, in steps of 8 (168 x 384 = 64512).
+constexpr int kLaunchRegsPerThread = (65536 / kGemmThreads) / 8 * 8;
+static_assert((kGemmProducerRegs + kGemmConsumerRegs * kGemmConsumers) * 128 <=
+                      kLaunchRegsPerThread * kGemmThreads &&
+                  (kMegakernelProducerRegs + kMegakernelConsumerRegs * kGemmConsumers) * 128 <=
+                      kLaunchRegsPerThread * kGemmThreads,
+              "setmaxnreg budgets within the registers one CTA per SM is launched with");
 
 }  // namespace mok
