@@ -57,16 +57,17 @@ def build(model, experts: int, tokens: int, seed: int, timeout_ms: int = 20000) 
     }
 
 
-def megakernel(p: dict, comm_blocks: int, skip: int = 0, trace=None):
+def megakernel(p: dict, comm_blocks: int, skip: int = 0, trace=None, **knobs):
     """One launch of the megakernel on problem p; `skip`: PROFILE_SKIP bits, `trace`: a
-    megakernel_trace_buffer to fill (scripts/trace_tiles.py)."""
+    megakernel_trace_buffer to fill (scripts/trace_tiles.py), `knobs`: further
+    ops.moe_forward_megakernel arguments (e.g. minibatch_rows)."""
     def run():
         p["counters"].zero_()
         ops.moe_forward_megakernel(p["bases"], p["x"].data_ptr(), p["slots"].data_ptr(),
                                    p["offsets"], p["row_slot"], p["row_prob"], p["tokens"],
                                    p["topk"], p["w1"], p["w2"], "swiglu", p["rows"], p["act"],
                                    p["h"], p["counters"], comm_blocks, p["timeout_ns"],
-                                   profile_skip=skip, trace=trace)
+                                   profile_skip=skip, trace=trace, **knobs)
     return run
 
 

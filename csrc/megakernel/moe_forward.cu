@@ -124,7 +124,7 @@ enum ProfileSkip : int {
 
 // kDiagnostic: the kernel for profiling variants (a.skip) and traces (a.trace,
 // tile_trace.cuh). The production kernel has neither: their code costs registers (the
-// producer runs on 40) and spills even where it never runs.
+// producer warpgroup runs on kMegakernelProducerRegs) and spills even where it never runs.
 template <int kAct, bool kDiagnostic>
 __global__ void __launch_bounds__(kGemmThreads, 1)
     moe_forward_kernel(const __grid_constant__ CUtensorMap rows_map,

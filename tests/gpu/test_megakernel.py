@@ -126,7 +126,7 @@ def test_traced_launch_same_bits_and_ordered_stamps(ring_mblocks):
     """A traced launch (the diagnostic kernel) gives the production kernel's results bit for
     bit, and its stamps are consistent: every block started and ended on the global timer,
     tickets are a permutation, each traced tile's phase stamps (consumer side, and its
-    storer's after it is staged) are in order and every tile appears once."""
+    storer's after the mainloop) are in order and every tile appears once."""
     p = _small_launch(ring_mblocks)
     p["launch"](comm_blocks=4)
     expected = p["slots"].clone()
@@ -145,9 +145,11 @@ def test_traced_launch_same_bits_and_ordered_stamps(ring_mblocks):
     tiles = trace[:, :ops.TRACE_TILES * slots].view(trace.shape[0], ops.TRACE_TILES, slots)
     order = [ops.TRACE_SLOTS.index(n) for n in
              ("tile_start", "tile_queued", "mainloop_end", "staged", "tile_end")]
-    # Consumer 0's storer takes the tile after it is staged, then releases and counts it.
+    # Consumer 0's storer takes the tile after its mainloop ended, then releases and counts
+    # it. Not after "staged": the consumer stamps that after its arrive, which the storer's
+    # wait may already have seen.
     storer = [ops.TRACE_SLOTS.index(n) for n in
-              ("staged", "storer_took", "storer_released", "storer_done")]
+              ("mainloop_end", "storer_took", "storer_released", "storer_done")]
     seen = []
     for b in range(trace.shape[0]):
         for row in tiles[b]:
