@@ -26,7 +26,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
 
   // grouped GEMM tile engine
   m.def("grouped_gemm", &mok::grouped_gemm);
-  m.def("timeout_report", &mok::timeout_report);
+  m.def("timeout_reports", &mok::timeout_reports);
 
   // forward megakernel
   m.def("moe_forward_megakernel", &mok::moe_forward_megakernel);

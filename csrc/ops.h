@@ -48,10 +48,11 @@ void reduce_slots(const at::Tensor& slots, const at::Tensor& ids, at::Tensor& ou
 void gather_slot_values(const at::Tensor& values, const at::Tensor& ids, at::Tensor& out);
 
 // gemm/grouped_gemm.cu (sm90 tile engine). activation: -1 = plain store, else ActivationId
-// with row_prob folded in; h_out (optional) receives the bf16 pre-activation.
+// with row_prob folded in; h_out (optional) receives the bf16 pre-activation. rank: the EP
+// rank launching it, which names its timeout report (gemm/timeout_report.h).
 void grouped_gemm(const at::Tensor& a, const at::Tensor& w, const at::Tensor& offsets,
                   const c10::optional<at::Tensor>& row_prob, int64_t activation, at::Tensor& out,
-                  const c10::optional<at::Tensor>& h_out, int64_t timeout_ns);
+                  const c10::optional<at::Tensor>& h_out, int64_t timeout_ns, int64_t rank);
 
 // megakernel/moe_forward.cu: pull-dispatch + FC1/activation + FC2 + push-combine in one
 // persistent launch. counters: int32 zeros (ops.megakernel_counters sizes them). h_out
@@ -67,6 +68,7 @@ void moe_forward_megakernel(const at::Tensor& peer_bases, int64_t tokens_offset,
                             at::Tensor& act, const c10::optional<at::Tensor>& h_out,
                             at::Tensor& counters, int64_t comm_blocks, int64_t minibatch_rows,
                             int64_t ring_mblocks, int64_t ring_slots, int64_t timeout_ns,
-                            int64_t profile_skip, const c10::optional<at::Tensor>& trace);
+                            int64_t rank, int64_t profile_skip,
+                            const c10::optional<at::Tensor>& trace);
 
 }  // namespace mok

@@ -93,8 +93,12 @@ class KernelKnobs:
     # (8 bytes per row); backward pulls the token rows again and recomputes h (one more row
     # pull and FC1 per backward, bit-identical gradients).
     backward_inputs: Literal["saved", "recomputed"] = "saved"
-    # Every wait on a peer flag fails with an error naming rank and stage after this long.
-    spin_timeout_ms: int = _bounded(10000, min=1)
+    # Every bounded wait - on a peer in the barrier, on another block inside the megakernel or
+    # the GEMM engine - stops the kernel after this long with a report naming rank, role and
+    # stage (stall_watch.py). It must outlast the largest healthy skew between ranks reaching
+    # one barrier (docs/gpu-v1.md gives the measured first-call cost) and still end a dead or
+    # stalled rank's run within a minute.
+    spin_timeout_ms: int = _bounded(30000, min=1)
     # Validate expert ids / probs values on the host before each call (synchronizes).
     check_inputs: bool = False
 

@@ -50,10 +50,8 @@ def _stack_copy(ws: Sequence[torch.Tensor], order: list[int], name: str) -> torc
 
 def stack_expert_pair(w1, w2) -> tuple[torch.Tensor, torch.Tensor, Optional[list[int]]]:
     """-> (w1 [E, F1, H], w2 [E, H, F], order): stacked views (or copies) with row j holding
-    expert order[j]; order is None when the inputs were stacked tensors already."""
-    if isinstance(w1, torch.Tensor) != isinstance(w2, torch.Tensor):
-        raise ValueError("w1 and w2 must both be stacked tensors or both sequences of "
-                         "per-expert tensors")
+    expert order[j]; order is None when the inputs were stacked tensors already. The pair is
+    checked already (inputs.check_call)."""
     if isinstance(w1, torch.Tensor):
         return w1, w2, None
     w1, w2 = list(w1), list(w2)

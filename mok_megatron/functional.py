@@ -19,7 +19,8 @@ import torch
 import torch.distributed as dist
 
 from .config import Recipe
-from .reference import Weights, moe_reference
+from .inputs import Weights, check_call, check_routing_values
+from .reference import reference_forward
 
 
 def resolve_backend(recipe: Recipe, device: torch.device) -> str:
@@ -48,10 +49,14 @@ def moe_experts(
     recipe: Optional[Recipe] = None,
 ) -> torch.Tensor:
     recipe = recipe or Recipe()
+    world = 1 if group is None else dist.get_world_size(group)
+    # Validated once, here; every step after this point trusts the call.
+    call = check_call(x, ids, probs, w1, w2, activation=activation, world=world)
     backend = resolve_backend(recipe, x.device)
+    if backend == "reference" or recipe.kernel.check_inputs:
+        check_routing_values(call)  # reads the tensors: a host synchronization
     if backend == "reference":
-        return moe_reference(x, ids, probs, w1, w2, group=group, activation=activation)
+        return reference_forward(call, group)
     from .symm_moe import moe_experts_cuda
 
-    return moe_experts_cuda(x, ids, probs, w1, w2, group=group, activation=activation,
-                            recipe=recipe)
+    return moe_experts_cuda(call, group, recipe)

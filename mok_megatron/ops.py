@@ -12,9 +12,12 @@ from typing import Optional
 
 import torch
 
+from . import stall_watch
+
 # Mirrors csrc/config/kernel_config.cuh.
 MAX_RANKS = 8
 NUM_BARRIER_CHANNELS = 4
+MAX_LOCAL_EXPERTS = 1024  # kGemmMaxExperts: local experts one launch can schedule
 
 
 class Stage(enum.IntEnum):
@@ -146,14 +149,16 @@ def gather_slot_values(values, ids, out):
 
 def grouped_gemm(a: torch.Tensor, w: torch.Tensor, offsets: torch.Tensor, out: torch.Tensor, *,
                  activation: Optional[str] = None, row_prob: Optional[torch.Tensor] = None,
-                 h_out: Optional[torch.Tensor] = None, timeout_ns: int = 10**10) -> None:
+                 h_out: Optional[torch.Tensor] = None, timeout_ns: int = 10**10,
+                 rank: int = 0) -> None:
     """The sm90 grouped GEMM tile engine: ``out[rows of e] = epilogue(a[rows of e] @ w[e].T)``,
     expert ``e`` owning rows ``offsets[e]:offsets[e+1]`` (int32, on the device).
 
     ``activation=None`` stores the product (FC2). Otherwise ``w`` is FC1 (``[E, 2F, H]`` as
     [gate | up] for gated activations) and ``out = act(h) * row_prob`` with ``h`` rounded to
     bf16 as the reference does; ``h_out`` (``[rows, N]``) also receives ``h`` for backward.
-    Rows of ``out`` outside ``offsets[0]:offsets[-1]`` are not written."""
+    Rows of ``out`` outside ``offsets[0]:offsets[-1]`` are not written. ``rank``: the EP
+    rank launching it, named by its timeout report (stall_watch.py)."""
     _check(a.is_cuda and w.is_cuda and out.is_cuda, "a, w and out must be CUDA tensors")
     for name, t in (("a", a), ("w", w), ("out", out)):
         _check(t.dtype == torch.bfloat16, f"{name} must be bfloat16, got {t.dtype}")
@@ -163,8 +168,10 @@ def grouped_gemm(a: torch.Tensor, w: torch.Tensor, offsets: torch.Tensor, out: t
     if activation is not None:
         _check(row_prob is not None, "an activation epilogue needs row_prob")
         _cuda("row_prob", row_prob, torch.float32)
+    _check(0 <= rank < MAX_RANKS, f"rank {rank} outside [0, {MAX_RANKS})")
     act_id = -1 if activation is None else ACTIVATION_IDS[activation]
-    extension().grouped_gemm(a, w, offsets, row_prob, act_id, out, h_out, timeout_ns)
+    stall_watch.start()
+    extension().grouped_gemm(a, w, offsets, row_prob, act_id, out, h_out, timeout_ns, rank)
 
 
 MEGAKERNEL_BLOCK_M = 128  # csrc/config/kernel_config.cuh kGemmBlockM
@@ -174,7 +181,7 @@ def moe_forward_megakernel(peer_bases, tokens_offset, slots_offset, offsets, row
                            max_tokens, topk, w1, w2, activation: str, rows, act, h_out,
                            counters, comm_blocks: int, timeout_ns: int,
                            minibatch_rows: int = MEGAKERNEL_BLOCK_M, ring_mblocks: int = 0,
-                           profile_skip: int = 0,
+                           rank: int = 0, profile_skip: int = 0,
                            trace: Optional[torch.Tensor] = None) -> None:
     """Pull-dispatch + FC1/activation + FC2 + push-combine in one persistent launch
     (csrc/megakernel/moe_forward.cu). ``h_out``: FC1's output for backward, or None (not
@@ -182,8 +189,8 @@ def moe_forward_megakernel(peer_bases, tokens_offset, slots_offset, offsets, row
     ``minibatch_rows``: rows the pull copies and publishes together (the overlap unit).
     ``ring_mblocks`` > 0: ``rows`` and ``act`` are a ring of MACROBATCH_RING_SLOTS macrobatches
     of that many 128-row m-blocks (``macrobatch_ring_rows`` rows; needs ``h_out=None``);
-    0: they hold every schedule row.
-    ``profile_skip``
+    0: they hold every schedule row. ``rank``: the EP rank launching it, named by its timeout
+    report (stall_watch.py). ``profile_skip``
     (timing only, results meaningless when set): PROFILE_SKIP bits of stages to leave out.
     ``trace``: ``megakernel_trace_buffer(...)`` to record the blocks' timestamps
     (``TRACE_SLOTS``, ``TRACE_HEADER``; scripts/trace_tiles.py reads them), or None."""
@@ -196,11 +203,14 @@ def moe_forward_megakernel(peer_bases, tokens_offset, slots_offset, offsets, row
         if t is not None:
             _cuda(name, t, torch.bfloat16)
     _check(w1.dtype == torch.bfloat16 and w2.dtype == torch.bfloat16, "weights must be bf16")
+    _check(0 <= rank < MAX_RANKS, f"rank {rank} outside [0, {MAX_RANKS})")
+    stall_watch.start()
     extension().moe_forward_megakernel(peer_bases, tokens_offset, slots_offset, offsets,
                                        row_slot, row_prob, max_tokens, topk, w1, w2,
                                        ACTIVATION_IDS[activation], rows, act, h_out, counters,
                                        comm_blocks, minibatch_rows, ring_mblocks,
-                                       MACROBATCH_RING_SLOTS, timeout_ns, profile_skip, trace)
+                                       MACROBATCH_RING_SLOTS, timeout_ns, rank, profile_skip,
+                                       trace)
 
 
 PROFILE_SKIP = {"pull": 1, "waits": 2, "fc1": 4, "fc2": 8, "stores": 16, "mma": 32,
@@ -252,13 +262,18 @@ def macrobatch_ring_rows(rows: int, num_experts: int, ring_mblocks: int) -> int:
 
 WAIT_ROLES = ("gemm producer", "gemm mma", "rows ready", "fc1 done", "pull slot",
               "pull row", "tile queue", "ring slot", "staging")  # csrc sm90::WaitRole
+REPORT_KERNELS = ("grouped GEMM engine", "forward megakernel")  # csrc ReportKernel
 
 
-def timeout_report() -> Optional[dict]:
-    """Where the last bounded wait of a persistent kernel (grouped GEMM, megakernel) timed
-    out - the kernel traps after writing it - or None. Readable after the trap: the record
-    lives in host memory."""
-    role, block, tile, stage = extension().timeout_report()
-    if role < 0:
-        return None
-    return {"role": WAIT_ROLES[role], "block": block, "tile": tile, "stage": stage}
+def timeout_reports() -> list[dict]:
+    """Every bounded wait of a persistent kernel (grouped GEMM, megakernel) that timed out in
+    this process - the kernel traps after writing where - one per (kernel, EP rank). Readable
+    after the trap: the records live in host memory, and reading them calls no CUDA API."""
+    flat = extension().timeout_reports()
+    reports = []
+    for i in range(0, len(flat), 7):
+        kernel, rank, role, block, tile, stage, timeout_ms = flat[i:i + 7]
+        reports.append({"kernel": REPORT_KERNELS[kernel], "rank": rank,
+                        "role": WAIT_ROLES[role], "block": block, "tile": tile,
+                        "stage": stage, "timeout_ms": timeout_ms})
+    return reports

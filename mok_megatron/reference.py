@@ -22,15 +22,13 @@ and reads the token counts on the host: that is fine for an oracle, never for a 
 
 from __future__ import annotations
 
-from typing import Optional, Sequence, Union
+from typing import Optional
 
 import torch
 import torch.distributed as dist
 
 from .activations import get_activation
-from .routing import validate_routing
-
-Weights = Union[torch.Tensor, Sequence[torch.Tensor]]
+from .inputs import MoECall, Weights, check_call, check_routing_values
 
 
 def accumulation_dtype(dtype: torch.dtype) -> torch.dtype:
@@ -110,31 +108,8 @@ def _all_to_all(t, send_splits, recv_splits, group):
 
 
 def stack_weights(w: Weights) -> torch.Tensor:
-    if isinstance(w, torch.Tensor):
-        if w.dim() != 3:
-            raise ValueError(f"stacked expert weights must be 3-D, got {tuple(w.shape)}")
-        return w
-    return torch.stack(list(w))
-
-
-def check_weights(x, w1, w2, activation):
-    act = get_activation(activation)
-    if w1.shape[0] != w2.shape[0]:
-        raise ValueError(f"w1 has {w1.shape[0]} experts but w2 has {w2.shape[0]}")
-    H = x.shape[1]
-    F = w2.shape[2]
-    if w1.shape[1:] != (act.fc1_rows(F), H):
-        raise ValueError(
-            f"w1 must be [E_local, {act.fc1_rows(F)}, {H}] for {activation} with H={H}, "
-            f"F={F}; got {tuple(w1.shape)}"
-        )
-    if w2.shape[1] != H:
-        raise ValueError(f"w2 must be [E_local, {H}, F]; got {tuple(w2.shape)}")
-    for name, w in (("w1", w1), ("w2", w2)):
-        if w.dtype != x.dtype or w.device != x.device:
-            raise ValueError(
-                f"{name} is {w.dtype} on {w.device} but x is {x.dtype} on {x.device}"
-            )
+    """Per-expert tensors -> one stacked tensor (a differentiable copy); stacked stays as is."""
+    return w if isinstance(w, torch.Tensor) else torch.stack(list(w))
 
 
 def moe_reference(
@@ -150,10 +125,17 @@ def moe_reference(
 ) -> torch.Tensor:
     """The MoE layer forward on this rank (see the module docstring); differentiable."""
     world = 1 if group is None else dist.get_world_size(group)
-    w1, w2 = stack_weights(w1), stack_weights(w2)
-    num_local = w1.shape[0]
-    validate_routing(x, ids, probs, num_local * world)
-    check_weights(x, w1, w2, activation)
+    call = check_call(x, ids, probs, w1, w2, activation=activation, world=world)
+    check_routing_values(call)
+    return reference_forward(call, group, shared)
+
+
+def reference_forward(call: MoECall, group: Optional[dist.ProcessGroup],
+                      shared: Optional[tuple[torch.Tensor, torch.Tensor]] = None) -> torch.Tensor:
+    """moe_reference on a checked call (inputs.check_call, values included)."""
+    x, ids, probs, activation = call.x, call.ids, call.probs, call.activation
+    world, num_local = call.world, call.num_local
+    w1, w2 = stack_weights(call.w1), stack_weights(call.w2)
     T, K = ids.shape
     H = x.shape[1]
 

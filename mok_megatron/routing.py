@@ -3,14 +3,15 @@
 Megatron's router hands a dense ``routing_map`` [T, E] (bool) and ``probs`` [T, E]; every
 backend of this package takes the compact top-k form: expert ids [T, K] and probabilities
 [T, K]. ``ids == -1`` marks an unused slot (a padding token, or a slot dropped by a capacity
-factor); such a slot contributes nothing and receives a zero probability gradient.
+factor); such a slot contributes nothing and receives a zero probability gradient. The compact
+form is checked with the rest of a call's inputs (inputs.py).
 """
 
 from __future__ import annotations
 
 import torch
 
-UNUSED_SLOT = -1
+from .inputs import UNUSED_SLOT
 
 
 def topk_from_routing_map(routing_map: torch.Tensor, probs: torch.Tensor, topk: int):
@@ -39,45 +40,3 @@ def topk_from_routing_map(routing_map: torch.Tensor, probs: torch.Tensor, topk: 
     ids = torch.where(selected, order, torch.full_like(order, UNUSED_SLOT)).to(torch.int32)
     topk_probs = torch.gather(probs, 1, order) * selected.to(probs.dtype)
     return ids, topk_probs
-
-
-def validate_routing(
-    x: torch.Tensor, ids: torch.Tensor, probs: torch.Tensor, num_experts: int, *, check_values=True
-) -> None:
-    """Raise a clear error for malformed routing.
-
-    Shape and dtype checks are free; value checks (range, NaN) read the tensors and therefore
-    synchronize with the device, so the GPU path runs them only when asked to.
-    """
-    if x.dim() != 2:
-        raise ValueError(f"x must be [T, H], got shape {tuple(x.shape)}")
-    if ids.dim() != 2 or ids.shape[0] != x.shape[0]:
-        raise ValueError(
-            f"expert ids must be [T, K] with T={x.shape[0]} (rows of x), got {tuple(ids.shape)}"
-        )
-    if ids.dtype not in (torch.int32, torch.int64):
-        raise TypeError(f"expert ids must be int32 or int64, got {ids.dtype}")
-    if probs.shape != ids.shape:
-        raise ValueError(
-            f"probs must have the shape of the expert ids {tuple(ids.shape)}, got "
-            f"{tuple(probs.shape)}"
-        )
-    if not probs.is_floating_point():
-        raise TypeError(f"probs must be a floating-point tensor, got {probs.dtype}")
-    if ids.device != x.device or probs.device != x.device:
-        raise ValueError(
-            f"x, ids and probs must be on one device; got {x.device}, {ids.device}, {probs.device}"
-        )
-    if not check_values or ids.numel() == 0:
-        return
-    bad = (ids < UNUSED_SLOT) | (ids >= num_experts)
-    if bool(bad.any()):
-        t, k = (int(v) for v in bad.nonzero()[0])
-        raise ValueError(
-            f"expert id {int(ids[t, k])} at token {t}, slot {k} is out of range "
-            f"[0, {num_experts}) (use {UNUSED_SLOT} for an unused slot)"
-        )
-    finite = torch.isfinite(probs)
-    if not bool(finite.all()):
-        t, k = (int(v) for v in (~finite).nonzero()[0])
-        raise ValueError(f"probs[{t}, {k}] is {float(probs[t, k])}: probs must be finite")

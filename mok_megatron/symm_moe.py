@@ -33,8 +33,7 @@ import torch.distributed as dist
 from . import ops
 from .config import Recipe
 from .expert_weights import stack_expert_pair
-from .reference import check_weights
-from .routing import validate_routing
+from .inputs import MoECall, check_call, check_routing_values
 from .workspace import Workspace, WorkspaceLayout, get_workspace
 
 
@@ -140,7 +139,7 @@ class _SymmMoE(torch.autograd.Function):
                                        plan.w2, plan.activation, rows, act, h, counters,
                                        plan.comm_blocks, ws.timeout_ns,
                                        minibatch_rows=plan.minibatch_rows,
-                                       ring_mblocks=plan.ring_mblocks)
+                                       ring_mblocks=plan.ring_mblocks, rank=ws.rank)
         else:
             act = torch.empty(cap, ffn, dtype=torch.bfloat16, device=x.device)
             rows = _pull(ws, "tokens", offsets, row_slot, K)
@@ -218,7 +217,8 @@ def _recompute_rows_and_h(plan: _Plan, offsets, row_slot, row_prob, topk: int):
         h = torch.empty(cap, plan.w1.shape[1], dtype=torch.bfloat16, device=rows.device)
         act = torch.empty(cap, plan.w2.shape[2], dtype=torch.bfloat16, device=rows.device)
         ops.grouped_gemm(rows, plan.w1, offsets, act, row_prob=row_prob,
-                         activation=plan.activation, h_out=h, timeout_ns=ws.timeout_ns)
+                         activation=plan.activation, h_out=h, timeout_ns=ws.timeout_ns,
+                         rank=ws.rank)
     else:
         h = _grouped(rows, plan.w1.transpose(1, 2), offsets[1:])
     return rows, h
@@ -234,58 +234,66 @@ def _split(dw: torch.Tensor, order: Optional[list]):
     return tuple(grads)
 
 
-def _check(x, w1, w2, activation, world, recipe):
-    """What the kernels need beyond the shapes every backend checks (reference.check_weights)."""
-    check_weights(x, w1, w2, activation)
-    if x.dtype != torch.bfloat16:
-        raise ValueError(f"the cuda backend runs bf16 activations and weights; x is {x.dtype}")
-    if activation not in ops.ACTIVATION_IDS:
-        raise ValueError(f"activation {activation!r} is not implemented by the cuda backend")
-    H, F = x.shape[1], w2.shape[2]
-    if H % 8 or F % 8:
-        raise ValueError(f"the cuda backend needs H and F to be multiples of 8; got H={H}, F={F}")
+def check_kernel_call(call: MoECall, recipe: Recipe) -> None:
+    """What the kernels need beyond what every backend checks (inputs.check_call): before the
+    workspace is allocated, so a bad input never leaves peers waiting in a rendezvous."""
+    if call.x.dtype != torch.bfloat16:
+        raise ValueError(f"the cuda backend runs bf16 activations and weights; x is {call.x.dtype}")
+    if call.activation not in ops.ACTIVATION_IDS:
+        raise ValueError(f"activation {call.activation!r} is not implemented by the cuda backend")
+    if call.hidden % 8 or call.ffn % 8:
+        raise ValueError(f"the cuda backend needs H and F to be multiples of 8; got "
+                         f"H={call.hidden}, F={call.ffn}")
     limit = recipe.kernel.max_tokens_per_rank
-    if x.shape[0] > limit:
+    if call.tokens > limit:
         raise ValueError(
-            f"{x.shape[0]} tokens on this rank exceed the workspace bound "
+            f"{call.tokens} tokens on this rank exceed the workspace bound "
             f"kernel.max_tokens_per_rank={limit} of recipe {recipe.name!r}; raise it")
-    if world > ops.MAX_RANKS:
-        raise ValueError(f"EP={world}: the cuda backend supports at most {ops.MAX_RANKS} GPUs")
+    if call.world > ops.MAX_RANKS:
+        raise ValueError(f"EP={call.world}: the cuda backend supports at most {ops.MAX_RANKS} GPUs")
+    if call.num_local > ops.MAX_LOCAL_EXPERTS:
+        raise ValueError(f"{call.num_local} experts per rank: the cuda backend supports at most "
+                         f"{ops.MAX_LOCAL_EXPERTS}")
 
 
-def workspace_layout(x, ids, recipe: Recipe) -> WorkspaceLayout:
-    return WorkspaceLayout(recipe.kernel.max_tokens_per_rank, ids.shape[1], x.shape[1],
+def workspace_layout(topk: int, hidden: int, recipe: Recipe) -> WorkspaceLayout:
+    return WorkspaceLayout(recipe.kernel.max_tokens_per_rank, topk, hidden,
                            inputs=recipe.kernel.backward_inputs == "recomputed")
 
 
-def moe_experts_cuda(x, ids, probs, w1, w2, *, group: Optional[dist.ProcessGroup],
-                     activation: str, recipe: Recipe) -> torch.Tensor:
-    ws = get_workspace(group, x.device, workspace_layout(x, ids, recipe),
+def moe_experts_cuda(call: MoECall, group: Optional[dist.ProcessGroup],
+                     recipe: Recipe) -> torch.Tensor:
+    """A checked call (inputs.check_call) on the group's workspace, created on first use."""
+    check_kernel_call(call, recipe)
+    ws = get_workspace(group, call.x.device, workspace_layout(call.topk, call.hidden, recipe),
                        recipe.kernel.spin_timeout_ms)
-    return moe_experts_on_workspace(ws, x, ids, probs, w1, w2, activation=activation,
-                                    recipe=recipe)
+    return _run(ws, call, recipe)
 
 
 def moe_experts_on_workspace(ws: Workspace, x, ids, probs, w1, w2, *, activation: str,
                              recipe: Recipe) -> torch.Tensor:
-    """moe_experts_cuda on a given workspace (one of Workspace.emulated_group's in tests)."""
-    world = ws.world
-    w1_stack, w2_stack, order = stack_expert_pair(w1, w2)
-    validate_routing(x, ids, probs, w1_stack.shape[0] * world,
-                     check_values=recipe.kernel.check_inputs)
-    _check(x, w1_stack, w2_stack, activation, world, recipe)
-    if not ws.layout.matches(workspace_layout(x, ids, recipe)):
+    """The cuda backend on a given workspace (one of Workspace.emulated_group's in tests): an
+    entry point of its own, so it checks its inputs as moe_experts does."""
+    call = check_call(x, ids, probs, w1, w2, activation=activation, world=ws.world)
+    if recipe.kernel.check_inputs:
+        check_routing_values(call)
+    check_kernel_call(call, recipe)
+    if not ws.layout.matches(workspace_layout(call.topk, call.hidden, recipe)):
         raise ValueError("the workspace's layout does not match this call's shapes and recipe")
+    return _run(ws, call, recipe)
+
+
+def _run(ws: Workspace, call: MoECall, recipe: Recipe) -> torch.Tensor:
+    w1_stack, w2_stack, order = stack_expert_pair(call.w1, call.w2)
     knobs = recipe.kernel
     megakernel = knobs.forward_kernel == "megakernel"
     recompute = knobs.backward_inputs == "recomputed"
     # The ring runs only where forward keeps nothing for backward (config.py says so too).
     ring_mblocks = (-(-knobs.macrobatch_tokens // ops.MEGAKERNEL_BLOCK_M)
                     if megakernel and recompute else 0)
-    num_local = w1_stack.shape[0]
-    position = _expert_position(order or list(range(num_local)), x.device)
-    plan = _Plan(ws, activation, num_local, w1_stack, w2_stack, order, position, megakernel,
-                 knobs.comm_sms_forward, recompute, ring_mblocks, knobs.minibatch_tokens,
-                 knobs.schedule_capacity)
-    w_inputs = (w1, w2) if order is None else (*w1, *w2)
-    return _SymmMoE.apply(x.contiguous(), ids, probs, plan, *w_inputs)
+    position = _expert_position(order or list(range(call.num_local)), call.x.device)
+    plan = _Plan(ws, call.activation, call.num_local, w1_stack, w2_stack, order, position,
+                 megakernel, knobs.comm_sms_forward, recompute, ring_mblocks,
+                 knobs.minibatch_tokens, knobs.schedule_capacity)
+    w_inputs = (call.w1, call.w2) if order is None else (*call.w1, *call.w2)
+    return _SymmMoE.apply(call.x.contiguous(), call.ids, call.probs, plan, *w_inputs)

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import logging
 import math
+import os
 from dataclasses import dataclass
 from typing import Optional
 
@@ -107,6 +108,13 @@ class Workspace:
         (schedule over all ranks' routing, pulls from and pushes to peers, barriers) runs
         without a multi-GPU machine. Each rank must be driven from its own thread on its own
         stream: the barriers wait for the other ranks. For tests; no NVLink is involved."""
+        if os.environ.get("CUDA_DEVICE_MAX_CONNECTIONS") == "1":
+            # One hardware queue for all streams: a rank's barrier would wait forever for a
+            # kernel queued behind it, then trap and take the CUDA context with it.
+            raise RuntimeError(
+                "an emulated EP group needs concurrent CUDA streams, but "
+                "CUDA_DEVICE_MAX_CONNECTIONS=1 serializes them; unset it before the process "
+                "creates its CUDA context (the test suite's conftest does)")
         group = []
         for rank in range(world):
             ws = cls.__new__(cls)

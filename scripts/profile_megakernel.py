@@ -181,7 +181,7 @@ def main(argv=None) -> None:
         except torch.AcceleratorError:
             # A bounded wait gave up (or a fault): say where, if a wait did.
             print(f"{model.name} {variant} T={tokens}: kernel failed; timeout report: "
-                  f"{ops.timeout_report()}", flush=True)
+                  f"{ops.timeout_reports()}", flush=True)
             raise
         torch.cuda.empty_cache()
     if args.out:

@@ -51,9 +51,8 @@ def ep_specs(world: int) -> list[ProblemSpec]:
 
 def recipe(max_tokens: int, backend: str = "cuda", **knobs) -> Recipe:
     """`knobs`: further KernelKnobs fields (forward_kernel, comm_sms_forward, ...)."""
-    return Recipe(name="test", backend=backend,
-                  kernel=KernelKnobs(max_tokens_per_rank=max_tokens, spin_timeout_ms=20000,
-                                     **knobs))
+    knobs = {"max_tokens_per_rank": max_tokens, "spin_timeout_ms": 20000, **knobs}
+    return Recipe(name="test", backend=backend, kernel=KernelKnobs(**knobs))
 
 
 def whole(spec: ProblemSpec) -> ProblemSpec:
@@ -121,7 +120,7 @@ def run_emulated(problem, max_tokens: int, **knobs) -> list[dict]:
     run_cuda(whole(problem.spec).build(), 0, None, world * max_tokens, **warm_up)
     rec = recipe(max_tokens, **knobs)
     inputs = [problem.local(r, device) for r in range(world)]
-    layout = symm_moe.workspace_layout(inputs[0]["x"], inputs[0]["ids"], rec)
+    layout = symm_moe.workspace_layout(inputs[0]["ids"].shape[1], inputs[0]["x"].shape[1], rec)
     group = Workspace.emulated_group(world, device, layout, rec.kernel.spin_timeout_ms)
     poison(device)
     for ws in group:
@@ -180,7 +179,7 @@ def check_emulated_cuda_graph(spec: ProblemSpec, **knobs) -> None:
 
     rec = recipe(max_tokens, **knobs)
     static = [spec.build().local(r, device) for r in range(world)]
-    layout = symm_moe.workspace_layout(static[0]["x"], static[0]["ids"], rec)
+    layout = symm_moe.workspace_layout(static[0]["ids"].shape[1], static[0]["x"].shape[1], rec)
     group = Workspace.emulated_group(world, device, layout, rec.kernel.spin_timeout_ms)
     streams = [torch.cuda.Stream(device) for _ in range(world)]
     graphs = [torch.cuda.CUDAGraph() for _ in range(world)]

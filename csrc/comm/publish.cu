@@ -2,7 +2,8 @@
 // read them: the token rows (bf16), the routing (expert ids as int32, probs as fp32) and the
 // token count, in one launch instead of a cast, three copies and a fill. ids32 receives the
 // int32 ids as well: the workspace's copy is rewritten by the next layer's call, and backward
-// needs this layer's.
+// needs this layer's. int64 ids are saturated to int32, never wrapped: an id beyond int32 must
+// stay out of range for the schedule's check (a wrapped 2^32 + 1 would read as expert 1).
 #include <ATen/cuda/CUDAContext.h>
 #include <c10/cuda/CUDAGuard.h>
 #include <torch/extension.h>
@@ -13,6 +14,15 @@
 
 namespace mok {
 namespace {
+
+template <class Id>
+__device__ __forceinline__ int32_t saturate_id(Id id) {
+  if constexpr (sizeof(Id) > sizeof(int32_t)) {
+    return static_cast<int32_t>(id < INT32_MIN ? INT32_MIN : id > INT32_MAX ? INT32_MAX : id);
+  } else {
+    return static_cast<int32_t>(id);
+  }
+}
 
 template <class Id, class Prob>
 __global__ void publish_inputs_kernel(const uint16_t* __restrict__ x, int64_t x_elems,
@@ -33,7 +43,7 @@ __global__ void publish_inputs_kernel(const uint16_t* __restrict__ x, int64_t x_
     for (int64_t i = first; i < x_elems; i += stride) ws_tokens[i] = x[i];
   }
   for (int64_t i = first; i < slots; i += stride) {
-    const int32_t id = static_cast<int32_t>(ids[i]);
+    const int32_t id = saturate_id(ids[i]);
     ws_ids[i] = id;
     ids32[i] = id;
     ws_probs[i] = static_cast<float>(probs[i]);

@@ -117,18 +117,19 @@ template <int kAct>
 void launch(const CUtensorMap& a_map, const CUtensorMap& w_map, const CUtensorMap& out_map,
             const CUtensorMap& h_map, const at::Tensor& offsets, int num_experts, int n_out,
             int k_dim, const float* row_prob, at::Tensor& out, __nv_bfloat16* h_out,
-            int64_t h_stride, int64_t timeout_ns) {
+            int64_t h_stride, int64_t timeout_ns, int64_t rank) {
   launch_persistent(grouped_gemm_kernel<kAct>, kSharedBytes, a_map, w_map, out_map, h_map,
                     offsets.data_ptr<int32_t>(), num_experts, n_out, k_dim, row_prob,
                     reinterpret_cast<__nv_bfloat16*>(out.data_ptr()), out.stride(0), h_out,
-                    h_stride, static_cast<uint64_t>(timeout_ns), timeout_report_device());
+                    h_stride, static_cast<uint64_t>(timeout_ns),
+                    timeout_report_device(kReportGroupedGemm, rank, timeout_ns));
 }
 
 }  // namespace
 
 void grouped_gemm(const at::Tensor& a, const at::Tensor& w, const at::Tensor& offsets,
                   const c10::optional<at::Tensor>& row_prob, int64_t activation, at::Tensor& out,
-                  const c10::optional<at::Tensor>& h_out, int64_t timeout_ns) {
+                  const c10::optional<at::Tensor>& h_out, int64_t timeout_ns, int64_t rank) {
   MOK_HOST_CHECK(a.is_cuda() && w.is_cuda() && offsets.is_cuda() && out.is_cuda(),
                  "grouped_gemm: all tensors must be on the GPU");
   MOK_HOST_CHECK(a.scalar_type() == at::kBFloat16 && w.scalar_type() == at::kBFloat16 &&
@@ -194,11 +195,11 @@ void grouped_gemm(const at::Tensor& a, const at::Tensor& w, const at::Tensor& of
             k = static_cast<int>(k_dim);
   if (activation == kPlain) {
     launch<kPlain>(a_map, w_map, out_map, h_map, offsets, e, n, k, prob, out, h_ptr, h_stride,
-                   timeout_ns);
+                   timeout_ns, rank);
   } else {
     MOK_DISPATCH_ACTIVATION(activation, KACT,
         launch<KACT>(a_map, w_map, out_map, h_map, offsets, e, n, k, prob, out, h_ptr,
-                     h_stride, timeout_ns));
+                     h_stride, timeout_ns, rank));
   }
 }
 

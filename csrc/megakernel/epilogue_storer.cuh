@@ -196,10 +196,11 @@ __device__ __forceinline__ void run_storer(StagingHandoff& hand, uint8_t* buf,
   constexpr bool kGated = sm90::gated_epilogue<kAct>();
   constexpr int kFc1Cols = sm90::tile_cols<kAct>();
   const int lane = threadIdx.x % 32;
-  // Between two handoffs its consumers may sit in several waits, each bounded by timeout_ns
-  // and reporting itself; the storer's one wait spans them, so it gets a multiple of the
-  // bound and a stuck consumer is reported by the consumer's wait, not by this one.
-  const uint64_t handoff_timeout_ns = 4 * tg.timeout_ns;
+  // Between two handoffs its consumers wait (tile queue, stages, staging slots), each wait
+  // bounded by timeout_ns and reporting itself; the storer's one wait spans them, so it gets
+  // twice the bound: a stuck consumer is reported by the consumer's wait, within the bound,
+  // and a stall is still reported within 2x the bound if it is the storer's own.
+  const uint64_t handoff_timeout_ns = 2 * tg.timeout_ns;
   int seq = 0;  // the consumer's tile index of the handoff (skip records are not tiles)
   for (int q = 0;; ) {
     const int slot = q % 2;

@@ -396,7 +396,8 @@ void moe_forward_megakernel(const at::Tensor& peer_bases, int64_t tokens_offset,
                             at::Tensor& act, const c10::optional<at::Tensor>& h_out,
                             at::Tensor& counters, int64_t comm_blocks, int64_t minibatch_rows,
                             int64_t ring_mblocks, int64_t ring_slots, int64_t timeout_ns,
-                            int64_t profile_skip, const c10::optional<at::Tensor>& trace) {
+                            int64_t rank, int64_t profile_skip,
+                            const c10::optional<at::Tensor>& trace) {
   const int64_t E = w1.size(0), H = rows.size(1), F = w2.size(2);
   const bool gated = is_gated(static_cast<int>(activation));
   const int64_t F1 = gated ? 2 * F : F;
@@ -479,7 +480,7 @@ void moe_forward_megakernel(const at::Tensor& peer_bases, int64_t tokens_offset,
   args.ring_slots = static_cast<int>(ring_slots);
   args.minibatch_rows = static_cast<int>(minibatch_rows);
   args.timeout_ns = static_cast<uint64_t>(timeout_ns);
-  args.report = timeout_report_device();
+  args.report = timeout_report_device(kReportForwardMegakernel, rank, timeout_ns);
   args.skip = static_cast<int>(profile_skip);
   args.trace = trace ? trace->data_ptr<int64_t>() : nullptr;
 

@@ -17,6 +17,10 @@
 // Stable, so the order is the one a sort of (position, flat) keys would give. The row arrays
 // hold `capacity` rows (kernel.schedule_capacity of the worst case); a routing that needs more
 // stops in the scan with a report naming the rows it needed (no row is ever dropped).
+// Every rank reads every published expert id here, so this is where a bad id is caught without
+// a host sync: count records each tile's first id outside [0, E) other than -1 (unused), and
+// the scan stops every rank with a report naming the source rank, token, slot and id - the
+// same report on each rank, as they all read the same routing.
 #include <ATen/cuda/CUDAContext.h>
 #include <torch/extension.h>
 
@@ -41,17 +45,27 @@ struct Routing {
   const int32_t* expert_position;  // [num_local] local expert -> position
 };
 
+constexpr int32_t kNoBadId = INT32_MAX;  // a tile's first bad flat slot, when it has none
+
+__device__ __forceinline__ bool is_bad_id(int32_t id, int num_experts) {
+  return id < -1 || id >= num_experts;
+}
+
 __global__ void schedule_count_kernel(const Routing r, int64_t n, int32_t* __restrict__ pos,
-                                      float* __restrict__ prob, int32_t* __restrict__ counts) {
+                                      float* __restrict__ prob, int32_t* __restrict__ counts,
+                                      int32_t* __restrict__ first_bad) {
   extern __shared__ int32_t hist[];  // [num_local]
   __shared__ int32_t tokens_of[kMaxRanks];
+  __shared__ int32_t tile_first_bad;
   for (int e = threadIdx.x; e < r.num_local; e += blockDim.x) hist[e] = 0;
+  if (threadIdx.x == 0) tile_first_bad = kNoBadId;
   if (threadIdx.x < r.world) {
     tokens_of[threadIdx.x] =
         *reinterpret_cast<const int32_t*>(r.peer_bases[threadIdx.x] + r.count_offset);
   }
   __syncthreads();
   const int64_t per_rank = r.max_tokens * r.topk;
+  const int num_experts = r.world * r.num_local;
   const int64_t tile0 = int64_t(blockIdx.x) * kScheduleTileSlots;
 #pragma unroll 4
   for (int step = 0; step < kSteps; ++step) {
@@ -65,6 +79,7 @@ __global__ void schedule_count_kernel(const Routing r, int64_t n, int32_t* __res
       const int32_t id =
           reinterpret_cast<const int32_t*>(r.peer_bases[src] + r.ids_offset)[local];
       const int e = id - r.expert_begin;
+      if (is_bad_id(id, num_experts)) atomicMin(&tile_first_bad, static_cast<int32_t>(flat));
       if (id >= 0 && e >= 0 && e < r.num_local) {
         p = r.expert_position[e];
         pr = reinterpret_cast<const float*>(r.peer_bases[src] + r.probs_offset)[local];
@@ -78,14 +93,44 @@ __global__ void schedule_count_kernel(const Routing r, int64_t n, int32_t* __res
   for (int e = threadIdx.x; e < r.num_local; e += blockDim.x) {
     counts[int64_t(blockIdx.x) * r.num_local + e] = hist[e];
   }
+  if (threadIdx.x == 0) first_bad[blockIdx.x] = tile_first_bad;
+}
+
+// The first bad id over all tiles (flat order, so every rank names the same one): report it
+// and stop. Ids are published as int32, int64 ones saturated (publish.cu), so an id beyond
+// int32 shows as INT32_MIN / INT32_MAX and is named as such.
+__device__ void stop_on_bad_id(const Routing& r, const int32_t* __restrict__ first_bad,
+                               int tiles, int rank) {
+  __shared__ int32_t first;
+  if (threadIdx.x == 0) first = kNoBadId;
+  __syncthreads();
+  int32_t mine = kNoBadId;
+  for (int t = threadIdx.x; t < tiles; t += blockDim.x) mine = min(mine, first_bad[t]);
+  if (mine != kNoBadId) atomicMin(&first, mine);
+  __syncthreads();
+  if (threadIdx.x != 0 || first == kNoBadId) return;
+  const int64_t per_rank = r.max_tokens * r.topk;
+  const int src = static_cast<int>(first / per_rank);
+  const int64_t local = first - src * per_rank;
+  const int32_t id = reinterpret_cast<const int32_t*>(r.peer_bases[src] + r.ids_offset)[local];
+  const char* beyond = id == INT32_MIN ? " (an int64 id below -2^31)"
+                       : id == INT32_MAX ? " (an int64 id of 2^31 - 1 or more)"
+                                         : "";
+  printf("mok_megatron: BAD EXPERT ID (seen by rank %d): source rank %d, token %lld, slot %d "
+         "has expert id %d%s, outside [0, %d); -1 marks an unused slot\n",
+         rank, src, (long long)(local / r.topk), static_cast<int>(local % r.topk), id, beyond,
+         r.world * r.num_local);
+  __trap();
 }
 
 // One block of kScheduleScanThreads: counts [tiles, E] -> first [tiles, E], each tile's first
 // row per position, and offsets [E + 1].
-__global__ void schedule_scan_kernel(const int32_t* __restrict__ counts, int tiles,
+__global__ void schedule_scan_kernel(const Routing r, const int32_t* __restrict__ counts,
+                                     const int32_t* __restrict__ first_bad, int tiles,
                                      int num_local, int64_t capacity, int rank,
                                      int32_t* __restrict__ first,
                                      int32_t* __restrict__ offsets) {
+  stop_on_bad_id(r, first_bad, tiles, rank);
   __shared__ int32_t carry;
   __shared__ int32_t warp_sums[kScheduleScanThreads / 32];
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
@@ -210,16 +255,19 @@ void build_schedule(const at::Tensor& peer_bases, int64_t ids_offset, int64_t pr
   at::Tensor prob = at::empty({n}, expert_position.options().dtype(at::kFloat));
   at::Tensor counts = at::empty({tiles, num_local}, i32);
   at::Tensor first = at::empty({tiles, num_local}, i32);
+  at::Tensor first_bad = at::empty({tiles}, i32);
   auto stream = at::cuda::getCurrentCUDAStream();
   const Routing r{peer_bases.data_ptr<int64_t>(), ids_offset, probs_offset, count_offset,
                   static_cast<int>(world), max_tokens, static_cast<int>(topk),
                   static_cast<int>(expert_begin), static_cast<int>(num_local),
                   expert_position.data_ptr<int32_t>()};
   schedule_count_kernel<<<tiles, kScheduleThreads, num_local * sizeof(int32_t), stream>>>(
-      r, n, pos.data_ptr<int32_t>(), prob.data_ptr<float>(), counts.data_ptr<int32_t>());
+      r, n, pos.data_ptr<int32_t>(), prob.data_ptr<float>(), counts.data_ptr<int32_t>(),
+      first_bad.data_ptr<int32_t>());
   MOK_LAUNCH_CHECK();
   schedule_scan_kernel<<<1, kScheduleScanThreads, 0, stream>>>(
-      counts.data_ptr<int32_t>(), static_cast<int>(tiles), static_cast<int>(num_local),
+      r, counts.data_ptr<int32_t>(), first_bad.data_ptr<int32_t>(), static_cast<int>(tiles),
+      static_cast<int>(num_local),
       capacity, static_cast<int>(expert_begin / num_local), first.data_ptr<int32_t>(),
       offsets.data_ptr<int32_t>());
   MOK_LAUNCH_CHECK();

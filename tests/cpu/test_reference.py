@@ -12,6 +12,7 @@ import pytest
 import torch
 from dist_utils import global_view
 
+from mok_megatron.functional import moe_experts
 from mok_megatron.reference import moe_reference
 from mok_megatron.routing import topk_from_routing_map
 from mok_megatron.testing import (
@@ -191,6 +192,17 @@ def _with(name, fn):
     return mutate
 
 
+def _per_expert_lists(ragged):
+    """w1 and w2 as per-expert lists; with `ragged`, expert 3's w1 one row short."""
+    def mutate(inputs):
+        inputs["w1"], inputs["w2"] = list(inputs["w1"]), list(inputs["w2"])
+        if ragged:
+            inputs["w1"][3] = inputs["w1"][3][:-1]
+        return inputs
+
+    return mutate
+
+
 def _set(index, value):
     def fn(t):
         t = t.clone()
@@ -217,14 +229,23 @@ def _set(index, value):
         (_with("w2", lambda t: t[:, :-1]), ValueError, r"w2 must be \[E_local, 32, F\]"),
         (_with("w2", lambda t: t[:3]), ValueError, "w1 has 4 experts but w2 has 3"),
         (_with("w1", lambda t: t.float()), ValueError, "w1 is torch.float32 on cpu but x is"),
+        (_with("ids", lambda t: t[:, 0]), ValueError, r"expert ids must be \[T, K\] with T=6"),
+        (_with("ids", lambda t: t[:, :0]), ValueError, "at least one slot per token"),
+        (_per_expert_lists(ragged=True), ValueError, r"w1\[3\] is \(31, 32\)"),
+        (_with("w1", list), ValueError, "w1 and w2 must both be stacked tensors or both"),
+        (_with("x", lambda t: t.numpy()), TypeError, "x must be a torch.Tensor"),
     ],
     ids=["id-too-large", "id-below-unused", "float-ids", "nan-probs", "probs-shape",
-         "int-probs", "x-3d", "ids-rows", "w1-shape", "w2-shape", "expert-count", "w1-dtype"],
+         "int-probs", "x-3d", "ids-rows", "w1-shape", "w2-shape", "expert-count", "w1-dtype",
+         "ids-1d", "no-slots", "w1-list-ragged", "w1-list-w2-stacked", "x-not-tensor"],
 )
 def test_invalid_inputs_raise_clear_errors(mutate, error, match):
     inputs = mutate(_valid_inputs())
     with pytest.raises(error, match=match):
         moe_reference(**inputs)
+    # The same message through the public API (reference backend on CPU).
+    with pytest.raises(error, match=match):
+        moe_experts(**mutate(_valid_inputs()))
 
 
 def test_unknown_activation():

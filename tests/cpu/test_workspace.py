@@ -59,3 +59,12 @@ def test_publish_inputs_refuses_host_tensors():
     with pytest.raises(ValueError, match="x must be a CUDA tensor"):
         ops.publish_inputs(x, ids, torch.zeros(4, 2), buffer, layout.offsets(),
                            torch.zeros(4, 2, dtype=torch.int32))
+
+
+def test_emulated_group_refuses_serialized_streams(monkeypatch):
+    """With CUDA_DEVICE_MAX_CONNECTIONS=1 every stream shares one hardware queue and the
+    emulated ranks' barriers would deadlock: refused before anything is allocated."""
+    monkeypatch.setenv("CUDA_DEVICE_MAX_CONNECTIONS", "1")
+    layout = WorkspaceLayout(max_tokens=8, topk=2, hidden=64)
+    with pytest.raises(RuntimeError, match="CUDA_DEVICE_MAX_CONNECTIONS=1 serializes them"):
+        Workspace.emulated_group(2, torch.device("cpu"), layout, 1000)

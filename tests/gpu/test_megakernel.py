@@ -82,7 +82,7 @@ def _small_launch(ring_mblocks: int, seed: int = 3, counts: list[int] | None = N
                                    prob, T, K, w1, w2, "swiglu", rows, act, h, counters,
                                    comm_blocks, timeout_ns, ring_mblocks=ring_mblocks, **kw)
         torch.cuda.synchronize()
-        assert ops.timeout_report() is None
+        assert ops.timeout_reports() == []
         return counters.cpu()
 
     return {"launch": launch, "slots": slots, "experts": E, "rows": n, "x": x, "ids": ids,
@@ -205,7 +205,7 @@ def test_stalled_megakernel_reports_where():
             "    p['launch'](comm_blocks=4, timeout_ns=200_000_000, first_ticket=1000)\n"
             "except Exception as e:\n"
             "    print('FAILED', type(e).__name__)\n"
-            "print('REPORT', ops.timeout_report())")
+            "print('REPORT', ops.timeout_reports())")
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                           timeout=120, cwd=Path(__file__).resolve().parents[2])
     assert "FAILED" in proc.stdout, proc.stdout + proc.stderr
