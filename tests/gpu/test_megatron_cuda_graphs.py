@@ -29,6 +29,7 @@ import socket
 import subprocess
 import sys
 import tempfile
+import traceback
 from pathlib import Path
 
 import pytest
@@ -379,12 +380,22 @@ def main() -> int:
                         help="run one case in this process (default: every case, each in a "
                              "fresh interpreter)")
     opts = parser.parse_args()
+    import torch
+
+    if not torch.cuda.is_available():
+        print("skipped: needs a CUDA GPU")
+        return 0
     if opts.case:
-        run_case(opts.case)
+        status = 0
+        try:
+            run_case(opts.case)
+        except BaseException:
+            traceback.print_exc()
+            status = 1
         # The verdict is printed; leave without interpreter and NCCL teardown (not under test).
         sys.stdout.flush()
         sys.stderr.flush()
-        os._exit(0)
+        os._exit(status)
     failed = []
     for name in CASES:
         proc = run_case_in_subprocess(name)
