@@ -34,6 +34,11 @@ class MokTokenDispatcher(MoETokenDispatcher):
         self.recipe = recipe
         self.hidden_shape = None
         self.routing_map = None
+        # Megatron's partial CUDA graphs ('moe_router' / 'moe_preprocess' scopes) replay
+        # dispatch_preprocess inside the router graph without running its Python: the tensors
+        # named here come back as graph outputs and are set on the dispatcher again before
+        # experts_compute. hidden_shape is no tensor, and graphed shapes never change.
+        self.cudagraph_attrs = ["routing_map"]
 
     def dispatch_preprocess(self, hidden_states, routing_map, probs):
         self.hidden_shape = hidden_states.shape

@@ -147,11 +147,7 @@ def _problems(config, recipe: Recipe) -> Iterator[str]:
             "padded expert inputs (--moe-expert-capacity-factor alone, which drops tokens, "
             f"works); remove the flag, {_ALTERNATIVE}"
         )
-    if config.cuda_graph_impl != "none":
-        yield (
-            f"cuda_graph_impl={config.cuda_graph_impl!r} (--cuda-graph-impl): CUDA graphs are not "
-            f"implemented with mok; use --cuda-graph-impl none, {_ALTERNATIVE}"
-        )
+    yield from _cuda_graph_problems(config, recipe)
     if config.transformer_impl == "inference_optimized":
         yield (
             "transformer_impl='inference_optimized' (--transformer-impl): mok is a training "
@@ -196,6 +192,91 @@ def _activation_problems(config) -> Iterator[str]:
             "--use-te-activation-func) computes tanh-approximated GELU, mok computes exact GELU; "
             "pass --no-bias-gelu-fusion and leave --use-te-activation-func off"
         )
+
+
+def _cuda_graph_problems(config, recipe: Recipe) -> Iterator[str]:
+    """Megatron's CUDA graphs with mok. mok's fused call is capturable (its schedule is built
+    on the GPU, no host sync) once its first call has run eagerly, since that call allocates
+    the symmetric workspace (a collective rendezvous). 'local' records the first training
+    iteration eagerly and captures after it; 'full_iteration' captures the iteration number
+    cuda_graph_warmup_steps."""
+    request = _cuda_graph_request(config)
+    if request is None:
+        return
+    impl, modules = request
+    if impl == "none":
+        return
+    if impl == "transformer_engine":
+        yield (
+            "cuda_graph_impl='transformer_engine' (--cuda-graph-impl, or --external-cuda-graph): "
+            "it captures through Transformer Engine's make_graphed_callables, which mok is not "
+            "tested with; use --cuda-graph-impl local (the whole layer, or the 'moe_router' "
+            "scope) or full_iteration"
+        )
+        return
+    if impl == "local" and "moe" in modules:
+        yield (
+            "cuda_graph_modules 'moe' (--cuda-graph-modules moe) with --cuda-graph-impl local: "
+            "Megatron captures a MoE layer under this scope only with drop-and-pad "
+            "(--moe-pad-expert-input-to-capacity), which mok does not implement; mok's fused call "
+            "needs no padding to be captured: leave --cuda-graph-modules empty (the whole layer, "
+            "MoE included), or use 'moe_router'"
+        )
+    if impl == "full_iteration" and config.cuda_graph_warmup_steps < 1:
+        yield (
+            f"cuda_graph_impl='full_iteration' with cuda_graph_warmup_steps="
+            f"{config.cuda_graph_warmup_steps} (--cuda-graph-warmup-steps): the first iteration "
+            "would be captured, but mok's first call allocates its symmetric workspace (a "
+            "collective rendezvous), which cannot run inside a capture; use "
+            "--cuda-graph-warmup-steps 1 or more"
+        )
+    # 'local' captures the whole layer, the MoE layer included, with no scope or with 'attn'
+    # (a TransformerLayer's manager wraps the layer's whole forward); with 'moe_router' /
+    # 'moe_preprocess' the fused call runs eagerly between the router and postprocess graphs.
+    if impl == "full_iteration" or not modules or "attn" in modules:
+        if recipe.backend == "reference":
+            yield (
+                f"cuda_graph_impl={impl!r} (--cuda-graph-impl) with backend 'reference' (recipe "
+                f"{recipe.name!r}): the reference backend exchanges tokens with host-known split "
+                "sizes, which a CUDA graph cannot capture; use backend cuda (or auto), or "
+                "--cuda-graph-impl none"
+            )
+        if recipe.kernel.check_inputs:
+            yield (
+                f"cuda_graph_impl={impl!r} (--cuda-graph-impl) with kernel.check_inputs: true "
+                f"(recipe {recipe.name!r}): the check reads the routing on the host before each "
+                "call, which a CUDA graph cannot capture; set check_inputs: false"
+            )
+
+
+def _cuda_graph_request(config) -> Optional[tuple[str, set[str]]]:
+    """(implementation, names of the cuda_graph_modules; empty: the whole layer) the config
+    asks for, whether or not Megatron's __post_init__ has normalized the spellings yet (the
+    deprecated enable_cuda_graph, external_cuda_graph, cuda_graph_scope and 'full_iteration'
+    scope). None for values Megatron itself refuses; its own checks then report them."""
+    from megatron.core.transformer import enums
+    from megatron.core.transformer.cuda_graph_config import normalize_cuda_graph_modules
+
+    impl = config.cuda_graph_impl
+    if impl == "none" and getattr(config, "enable_cuda_graph", False):
+        impl = "local"
+    if impl == "none" and getattr(config, "external_cuda_graph", False):
+        impl = "transformer_engine"
+    modules = getattr(config, "cuda_graph_scope", None)
+    if modules is None:
+        modules = config.cuda_graph_modules
+    old_scope = getattr(enums, "CudaGraphScope", ())
+    if isinstance(modules, list):
+        modules = [m.name if isinstance(m, old_scope) else m for m in modules]
+    elif isinstance(modules, old_scope):
+        modules = modules.name
+    try:
+        normalized, deprecated, _ = normalize_cuda_graph_modules(modules)
+    except (AssertionError, KeyError):
+        return None
+    if any(name == "full_iteration" for name, _, _ in deprecated):
+        impl = "full_iteration"
+    return impl, {m.name for m in normalized}
 
 
 def check_hybridep_available(config) -> None:

@@ -103,3 +103,63 @@ def checkpoint_round_trip(root: str) -> dict:
         "mok": layer_tensors(mok),
         "back": layer_tensors(back),
     }
+
+
+def _moe_router_stages(layer, x: torch.Tensor, replay: bool) -> torch.Tensor:
+    """The MLP half of a MoETransformerLayer the way Megatron's 'moe_router' CUDA graphs run
+    it: the router stage (pre-MLP norm, router, dispatch_preprocess), the experts eagerly,
+    then the postprocess stage. A replay runs the router stage's kernels but not its Python,
+    so the dispatcher keeps the attributes it had before; only what the stage returns (the
+    dispatcher's ``cudagraph_attrs`` among them) reaches the experts."""
+    dispatcher = layer.mlp.token_dispatcher
+    before = dict(vars(dispatcher))
+    residual, hidden, probs, shared, *attrs = layer._forward_mlp_router(x)
+    if replay:
+        vars(dispatcher).clear()
+        vars(dispatcher).update(before)
+    output, bias = layer._forward_mlp_expert_compute(hidden, probs, attrs)
+    return layer._forward_mlp_postprocess(residual, output, shared, bias)
+
+
+def moe_router_graph_stages() -> dict:
+    """A MoETransformerLayer (local spec, mok, reference backend) run through Megatron's own
+    partial-graph stage functions with replay semantics, against the same layer run eagerly:
+    output, input gradient and parameter gradients."""
+    from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_submodules
+    from megatron.core.transformer.spec_utils import ModuleSpec, build_module
+    from megatron.core.transformer.transformer_layer import MoETransformerLayer
+
+    from megatron_harness import NUM_EXPERTS, base_config
+
+    config = base_config("mok", dist.get_world_size(), hidden_dropout=0.0,
+                         attention_dropout=0.0, bias_dropout_fusion=False,
+                         moe_shared_expert_intermediate_size=8)
+    spec = ModuleSpec(module=MoETransformerLayer, submodules=get_gpt_layer_local_submodules(
+        num_experts=NUM_EXPERTS, moe_grouped_gemm=False))
+    torch.manual_seed(5)
+    staged = build_module(spec, config=config, layer_number=1)
+    eager = build_module(spec, config=config, layer_number=1)
+    eager.load_state_dict(staged.state_dict())
+    # What transition_cudagraph_scope('partial') sets; its graph managers need CUDA.
+    staged.use_partial_cudagraphs = True
+
+    generator = torch.Generator().manual_seed(7)
+    x_capture, x, dy = (torch.randn(*TOKENS, HIDDEN, generator=generator) for _ in range(3))
+    # Record, warm-up and capture run the stages' Python once before any replay.
+    _moe_router_stages(staged, x_capture, replay=False)
+    results = {}
+    for name, run in (("replayed", lambda t: _moe_router_stages(staged, t, replay=True)),
+                      ("eager", eager._forward_mlp)):
+        layer = staged if name == "replayed" else eager
+        layer.zero_grad(set_to_none=True)
+        inp = x.clone().requires_grad_(True)
+        out = run(inp)
+        out.backward(dy)
+        results[name] = {
+            "y": out.detach(),
+            "dx": inp.grad,
+            "grads": {n: p.grad.clone() for n, p in layer.named_parameters()
+                      if p.grad is not None},
+        }
+    results["cudagraph_attrs"] = list(staged.mlp.token_dispatcher.cudagraph_attrs)
+    return results
