@@ -23,13 +23,18 @@ from .inputs import Weights, check_call, check_routing_values
 from .reference import reference_forward
 
 
+# Expert precisions that both backends implement. The Megatron adapter refuses a recipe of any
+# other precision when Megatron builds its config; resolve_backend refuses it at the call.
+IMPLEMENTED_PRECISIONS: tuple[str, ...] = ("bf16",)
+
+
 def resolve_backend(recipe: Recipe, device: torch.device) -> str:
     backend = recipe.backend
     if backend == "auto":
         backend = "cuda" if device.type == "cuda" else "reference"
     if backend == "cuda" and device.type != "cuda":
         raise ValueError(f"backend 'cuda' needs CUDA tensors, got tensors on {device}")
-    if recipe.precision != "bf16":
+    if recipe.precision not in IMPLEMENTED_PRECISIONS:
         raise ValueError(
             f"precision {recipe.precision!r} (recipe {recipe.name!r}) is not implemented by the "
             f"{backend} backend yet; use the bf16 recipe"

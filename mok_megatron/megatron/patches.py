@@ -4,7 +4,8 @@ Three patches, one per Megatron module, each idempotent (a marker on the patched
 each changing behaviour only for configs that select ``mok``:
   - ``patch_transformer_config``: add ``mok`` to the ``Literal`` type of
     ``TransformerConfig.moe_token_dispatcher_type`` (Megatron's argparse takes its choices from
-    it), and check a config against the support matrix before Megatron's own checks;
+    it), and check a config against the support matrix as Megatron's ``__post_init__`` ends
+    (or as it fails);
   - ``patch_moe_layer``: ``MoELayer`` builds a ``MokTokenDispatcher`` and runs its routed experts
     through it. MoELayer is extended rather than subclassed because Megatron tests its exact
     class in places;
@@ -52,10 +53,25 @@ def patch_transformer_config() -> None:
     def __post_init__(self):
         from .recipe import active_recipe
 
-        if uses_mok(self) and self.num_moe_experts is not None:
-            check_config(self, active_recipe())
         check_hybridep_available(self)
-        post_init(self)
+        if not uses_mok(self) or self.num_moe_experts is None:
+            post_init(self)
+            return
+        recipe = active_recipe()
+        # The support matrix is checked on the config Megatron's __post_init__ leaves: it turns
+        # deprecated spellings into the settings checked here (enable_cuda_graph into
+        # cuda_graph_impl, moe_router_padding_for_fp8 into moe_router_padding_for_quantization).
+        # Megatron also refuses some settings itself, with messages written for its own
+        # dispatchers ("moe_shared_expert_overlap only works with alltoall or flex"): where it
+        # raises, the config as far as it got is checked, and the matrix's error, which says
+        # what to do with mok, is raised from Megatron's. Each check reads its setting right
+        # whether Megatron has normalized it yet or not.
+        try:
+            post_init(self)
+        except Exception as megatron_error:
+            check_config(self, recipe, cause=megatron_error)
+            raise
+        check_config(self, recipe)
 
     TransformerConfig.__post_init__ = _mark(__post_init__)
 

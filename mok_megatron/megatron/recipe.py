@@ -1,8 +1,13 @@
 """Which recipe (precision, backend, kernel knobs) the ``mok`` MoE layers use.
 
-In order: Megatron's ``--mok-recipe NAME_OR_PATH`` (added to Megatron's parser by
-``register()``), else the environment variable ``MOK_RECIPE``, else ``Recipe()`` (bf16, backend
-``auto``). A name resolves under the repository's ``configs/recipes/``; a path is read as is.
+The first of these that is set wins:
+  1. ``set_recipe(NAME_OR_PATH)``, from Python (``bridge.use_mok`` calls it): the program's own
+     choice, which a Megatron-Bridge run has no other way to make;
+  2. Megatron's ``--mok-recipe NAME_OR_PATH`` (added to Megatron's parser by ``register()``);
+  3. the environment variable ``MOK_RECIPE``;
+  4. ``Recipe()``: bf16, backend ``auto``.
+A name resolves under the repository's ``configs/recipes/``; a path is read as is. The choice
+holds for the whole process: every MoE layer and every config check reads it.
 """
 
 from __future__ import annotations
@@ -17,6 +22,18 @@ from ..config import Recipe, load_recipe
 RECIPE_FLAG = "--mok-recipe"
 RECIPE_ENV = "MOK_RECIPE"
 
+_selected: Optional[str] = None
+
+
+def set_recipe(source: Optional[str]) -> None:
+    """Select the recipe for this process, ahead of ``--mok-recipe`` and ``MOK_RECIPE``: a name
+    or a YAML path, loaded (and so checked) now. ``None`` clears the selection. Select it
+    before configs are built: each config is checked against the recipe active then."""
+    global _selected
+    # The loaded recipe's name, which is the absolute path for a file outside configs/: a
+    # relative path keeps meaning the same file if the working directory changes.
+    _selected = None if source is None else _load(source).name
+
 
 def recipe_source() -> Optional[str]:
     """The recipe name or path this run asks for, or None for the default recipe."""
@@ -24,7 +41,8 @@ def recipe_source() -> Optional[str]:
     # a program that builds MoE layers from megatron.core alone never imports this module.
     global_vars = sys.modules.get("megatron.training.global_vars")
     args = getattr(global_vars, "_GLOBAL_ARGS", None)
-    return getattr(args, "mok_recipe", None) or os.environ.get(RECIPE_ENV) or None
+    return (_selected or getattr(args, "mok_recipe", None) or os.environ.get(RECIPE_ENV)
+            or None)
 
 
 def active_recipe() -> Recipe:

@@ -19,6 +19,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 
 from ..config import Recipe
+from ..functional import IMPLEMENTED_PRECISIONS
 
 MOK = "mok"
 _ALTERNATIVE = "or use --moe-token-dispatcher-type alltoall (or flex)"
@@ -65,12 +66,30 @@ def activation_name(config) -> str:
     return name
 
 
-def check_config(config, recipe: Recipe) -> None:
-    """Raise ``MokConfigError`` listing every unsupported setting of a ``mok`` config."""
+# Megatron's deprecated spellings that its __post_init__ turns into a setting checked here
+# (0.18 and 0.19 alike): a refusal names the setting, the note names what the user wrote.
+_DEPRECATED_SPELLINGS = {
+    "enable_cuda_graph": "cuda_graph_impl",
+    "external_cuda_graph": "cuda_graph_impl",
+    "moe_router_padding_for_fp8": "moe_router_padding_for_quantization",
+}
+
+
+def check_config(config, recipe: Recipe, cause: Optional[BaseException] = None) -> None:
+    """Raise ``MokConfigError`` listing every unsupported setting of a ``mok`` config (raised
+    from ``cause``, where Megatron's own check refused the config first)."""
     problems = list(_problems(config, recipe))
-    if problems:
-        lines = "\n".join(f"  - {p}" for p in problems)
-        raise MokConfigError(f"--moe-token-dispatcher-type mok cannot run this config:\n{lines}")
+    if not problems:
+        return
+    lines = [f"  - {p}" for p in problems]
+    lines += [
+        f"  note: {old}=True, which this config sets, is Megatron's deprecated spelling of {new}"
+        for old, new in _DEPRECATED_SPELLINGS.items()
+        if getattr(config, old, False) and any(new in p for p in problems)
+    ]
+    raise MokConfigError(
+        "--moe-token-dispatcher-type mok cannot run this config:\n" + "\n".join(lines)
+    ) from cause
 
 
 def _problems(config, recipe: Recipe) -> Iterator[str]:
@@ -132,15 +151,22 @@ def _problems(config, recipe: Recipe) -> Iterator[str]:
             "moe_single_grouped_weight (--moe-single-grouped-weight) is not implemented by mok; "
             f"remove the flag, {_ALTERNATIVE}"
         )
-    # The routed experts' precision comes from the mok recipe, Megatron's fp8 flags reach the
-    # rest of the model: they must agree, or switching from alltoall would change the experts.
-    if config.fp8 and recipe.precision != "mxfp8":
-        yield (
-            f"fp8={config.fp8!r} (--fp8-format) with the {recipe.name!r} mok recipe would run the "
-            f"routed experts in {recipe.precision}; pass --mok-recipe mxfp8, or drop --fp8-format"
-        )
+    yield from _precision_problems(config, recipe)
     if config.fp4:
         yield f"fp4 (--fp4-format) is not implemented by mok; {_ALTERNATIVE}"
+    # Flex HybridEP / NCCL-EP settings (a per-rank token budget, paged stashing of the expert
+    # activations); mok runs neither the flex dispatcher nor the experts' own forward.
+    flex_only = {
+        "moe_expert_rank_capacity_factor": "--moe-expert-rank-capacity-factor",
+        "moe_paged_stash": "--moe-paged-stash",
+    }
+    for name, flag in flex_only.items():
+        if getattr(config, name, None) not in (None, False):
+            yield (
+                f"{name} ({flag}) belongs to the flex dispatcher's HybridEP / NCCL-EP backends "
+                f"and is not implemented by mok; remove {flag}, or use "
+                f"--moe-token-dispatcher-type flex"
+            )
     if config.moe_pad_expert_input_to_capacity:
         yield (
             "moe_pad_expert_input_to_capacity (--moe-pad-expert-input-to-capacity): mok needs no "
@@ -163,6 +189,32 @@ def _problems(config, recipe: Recipe) -> Iterator[str]:
         yield (
             f"offload_modules {sorted(offloaded)} (--offload-modules): these expert activations "
             "live inside mok's fused call; offload other modules only"
+        )
+
+
+def _precision_problems(config, recipe: Recipe) -> Iterator[str]:
+    if recipe.precision not in IMPLEMENTED_PRECISIONS:
+        yield (
+            f"the {recipe.name!r} mok recipe has precision {recipe.precision}, which no mok "
+            f"backend implements yet (implemented: {', '.join(IMPLEMENTED_PRECISIONS)}); select "
+            f"the bf16 recipe (--mok-recipe bf16, MOK_RECIPE=bf16 or use_mok(..., recipe='bf16'))"
+        )
+    if config.fp16 or config.params_dtype == torch.float16:
+        yield (
+            "fp16 (--fp16, or params_dtype=float16): no mok backend computes in fp16 (the kernels "
+            f"run bf16); train in bf16 with --bf16, {_ALTERNATIVE}"
+        )
+    # The routed experts' precision comes from the mok recipe, Megatron's fp8 flags reach the
+    # rest of the model: they must agree, or switching from alltoall would change the experts.
+    if config.fp8 and recipe.precision != "mxfp8":
+        if "mxfp8" in IMPLEMENTED_PRECISIONS:
+            way_out = "pass --mok-recipe mxfp8, or drop --fp8-format"
+        else:
+            way_out = ("drop --fp8-format (mok's mxfp8 recipe is not implemented yet), "
+                       + _ALTERNATIVE)
+        yield (
+            f"fp8={config.fp8!r} (--fp8-format) with the {recipe.name!r} mok recipe would run the "
+            f"routed experts in {recipe.precision}; {way_out}"
         )
 
 

@@ -8,7 +8,7 @@ import os
 import torch
 import torch.distributed as dist
 
-from megatron_harness import CASES, HIDDEN, TOKENS, build_moe_layer, layer_tensors
+from megatron_harness import CASES, HIDDEN, NUM_EXPERTS, TOKENS, build_moe_layer, layer_tensors
 
 PREFIX = "decoder.layers.0.mlp."
 
@@ -162,4 +162,34 @@ def moe_router_graph_stages() -> dict:
                       if p.grad is not None},
         }
     results["cudagraph_attrs"] = list(staged.mlp.token_dispatcher.cudagraph_attrs)
+
+
+def selected_through_use_mok(kinds: list[str], recipe: str) -> dict:
+    """For each kind of config (bridge_configs.KINDS): one that becomes mok through
+    ``use_mok(config, recipe)`` and is finalized as Bridge does, the MoE layer Megatron builds
+    from it, and its output against an alltoall layer with the same weights."""
+    from megatron.core.models.gpt.moe_module_specs import get_moe_module_spec
+
+    from bridge_configs import finalize, moe_config
+    from mok_megatron.megatron.bridge import use_mok
+    from mok_megatron.megatron.recipe import active_recipe
+
+    spec = get_moe_module_spec(use_te=False, num_experts=NUM_EXPERTS, moe_grouped_gemm=False)
+    ep = dist.get_world_size()
+    results = {}
+    for kind in kinds:
+        config = moe_config(kind, expert_model_parallel_size=ep)
+        use_mok(config, recipe=recipe)
+        finalize(config)
+        mok = spec(config=config)
+        alltoall = spec(config=moe_config("core", expert_model_parallel_size=ep))
+        alltoall.load_state_dict(mok.state_dict())
+        x = torch.randn(*TOKENS, HIDDEN, generator=torch.Generator().manual_seed(dist.get_rank()))
+        results[kind] = {
+            "dispatcher": type(mok.token_dispatcher).__name__,
+            "layer_recipe": mok.token_dispatcher.recipe.name,
+            "active_recipe": active_recipe().name,
+            "mok": mok(x)[0].detach(),
+            "alltoall": alltoall(x)[0].detach(),
+        }
     return results

@@ -1,6 +1,7 @@
 """Megatron's argument parser accepts ``mok`` once registered; a ``mok`` TransformerConfig with an
 unsupported setting is refused when it is built, by an error naming the setting and what to do
-instead; the recipe comes from --mok-recipe, else MOK_RECIPE."""
+instead, also where the setting is spelled the deprecated way Megatron's __post_init__ converts;
+the recipe comes from set_recipe(), else --mok-recipe, else MOK_RECIPE."""
 
 from __future__ import annotations
 
@@ -19,7 +20,7 @@ from megatron.core.transformer.transformer_config import TransformerConfig  # no
 
 from mok_megatron.config import ConfigError  # noqa: E402
 from mok_megatron.megatron import register  # noqa: E402
-from mok_megatron.megatron.recipe import active_recipe  # noqa: E402
+from mok_megatron.megatron.recipe import active_recipe, set_recipe  # noqa: E402
 from mok_megatron.megatron.validation import MokConfigError, uses_mok  # noqa: E402
 
 VALID = dict(
@@ -44,6 +45,8 @@ def registered():
 def no_recipe_env(monkeypatch):
     monkeypatch.delenv("MOK_RECIPE", raising=False)
     monkeypatch.delenv("LOCAL_WORLD_SIZE", raising=False)
+    yield
+    set_recipe(None)
 
 
 def parse(monkeypatch, *argv):
@@ -119,10 +122,30 @@ REFUSED = {
         ["geglu", "--no-bias-gelu-fusion"]),
     "latent": (dict(moe_latent_size=8), ["--moe-latent-size", "alltoall"]),
     "fp8_with_bf16_recipe": (
-        dict(fp8="e4m3", bf16=True), ["--fp8-format", "--mok-recipe mxfp8"]),
+        dict(fp8="e4m3", bf16=True), ["--fp8-format", "drop --fp8-format", "not implemented yet"]),
+    "fp16": (
+        dict(fp16=True, params_dtype=torch.float16), ["fp16 (--fp16", "--bf16", "alltoall"]),
+    "fp16_params_only": (dict(params_dtype=torch.float16), ["params_dtype=float16", "--bf16"]),
     "pad_to_capacity": (
         dict(moe_expert_capacity_factor=1.0, moe_pad_expert_input_to_capacity=True),
         ["--moe-pad-expert-input-to-capacity", "remove the flag"]),
+    "rank_capacity": (
+        dict(moe_expert_rank_capacity_factor=1.5, moe_flex_dispatcher_backend="hybridep"),
+        ["moe_expert_rank_capacity_factor", "remove --moe-expert-rank-capacity-factor"]),
+    "paged_stash": (
+        dict(moe_paged_stash=True, moe_expert_rank_capacity_factor=1.5,
+             moe_flex_dispatcher_backend="hybridep", use_transformer_engine_op_fuser=True),
+        ["moe_paged_stash", "remove --moe-paged-stash"]),
+    # Deprecated spellings, which Megatron's __post_init__ turns into the settings above.
+    "external_cuda_graph": (
+        dict(external_cuda_graph=True),
+        ["cuda_graph_impl='transformer_engine'", "deprecated spelling of cuda_graph_impl"]),
+    # Megatron converts it, then refuses it without fp8 ("fp8/fp4 must be specified ..."):
+    # the matrix's reason is raised instead.
+    "router_padding_for_fp8": (
+        dict(moe_router_padding_for_fp8=True),
+        ["moe_router_padding_for_quantization", "is not needed", "remove the flag",
+         "deprecated spelling of moe_router_padding_for_quantization"]),
     "activation_recompute": (
         dict(recompute_granularity="selective", recompute_modules=["moe_act"]),
         ["'moe_act'", "'moe'"]),
@@ -148,6 +171,44 @@ def test_all_problems_are_reported_together():
                              "cuda_graph_impl": "transformer_engine"})
     assert "--disable-bias-linear" in str(error.value)
     assert "--cuda-graph-impl local" in str(error.value)
+
+
+def test_deprecated_spellings_are_reported_with_the_other_problems():
+    with pytest.raises(MokConfigError) as error:
+        TransformerConfig(**VALID, fp16=True, external_cuda_graph=True)
+    assert "fp16 (--fp16" in str(error.value)
+    assert "cuda_graph_impl='transformer_engine'" in str(error.value)
+
+
+def test_megatrons_own_refusal_is_the_cause_of_ours():
+    # Megatron refuses shared-expert overlap for any dispatcher but alltoall and flex, with a
+    # message that does not say what to do with mok.
+    with pytest.raises(MokConfigError) as error:
+        TransformerConfig(**VALID, moe_shared_expert_intermediate_size=8,
+                          moe_shared_expert_overlap=True)
+    assert "remove --moe-shared-expert-overlap" in str(error.value)
+    assert isinstance(error.value.__cause__, ValueError)
+    assert "only works with alltoall or flex" in str(error.value.__cause__)
+
+
+def test_megatrons_refusal_stands_where_mok_has_none():
+    with pytest.raises(ValueError, match="num_attention_heads") as error:
+        TransformerConfig(**{**VALID, "num_attention_heads": 3, "tensor_model_parallel_size": 2,
+                             "expert_tensor_parallel_size": 1, "sequence_parallel": True})
+    assert not isinstance(error.value, MokConfigError)
+
+
+def test_mxfp8_recipe_is_refused_until_a_backend_implements_it(monkeypatch):
+    from megatron.training import global_vars
+
+    from mok_megatron.functional import IMPLEMENTED_PRECISIONS
+
+    monkeypatch.setattr(global_vars, "_GLOBAL_ARGS", argparse.Namespace(mok_recipe="mxfp8"))
+    assert "mxfp8" not in IMPLEMENTED_PRECISIONS  # when MXFP8 lands, this test goes
+    with pytest.raises(MokConfigError) as error:
+        TransformerConfig(**VALID, bf16=True)
+    for word in ["'mxfp8' mok recipe", "no mok backend implements yet", "--mok-recipe bf16"]:
+        assert word in str(error.value), f"{word!r} not in: {error.value}"
 
 
 def test_ep_group_larger_than_a_node_is_refused(monkeypatch, tmp_path):
@@ -190,6 +251,30 @@ def test_recipe_from_environment_then_flag(monkeypatch, tmp_path):
     flagged = recipe_file(flag_path, backend="cuda")
     monkeypatch.setattr(global_vars, "_GLOBAL_ARGS", argparse.Namespace(mok_recipe=flagged))
     assert active_recipe().backend == "cuda"  # --mok-recipe wins over MOK_RECIPE
+
+
+def test_set_recipe_wins_over_flag_and_environment(monkeypatch, tmp_path):
+    from megatron.training import global_vars
+
+    monkeypatch.setenv("MOK_RECIPE", recipe_file(tmp_path, backend="reference"))
+    flag_path = tmp_path / "flag"
+    flag_path.mkdir()
+    flagged = recipe_file(flag_path, backend="cuda")
+    monkeypatch.setattr(global_vars, "_GLOBAL_ARGS", argparse.Namespace(mok_recipe=flagged))
+    chosen_path = tmp_path / "chosen"
+    chosen_path.mkdir()
+    chosen = recipe_file(chosen_path, backend="auto", precision="bf16")
+    set_recipe(chosen)
+    assert active_recipe().name == chosen
+    set_recipe(None)
+    assert active_recipe().backend == "cuda"  # back to --mok-recipe
+
+
+def test_set_recipe_checks_the_recipe_now():
+    set_recipe("bf16")
+    with pytest.raises(ConfigError, match="no_such_recipe"):
+        set_recipe("no_such_recipe")
+    assert active_recipe().name == "bf16"  # the selection is unchanged
 
 
 def test_unknown_recipe_fails_when_the_config_is_built(monkeypatch):

@@ -1,0 +1,81 @@
+"""MoE configs built the three ways ``use_mok`` meets them, with the shapes of megatron_harness:
+
+  - ``core``: megatron-core's ``TransformerConfig``, whose ``__post_init__`` runs as it is built;
+  - ``deferred``: a ``TransformerConfig`` subclass built the way Megatron-Bridge builds its
+    model providers: construction skips ``__post_init__``, ``finalize()`` runs it (Bridge's
+    ``models/transformer_config.py`` does this; the stand-in tests that path without Bridge);
+  - ``bridge``: Megatron-Bridge's own ``GPTModelProvider``, where megatron-bridge is importable.
+
+Each starts as an ``alltoall`` config, as a Bridge recipe would hand it over.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib.util
+import sys
+from typing import Optional
+
+import torch.nn.functional as F
+from megatron.core.transformer.transformer_config import TransformerConfig
+
+from megatron_harness import FFN, HIDDEN, NUM_EXPERTS, TOPK
+
+KINDS = ("core", "deferred", "bridge")
+BRIDGE_INSTALL = "pip install --no-deps megatron-bridge==0.6.2 omegaconf"
+
+
+@dataclasses.dataclass
+class DeferredConfig(TransformerConfig):
+    def __post_init__(self) -> None:
+        pass
+
+    def finalize(self) -> None:
+        TransformerConfig.__post_init__(self)
+
+
+def bridge_gpt_provider() -> Optional[type]:
+    """Megatron-Bridge's ``GPTModelProvider``, or None where megatron-bridge is not installed.
+    Bridge's package ``__init__`` files import every model bridge, and through them HF
+    transformers and Transformer Engine (which has no CPU build); the provider's own module
+    needs neither, so those two packages are made as modules without running their
+    ``__init__``."""
+    if importlib.util.find_spec("megatron.bridge") is None:
+        return None
+    for name in ("megatron.bridge", "megatron.bridge.models"):
+        if name not in sys.modules:
+            sys.modules[name] = importlib.util.module_from_spec(importlib.util.find_spec(name))
+    from megatron.bridge.models.gpt_provider import GPTModelProvider
+
+    return GPTModelProvider
+
+
+def moe_config(kind: str, **overrides):
+    values = dict(
+        num_layers=1,
+        hidden_size=HIDDEN,
+        num_attention_heads=2,
+        num_moe_experts=NUM_EXPERTS,
+        moe_router_topk=TOPK,
+        moe_ffn_hidden_size=FFN,
+        moe_token_dispatcher_type="alltoall",
+        gated_linear_unit=True,
+        activation_func=F.silu,
+        add_bias_linear=False,
+        use_cpu_initialization=True,
+    )
+    values.update(overrides)
+    if kind == "core":
+        return TransformerConfig(**values)
+    if kind == "deferred":
+        return DeferredConfig(**values)
+    provider = bridge_gpt_provider()
+    if provider is None:
+        raise RuntimeError(f"megatron-bridge is not installed ({BRIDGE_INSTALL})")
+    return provider(vocab_size=128, **values)
+
+
+def finalize(config) -> None:
+    """What Bridge's ConfigContainer.validate() does to the model config; nothing for ``core``."""
+    if callable(getattr(config, "finalize", None)):
+        config.finalize()
