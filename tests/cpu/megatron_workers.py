@@ -162,6 +162,7 @@ def moe_router_graph_stages() -> dict:
                       if p.grad is not None},
         }
     results["cudagraph_attrs"] = list(staged.mlp.token_dispatcher.cudagraph_attrs)
+    return results
 
 
 def selected_through_use_mok(kinds: list[str], recipe: str) -> dict:
