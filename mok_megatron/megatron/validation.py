@@ -263,7 +263,7 @@ def _cuda_graph_problems(config, recipe: Recipe) -> Iterator[str]:
             "cuda_graph_impl='transformer_engine' (--cuda-graph-impl, or --external-cuda-graph): "
             "it captures through Transformer Engine's make_graphed_callables, which mok is not "
             "tested with; use --cuda-graph-impl local (the whole layer, or the 'moe_router' "
-            "scope) or full_iteration"
+            "scope)"
         )
         return
     if impl == "local" and "moe" in modules:
@@ -273,6 +273,16 @@ def _cuda_graph_problems(config, recipe: Recipe) -> Iterator[str]:
             "(--moe-pad-expert-input-to-capacity), which mok does not implement; mok's fused call "
             "needs no padding to be captured: leave --cuda-graph-modules empty (the whole layer, "
             "MoE included), or use 'moe_router'"
+        )
+    if impl == "full_iteration" and not hasattr(torch.autograd.graph,
+                                                "set_override_stale_capture_stream"):
+        yield (
+            f"cuda_graph_impl='full_iteration' (--cuda-graph-impl) needs "
+            f"torch.autograd.graph.set_override_stale_capture_stream (pytorch/pytorch#180090), "
+            f"which torch {torch.__version__} lacks: without it the capture fails (seen on an "
+            "H200 with mok: the parameters' AccumulateGrad nodes keep the stream of the eager "
+            "warm-up, 'operation would make the legacy stream depend on a capturing blocking "
+            "stream'); use --cuda-graph-impl local (the whole layer)"
         )
     if impl == "full_iteration" and config.cuda_graph_warmup_steps < 1:
         yield (

@@ -42,14 +42,21 @@ ACCEPTED = {
         dict(cuda_graph_impl="local", cuda_graph_modules="attn,moe_router"), None),
     "local_deprecated_flag": (dict(enable_cuda_graph=True), None),
     "local_deprecated_scope": (dict(cuda_graph_impl="local", cuda_graph_scope=["attn"]), None),
-    "full_iteration": (dict(cuda_graph_impl="full_iteration", cuda_graph_warmup_steps=1), None),
-    "full_iteration_deprecated_scope": (dict(cuda_graph_modules="full_iteration"), None),
     "local_whole_layer_cuda_backend": (dict(cuda_graph_impl="local"), dict(backend="cuda")),
     # The fused call runs eagerly between the router and postprocess graphs.
     "local_moe_router_reference_backend": (
         dict(cuda_graph_impl="local", cuda_graph_modules=["moe_router"]),
         dict(backend="reference")),
 }
+
+# Megatron's full-iteration capture needs a PyTorch with this (pytorch/pytorch#180090).
+FULL_ITERATION_CAPTURABLE = hasattr(torch.autograd.graph, "set_override_stale_capture_stream")
+FULL_ITERATION = {
+    "full_iteration": (dict(cuda_graph_impl="full_iteration", cuda_graph_warmup_steps=1), None),
+    "full_iteration_deprecated_scope": (dict(cuda_graph_modules="full_iteration"), None),
+}
+if FULL_ITERATION_CAPTURABLE:
+    ACCEPTED.update(FULL_ITERATION)
 
 DROP_AND_PAD = dict(moe_expert_capacity_factor=1.0, moe_pad_expert_input_to_capacity=True)
 
@@ -89,6 +96,10 @@ REFUSED = {
         dict(cuda_graph_impl="local"), dict(backend="cuda", kernel="{check_inputs: true}"),
         ["kernel.check_inputs: true", "set check_inputs: false"]),
 }
+if not FULL_ITERATION_CAPTURABLE:
+    REFUSED.update({name: (overrides, recipe, ["set_override_stale_capture_stream",
+                                               "--cuda-graph-impl local"])
+                    for name, (overrides, recipe) in FULL_ITERATION.items()})
 
 
 @pytest.fixture(scope="module", autouse=True)

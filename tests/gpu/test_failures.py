@@ -69,11 +69,11 @@ def test_emulated_groups_run_with_device_max_connections_1():
     suite's conftest removes it before any CUDA context exists, so an emulated EP test that
     would deadlock in its first barrier passes."""
     env = {**os.environ, "CUDA_DEVICE_MAX_CONNECTIONS": "1"}
-    proc, _ = _run("-m", "pytest", "-q", "-p", "no:cacheprovider",
+    proc, _ = _run("-m", "pytest", "-p", "no:cacheprovider",
                    "tests/gpu/test_emulated_ep.py::test_matches_reference_and_is_deterministic"
                    "[2-uniform-separate]", "tests/gpu/test_emulated_ep.py::"
                    "test_matches_reference_and_is_deterministic[2-uniform-megakernel]",
                    env=env, timeout=400)
     out = proc.stdout + proc.stderr
     assert proc.returncode == 0 and "2 passed" in proc.stdout, out
-    assert "CUDA_DEVICE_MAX_CONNECTIONS=1 removed" in proc.stdout, out
+    assert "CUDA_DEVICE_MAX_CONNECTIONS=1 removed" in proc.stdout, out  # pytest's header

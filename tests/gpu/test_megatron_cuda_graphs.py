@@ -33,6 +33,7 @@ import traceback
 from pathlib import Path
 
 import pytest
+import torch
 
 pytest.importorskip("megatron.core")
 
@@ -273,7 +274,9 @@ def _check_graph_state(case: dict, model, iteration: int, counts: dict) -> str:
         assert got == expected, f"iteration {iteration}: expected {expected}, got {got}"
         return f"full-iteration graph {'replayed' if replaying else 'not yet captured'}, {got}"
 
-    managers = [m for m in model.modules() if isinstance(m, cuda_graphs.CudaGraphManager)]
+    # The decoder layers' managers (with 'local' the GPT model holds one more, for MTP, idle here).
+    managers = [m for name, m in model.named_modules()
+                if isinstance(m, cuda_graphs.CudaGraphManager) and ".layers." in name]
     partial = case["layer"] == "MoETransformerLayer"
     per_layer = 2 if partial else 1  # router + postprocess graphs, or the whole layer
     assert len(managers) == per_layer * NUM_LAYERS, f"{len(managers)} CudaGraphManagers"
@@ -365,7 +368,17 @@ def run_case_in_subprocess(name: str) -> subprocess.CompletedProcess:
                           text=True, timeout=900, env=env, cwd=REPO)
 
 
-@pytest.mark.parametrize("case", list(CASES))
+# Refused by the support matrix where PyTorch lacks what its capture needs (the CPU tests check
+# that refusal; tests/cpu/test_megatron_cuda_graphs.py).
+FULL_ITERATION_CAPTURABLE = hasattr(torch.autograd.graph, "set_override_stale_capture_stream")
+
+
+@pytest.mark.parametrize("case", [
+    pytest.param(name, marks=pytest.mark.skipif(
+        name == "full_iteration" and not FULL_ITERATION_CAPTURABLE,
+        reason="full_iteration needs torch.autograd.graph.set_override_stale_capture_stream; "
+               "mok refuses it on this PyTorch"))
+    for name in CASES])
 def test_graph_replay_is_bit_identical_to_eager(case):
     proc = run_case_in_subprocess(case)
     print(proc.stdout)
