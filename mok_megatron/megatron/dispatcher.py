@@ -6,7 +6,8 @@ its aux / z losses, the shared expert and every module's parameters stay Megatro
 dispatcher keeps the routing in ``dispatch_preprocess``, passes tokens through ``token_dispatch``
 and ``token_combine`` unchanged, and ``experts_compute`` (called in place of the experts module,
 see ``patches.py``) runs dispatch -> experts -> combine as one ``functional.moe_experts`` call on
-the experts module's own Parameters, so gradients land in Megatron's parameters unchanged.
+the experts module's own Parameters, so gradients land in Megatron's parameters unchanged. The
+experts module's hooks are honoured (or refused) in ``expert_hooks.py`` before the call.
 """
 
 from __future__ import annotations
@@ -19,7 +20,11 @@ from megatron.core.transformer.moe.token_dispatcher import MoETokenDispatcher
 from ..config import Recipe
 from ..functional import moe_experts
 from ..routing import topk_from_routing_map
-from .validation import activation_name
+from .expert_hooks import prepare_experts_for_fused_call
+from .validation import MokConfigError, activation_name
+
+# How the routed experts' modules are named in errors (their path under the MoE layer).
+_EXPERTS = "mlp.experts"
 
 
 class MokTokenDispatcher(MoETokenDispatcher):
@@ -39,6 +44,10 @@ class MokTokenDispatcher(MoETokenDispatcher):
         # named here come back as graph outputs and are set on the dispatcher again before
         # experts_compute. hidden_shape is no tensor, and graphed shapes never change.
         self.cudagraph_attrs = ["routing_map"]
+        # The experts' (name, module) pairs, taken (and checked) at the first forward, once
+        # PEFT, which wraps modules after the model is built, has run. Their hooks are read
+        # on every call: DDP adds and removes its pre-hooks between steps.
+        self.expert_modules = None
 
     def dispatch_preprocess(self, hidden_states, routing_map, probs):
         self.hidden_shape = hidden_states.shape
@@ -53,7 +62,11 @@ class MokTokenDispatcher(MoETokenDispatcher):
         """dispatch -> experts -> combine for this rank's tokens: [T, H] -> [T, H]."""
         ids, topk_probs = topk_from_routing_map(self.routing_map, probs, self.topk)
         self.routing_map = None
+        if self.expert_modules is None:
+            check_expert_linears(experts)
+            self.expert_modules = list(experts.named_modules(prefix=_EXPERTS))
         w1, w2 = expert_weights(experts)
+        prepare_experts_for_fused_call(self.expert_modules, [*w1, *w2])
         return moe_experts(
             hidden_states,
             ids,
@@ -72,19 +85,53 @@ class MokTokenDispatcher(MoETokenDispatcher):
         return hidden_states.view(self.hidden_shape)
 
 
-def expert_weights(experts) -> tuple[Sequence[torch.Tensor], Sequence[torch.Tensor]]:
-    """The experts module's own FC1 / FC2 Parameters, one per local expert, in expert order."""
+def expert_linears(experts) -> list[tuple[str, torch.nn.Module, list[str]]]:
+    """(name, module, names of its weight Parameters) of the experts' FC1 and FC2 linears, FC1s
+    first, in expert order."""
     from megatron.core.transformer.moe.experts import SequentialMLP, TEGroupedMLP
 
     if isinstance(experts, SequentialMLP):
-        local = experts.local_experts
-        return [e.linear_fc1.weight for e in local], [e.linear_fc2.weight for e in local]
+        return [
+            (f"local_experts.{i}.{fc}", getattr(expert, fc), ["weight"])
+            for fc in ("linear_fc1", "linear_fc2")
+            for i, expert in enumerate(experts.local_experts)
+        ]
     if isinstance(experts, TEGroupedMLP):
-        n = experts.num_local_experts
-        fc1, fc2 = experts.linear_fc1, experts.linear_fc2
-        return ([getattr(fc1, f"weight{i}") for i in range(n)],
-                [getattr(fc2, f"weight{i}") for i in range(n)])
+        names = [f"weight{i}" for i in range(experts.num_local_experts)]
+        return [(fc, getattr(experts, fc), names) for fc in ("linear_fc1", "linear_fc2")]
     raise TypeError(
         f"mok runs Megatron's SequentialMLP or TEGroupedMLP experts, got {type(experts).__name__} "
         f"(from the layer spec); use --moe-token-dispatcher-type alltoall for other experts"
     )
+
+
+def expert_weights(experts) -> tuple[Sequence[torch.Tensor], Sequence[torch.Tensor]]:
+    """The experts module's own FC1 / FC2 Parameters, one per local expert, in expert order."""
+    weights = [getattr(module, name) for _, module, names in expert_linears(experts)
+               for name in names]
+    half = len(weights) // 2
+    return weights[:half], weights[half:]
+
+
+def check_expert_linears(experts) -> None:
+    """Refuse expert linears whose weights are not their own Parameters: a PEFT wrapper (e.g.
+    Megatron-Bridge's LoRALinear, which keeps the base linear as ``to_wrap``) would have its
+    adapter skipped by the fused call. Checked by structure, not by class, so that any linear
+    class holding its weights directly (Megatron's, Transformer Engine's) passes."""
+    for name, module, weight_names in expert_linears(experts):
+        wrapped = getattr(module, "to_wrap", None)
+        if wrapped is None and all(
+            isinstance(module._parameters.get(w), torch.nn.Parameter) for w in weight_names
+        ):
+            continue
+        what = (f"a {type(module).__name__} wrapping {type(wrapped).__name__} (a PEFT adapter "
+                f"such as LoRA)" if wrapped is not None else
+                f"a {type(module).__name__} without its own {weight_names[0]} Parameter")
+        raise MokConfigError(
+            f"{_EXPERTS}.{name} is {what}: mok's fused call reads the routed experts' weight "
+            f"Parameters directly, so this module's own forward would never run. Apply PEFT to "
+            f"non-expert modules only (leave linear_fc1 / linear_fc2 of {_EXPERTS} out of "
+            f"Megatron-Bridge's LoRA target_modules, e.g. target_modules=['linear_qkv', "
+            f"'linear_proj'], or set target_modules=[] with exclude_modules=['*.{_EXPERTS}.*']), "
+            f"or use --moe-token-dispatcher-type alltoall"
+        )

@@ -2,12 +2,18 @@
 
 Megatron's MoE code calls a few CUDA-only functions even for CPU tensors: its router places
 buffers on ``torch.cuda.current_device()``, the alltoall dispatcher copies split sizes on a CUDA
-stream, and the checkpoint writer synchronizes the device. ``patch_megatron_for_cpu`` replaces
-them in a test worker only; the adapter itself calls none of them.
+stream, attention dropout forks a CUDA RNG stream, and the checkpoint writer synchronizes the
+device. ``patch_megatron_for_cpu`` replaces them in a test worker only; the adapter itself calls
+none of them. Megatron's optimizer and schedules go further (tensors made with
+``device='cuda'``, parameter types checked against ``torch.cuda.*Tensor``): code that trains runs
+inside ``cuda_calls_on_cpu()``. The collectives need nothing: gloo (torch 2.11) has all that DDP
+and the distributed optimizer use, ``all_gather_into_tensor`` and ``reduce_scatter_tensor`` in
+bf16 and fp32, async and coalesced.
 
-``run_distributed(world_size, fn, *args)`` runs ``fn(*args)`` on ``world_size`` spawned gloo
-ranks with ``mok`` registered and Megatron's model-parallel state set up for EP=world_size, and
-returns each rank's result.
+``run_distributed(world_size, fn, *args, expert_model_parallel_size=EP)`` runs ``fn(*args)`` on
+``world_size`` spawned gloo ranks with ``mok`` registered and Megatron's model-parallel state set
+up for EP (default: world_size; the rest of the ranks are expert data parallelism), and returns
+each rank's result.
 """
 
 from __future__ import annotations
@@ -23,6 +29,7 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 import torch.nn.functional as F
+from torch.overrides import TorchFunctionMode
 
 HIDDEN = 16
 FFN = 8
@@ -80,7 +87,16 @@ class _NoStream:
     __hash__ = object.__hash__
 
 
+class _NoCudaRngTracker:
+    """Megatron forks its CUDA RNG streams around dropout. CPU has none, and the dropout rates of
+    these tests are 0, so nothing is drawn inside the fork."""
+
+    def fork(self, *args, **kwargs):
+        return contextlib.nullcontext()
+
+
 def patch_megatron_for_cpu() -> None:
+    from megatron.core import tensor_parallel
     from megatron.core.dist_checkpointing.strategies import filesystem_async
     from megatron.core.transformer.moe import token_dispatcher
 
@@ -96,8 +112,31 @@ def patch_megatron_for_cpu() -> None:
         return tensor.numpy() if as_numpy and torch.is_tensor(tensor) else tensor
 
     token_dispatcher.maybe_move_tensor_to_cpu = to_host
+    tensor_parallel.get_cuda_rng_tracker = _NoCudaRngTracker
     # Its writer logs memory use through psutil, which this environment may lack.
     filesystem_async._process_memory = lambda: 0
+
+
+class _CudaCallsOnCpu(TorchFunctionMode):
+    """A ``device='cuda'`` argument becomes ``'cpu'``, ``Tensor.cuda()`` returns the tensor, and
+    ``Tensor.type()`` names a CPU tensor by its CUDA type (``torch.cuda.BFloat16Tensor``)."""
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = dict(kwargs or {})
+        if func is torch.Tensor.type and len(args) == 1 and not kwargs:
+            name = func(*args)
+            return name if ".cuda." in name else name.replace("torch.", "torch.cuda.", 1)
+        if func is torch.Tensor.cuda:
+            return args[0]
+        device = kwargs.get("device")
+        if device is not None and torch.device(device).type == "cuda":
+            kwargs["device"] = "cpu"
+        return func(*args, **kwargs)
+
+
+def cuda_calls_on_cpu():
+    """Context in which Megatron's optimizer and schedules run on CPU tensors."""
+    return _CudaCallsOnCpu()
 
 
 def base_config(dispatcher: str, world_size: int, **overrides):
@@ -147,7 +186,7 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def _entry(rank, world_size, port, out_dir, fn, args):
+def _entry(rank, world_size, expert_model_parallel_size, port, out_dir, fn, args):
     # A crash in C++ (SIGABRT, SIGSEGV) leaves no Python traceback; faulthandler writes one to
     # a file that run_distributed puts into its error.
     fault_log = open(os.path.join(out_dir, f"rank{rank}.fault"), "w")
@@ -164,7 +203,9 @@ def _entry(rank, world_size, port, out_dir, fn, args):
 
         patch_megatron_for_cpu()
         register()
-        parallel_state.initialize_model_parallel(expert_model_parallel_size=world_size)
+        parallel_state.initialize_model_parallel(
+            expert_model_parallel_size=expert_model_parallel_size
+        )
         torch.save(fn(*args), os.path.join(out_dir, f"rank{rank}.pt"))
     finally:
         dist.destroy_process_group()
@@ -175,10 +216,11 @@ def _entry(rank, world_size, port, out_dir, fn, args):
     os._exit(0)
 
 
-def run_distributed(world_size: int, fn, *args) -> list:
+def run_distributed(world_size: int, fn, *args, expert_model_parallel_size=None) -> list:
+    ep = expert_model_parallel_size or world_size
     with tempfile.TemporaryDirectory() as out_dir:
         try:
-            mp.spawn(_entry, args=(world_size, _free_port(), out_dir, fn, args),
+            mp.spawn(_entry, args=(world_size, ep, _free_port(), out_dir, fn, args),
                      nprocs=world_size)
         except mp.ProcessExitedException as exc:
             dumps = []

@@ -194,3 +194,174 @@ def selected_through_use_mok(kinds: list[str], recipe: str) -> dict:
             "alltoall": alltoall(x)[0].detach(),
         }
     return results
+
+
+class StandInLoRALinear(torch.nn.Module):
+    """Megatron-Bridge's ``LoRALinear`` as the mok adapter sees it (megatron/bridge/peft/
+    adapter_wrapper.py and lora_layers.py): the base linear kept as ``to_wrap``, a low-rank
+    ``adapter`` with ``linear_in`` / ``linear_out``, a ``weight`` property merging the two, and a
+    forward adding the adapter's output. Bridge itself cannot be imported here: its package
+    imports transformers, its lora_layers Transformer Engine."""
+
+    def __init__(self, to_wrap: torch.nn.Module, rank: int = 2) -> None:
+        super().__init__()
+        self.to_wrap = to_wrap
+        out_features, in_features = to_wrap.weight.shape
+        self.adapter = torch.nn.Module()
+        self.adapter.linear_in = torch.nn.Linear(in_features, rank, bias=False)
+        self.adapter.linear_out = torch.nn.Linear(rank, out_features, bias=False)
+
+    @property
+    def weight(self) -> torch.Tensor:
+        return self.to_wrap.weight + self.adapter.linear_out.weight @ self.adapter.linear_in.weight
+
+    def forward(self, x, *args, **kwargs):
+        out, bias = self.to_wrap(x, *args, **kwargs)
+        return out + self.adapter.linear_out(self.adapter.linear_in(x)), bias
+
+
+class WeightOnlyByProperty(torch.nn.Module):
+    """A wrapper with no ``to_wrap`` whose ``weight`` is not a Parameter of its own."""
+
+    def __init__(self, base: torch.nn.Module) -> None:
+        super().__init__()
+        self.base = base
+
+    @property
+    def weight(self) -> torch.Tensor:
+        return self.base.weight
+
+    def forward(self, x, *args, **kwargs):
+        return self.base(x, *args, **kwargs)
+
+
+def _mok_error(layer, x) -> str | None:
+    """The MokConfigError message of one forward + backward, None if it succeeds."""
+    from mok_megatron.megatron.validation import MokConfigError
+
+    try:
+        y, _ = layer(x)
+        y.sum().backward()
+    except MokConfigError as e:
+        return str(e)
+    return None
+
+
+def _zero_weight_hook(calls: list, name: str):
+    """A pre-hook that zeroes its module's weight in place, as DDP's all-gather overwrites it."""
+
+    def hook(module, args, kwargs=None):
+        calls.append(name)
+        with torch.no_grad():
+            module.weight.zero_()
+
+    return hook
+
+
+def expert_hooks() -> dict:
+    """How the mok experts step treats the hooks of the experts' modules, and expert linears
+    wrapped after the model is built (as PEFT does). EP=1: all experts are local."""
+    import megatron.core.utils as megatron_utils
+
+    from mok_megatron.megatron import dispatcher
+
+    generator = torch.Generator().manual_seed(7)
+    x = torch.randn(*TOKENS, HIDDEN, generator=generator)
+    out = {}
+
+    # Forward pre-hooks run once each before the fused call reads the weights: zeroing every
+    # FC2 in them must zero the routed experts' output (the layer has no shared expert).
+    layer = build_moe_layer("mok", seed=5)
+    calls = []
+    handles = []
+    for i, expert in enumerate(layer.experts.local_experts):
+        with_kwargs = i % 2 == 1
+        hook = _zero_weight_hook(calls, f"local_experts.{i}.linear_fc2")
+        handles.append(expert.linear_fc2.register_forward_pre_hook(hook, with_kwargs=with_kwargs))
+    y, _ = layer(x)
+    out["zeroing_pre_hooks"] = {"y": y.detach(), "calls": list(calls)}
+    for handle in handles:
+        handle.remove()
+
+    def returns_input(module, args):
+        return args
+
+    layer = build_moe_layer("mok", seed=5)
+    handle = layer.experts.local_experts[0].linear_fc1.register_forward_pre_hook(returns_input)
+    out["pre_hook_returning_input"] = _mok_error(layer, x)
+    handle.remove()
+    out["after_removing_it"] = _mok_error(layer, x)
+
+    def post_hook(module, args, output):
+        pass
+
+    def backward_hook(module, grad_input, grad_output):
+        pass
+
+    def backward_pre_hook(module, grad_output):
+        pass
+
+    refused = {}
+    registrations = {
+        "forward hook": lambda e: e.local_experts[1].linear_fc2.register_forward_hook(post_hook),
+        "backward hook": lambda e: e.register_full_backward_hook(backward_hook),
+        "backward pre-hook":
+            lambda e: e.local_experts[0].register_full_backward_pre_hook(backward_pre_hook),
+    }
+    for kind, register in registrations.items():
+        layer = build_moe_layer("mok", seed=5)
+        handle = register(layer.experts)
+        refused[kind] = _mok_error(layer, x)
+        handle.remove()
+        refused[f"{kind}, removed"] = _mok_error(layer, x)
+    out["refused_hooks"] = refused
+
+    wrapped = {}
+    for wrapper in (StandInLoRALinear, WeightOnlyByProperty):
+        layer = build_moe_layer("mok", seed=5)
+        expert = layer.experts.local_experts[0]
+        expert.linear_fc1 = wrapper(expert.linear_fc1)
+        wrapped[wrapper.__name__] = _mok_error(layer, x)
+    out["wrapped_linears"] = wrapped
+
+    # The structure check runs at the first forward of a layer only.
+    check = getattr(dispatcher, "check_expert_linears", None)
+    if check is not None:
+        checks = []
+        dispatcher.check_expert_linears = lambda experts: checks.append(1) or check(experts)
+        try:
+            layer = build_moe_layer("mok", seed=5)
+            for _ in range(3):
+                layer(x)
+        finally:
+            dispatcher.check_expert_linears = check
+    out["structure_checks_in_three_forwards"] = None if check is None else len(checks)
+
+    # Newer Megatron's ensure_params_ready, where it exists, gets the Parameters the fused call
+    # reads, after the pre-hooks.
+    layer = build_moe_layer("mok", seed=5)
+    events = []
+    layer.experts.local_experts[0].linear_fc1.register_forward_pre_hook(
+        lambda module, args: events.append("pre-hook"))
+    megatron_utils.ensure_params_ready = lambda params: events.append([id(p) for p in params])
+    try:
+        layer(x)
+    finally:
+        del megatron_utils.ensure_params_ready
+    w1, w2 = dispatcher.expert_weights(layer.experts)
+    out["ensure_params_ready"] = {"events": events, "expert_params": [id(p) for p in w1 + w2]}
+
+    # Frozen experts, as PEFT leaves them when it adapts other modules only.
+    alltoall = build_moe_layer("alltoall", seed=5)
+    mok = build_moe_layer("mok", seed=6)
+    mok.load_state_dict(alltoall.state_dict())
+    frozen = {}
+    for name, layer in (("alltoall", alltoall), ("mok", mok)):
+        layer.experts.requires_grad_(False)
+        inputs = x.clone().requires_grad_(True)
+        y, _ = layer(inputs)
+        y.backward(torch.ones_like(y))
+        frozen[name] = {"y": y.detach(), "dx": inputs.grad,
+                        "expert_grads": [p.grad for p in layer.experts.parameters()]}
+    out["frozen_experts"] = frozen
+    return out
