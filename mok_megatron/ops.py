@@ -170,7 +170,7 @@ def grouped_gemm(a: torch.Tensor, w: torch.Tensor, offsets: torch.Tensor, out: t
         _cuda("row_prob", row_prob, torch.float32)
     _check(0 <= rank < MAX_RANKS, f"rank {rank} outside [0, {MAX_RANKS})")
     act_id = -1 if activation is None else ACTIVATION_IDS[activation]
-    stall_watch.start()
+    stall_watch.install()
     extension().grouped_gemm(a, w, offsets, row_prob, act_id, out, h_out, timeout_ns, rank)
 
 
@@ -204,7 +204,7 @@ def moe_forward_megakernel(peer_bases, tokens_offset, slots_offset, offsets, row
             _cuda(name, t, torch.bfloat16)
     _check(w1.dtype == torch.bfloat16 and w2.dtype == torch.bfloat16, "weights must be bf16")
     _check(0 <= rank < MAX_RANKS, f"rank {rank} outside [0, {MAX_RANKS})")
-    stall_watch.start()
+    stall_watch.install()
     extension().moe_forward_megakernel(peer_bases, tokens_offset, slots_offset, offsets,
                                        row_slot, row_prob, max_tokens, topk, w1, w2,
                                        ACTIVATION_IDS[activation], rows, act, h_out, counters,

@@ -2,11 +2,12 @@
 
 When a bounded wait inside the forward megakernel or the grouped GEMM engine gives up, the
 kernel writes where it was into host-mapped memory and traps (csrc/gemm/timeout_report.h).
-CUDA itself then only says "unspecified launch failure", at whichever later call synchronizes.
-A daemon thread, started by the first launch of such a kernel, reads those records every
-``POLL_S`` seconds - plain host-memory reads, no CUDA call, so it works after the trap has
-killed the context - and writes each new one to stderr at once; an exit hook writes any it has
-not written yet (the main thread may die of the CUDA error first).
+CUDA itself then only says "unspecified launch failure", at whichever later call synchronizes,
+and every CUDA call after it fails the same way. ``install()``, run by the first launch of
+such a kernel, makes the process tell the records on stderr before the error's traceback
+(``sys.excepthook``, ``threading.excepthook``) and at exit (``atexit``), wherever the error
+surfaces: reading them is plain host-memory reads, which still work after the trap has ended
+the CUDA context. No thread polls them: the error always ends in one of those places.
 
 The peer barrier (csrc/comm/barrier.cu) reports its own timeouts with a device printf.
 """
@@ -14,18 +15,12 @@ The peer barrier (csrc/comm/barrier.cu) reports its own timeouts with a device p
 from __future__ import annotations
 
 import atexit
-import logging
 import sys
 import threading
-import time
-
-log = logging.getLogger(__name__)
-
-POLL_S = 0.1
 
 _lock = threading.Lock()
 _told: set[tuple] = set()
-_thread = None
+_installed = False
 
 
 def describe(report: dict) -> str:
@@ -39,37 +34,47 @@ def describe(report: dict) -> str:
 
 
 def tell_new_reports() -> list[str]:
-    """Write every report not written yet to stderr (and the log); return their lines."""
+    """Write every report not written yet to stderr; return their lines."""
     from .ops import timeout_reports
 
+    try:
+        reports = timeout_reports()
+    except RuntimeError:  # no extension (a CPU-only process): nothing can have trapped
+        return []
     lines = []
     with _lock:
-        for report in timeout_reports():
+        for report in reports:
             key = tuple(report.values())
             if key in _told:
                 continue
             _told.add(key)
             line = describe(report)
             print(line, file=sys.stderr, flush=True)
-            log.error(line)
             lines.append(line)
     return lines
 
 
-def _watch() -> None:
-    while True:
-        time.sleep(POLL_S)
-        tell_new_reports()
-
-
-def start() -> None:
-    """Start the watcher (once per process; later calls cost a global read)."""
-    global _thread
-    if _thread is not None:
+def install() -> None:
+    """Tell the reports before any uncaught exception's traceback and at exit (once per
+    process; later calls cost a global read)."""
+    global _installed
+    if _installed:
         return
     with _lock:
-        if _thread is not None:
+        if _installed:
             return
-        _thread = threading.Thread(target=_watch, name="mok-stall-watch", daemon=True)
-        _thread.start()
+        _installed = True
+        outer_excepthook = sys.excepthook
+        outer_thread_excepthook = threading.excepthook
+
+        def excepthook(*args):
+            tell_new_reports()
+            outer_excepthook(*args)
+
+        def thread_excepthook(args):
+            tell_new_reports()
+            outer_thread_excepthook(args)
+
+        sys.excepthook = excepthook
+        threading.excepthook = thread_excepthook
         atexit.register(tell_new_reports)
