@@ -1,7 +1,7 @@
 """Megatron's CUDA graphs with ``mok``: which ``--cuda-graph-impl`` / ``--cuda-graph-modules``
 combinations a ``mok`` config accepts, that every other one is refused with its reason, and that
 the dispatcher hands Megatron's partial ('moe_router') graphs everything its experts step needs.
-Capture and replay themselves need a GPU: tests/gpu/test_megatron_cuda_graphs.py."""
+Capture and replay themselves need a GPU: tests/gpu/test_megatron_graph_replay.py."""
 
 from __future__ import annotations
 

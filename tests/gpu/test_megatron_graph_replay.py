@@ -16,8 +16,8 @@ run in Python after capture, so the test cannot pass by running eagerly.
 Each case runs in its own interpreter (Megatron's graph state, the mok workspace and the
 model-parallel state are process-global):
 
-    python -m pytest tests/gpu/test_megatron_cuda_graphs.py -q -s
-    python tests/gpu/test_megatron_cuda_graphs.py [--case NAME]   # prints what it compares
+    python -m pytest tests/gpu/test_megatron_graph_replay.py -q -s
+    python tests/gpu/test_megatron_graph_replay.py [--case NAME]   # prints what it compares
 """
 
 from __future__ import annotations
