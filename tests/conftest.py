@@ -1,10 +1,34 @@
 """Test selection by hardware (markers are declared in pyproject.toml): `gpu` tests skip
-without a CUDA GPU, `dist` tests skip unless torchrun started several processes on GPUs."""
+without a CUDA GPU, `dist` tests skip unless torchrun started several processes on GPUs.
+
+With MOK_EXPECT_MEGATRON=X.Y.Z (.ci/run sets it for each megatron-core it tests), the run
+prints which megatron-core it imports, and from where, and stops before any test when that is
+not X.Y.Z: a run against another version than intended cannot pass."""
 
 import os
 
 import pytest
 import torch
+
+EXPECT_MEGATRON = "MOK_EXPECT_MEGATRON"
+
+
+def pytest_sessionstart(session):
+    expected = os.environ.get(EXPECT_MEGATRON)
+    if not expected:
+        return
+    import megatron.core
+
+    # __version__ carries a git hash when the package lies inside a git checkout.
+    found = megatron.core.__shortversion__
+    where = os.path.dirname(megatron.core.__file__)
+    terminal = session.config.pluginmanager.get_plugin("terminalreporter")
+    terminal.write_line(f"megatron-core {found} from {where} ({EXPECT_MEGATRON}={expected})")
+    if found != expected:
+        raise pytest.UsageError(
+            f"{EXPECT_MEGATRON}={expected}, but these tests import megatron-core {found} from "
+            f"{where}; put megatron-core {expected} first on PYTHONPATH, or unset {EXPECT_MEGATRON}"
+        )
 
 
 def pytest_collection_modifyitems(config, items):
