@@ -96,7 +96,7 @@ setup(
     python_requires=">=3.12",
     install_requires=[
         "torch>=2.11",
-        "megatron-core==0.19.2",
+        "megatron-core>=0.17.1,<0.20",  # supported; CI tests those in scripts/versions.sh
         "PyYAML>=6",
         "pybind11>=2.12",
     ],

@@ -1,12 +1,19 @@
 #!/usr/bin/env bash
 # Set up everything on a fresh machine, idempotently: a Python 3.12 virtual environment in
-# .venv, torch, and this package installed in place with its test and bench extras. The
-# package build compiles csrc/ when nvcc and a CUDA build of torch are present (setup.py).
-# Running it again reuses .venv and only installs what changed.
+# .venv, torch, megatron-core and this package installed in place with its test and bench
+# extras, and the CUDA extension compiled from csrc/ when nvcc and a CUDA build of torch are
+# present (setup.py).
+#
+# Run again, it redoes only what changed (scripts/setup_state.py decides, from a stamp in
+# .venv): nothing when nothing did (seconds); the pip installs when setup.py, pyproject.toml,
+# a requested version or the environment changed; the extension when csrc/, setup.py or the
+# toolchain changed, through ninja, which recompiles only the changed sources (its objects stay
+# in build/). Python files need nothing: the install is editable.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-TORCH_VERSION=2.11.0
+source scripts/versions.sh
+STAMP=.venv/mok-setup-stamp.json
 
 say() { echo "setup_env: $*"; }
 
@@ -43,21 +50,48 @@ else
 fi
 
 pip() { .venv/bin/python -m pip "$@"; }
+# Without PYTHONPATH, so that it sees the environment as the installed package does.
+state() { env -u PYTHONPATH .venv/bin/python scripts/setup_state.py "$1" "$STAMP" "${@:2}"; }
 
-say "upgrading pip"
-pip install --quiet --upgrade pip
-say "installing torch==$TORCH_VERSION and the build tools (setuptools, wheel, ninja)"
-pip install --quiet "torch==$TORCH_VERSION" "setuptools>=64" wheel ninja
-say "installing mok_megatron (editable, extras test and bench)"
-pip install --quiet --no-build-isolation -e ".[test,bench]"
+BUILD_TOOLS=("setuptools>=64" wheel ninja)
+PACKAGE=(-e ".[test,bench]" "megatron-core==$MEGATRON_CORE_VERSION")
+
+plan=$(state begin install "torch==$TORCH_VERSION" "${BUILD_TOOLS[@]}" "${PACKAGE[@]}")
+if [ "$plan" = current ]; then
+    say "packages: up to date"
+else
+    say "packages: installing (${plan#stale: })"
+    pip install --quiet --upgrade pip
+    say "installing torch==$TORCH_VERSION and the build tools (${BUILD_TOOLS[*]})"
+    pip install --quiet "torch==$TORCH_VERSION" "${BUILD_TOOLS[@]}"
+    say "installing megatron-core==$MEGATRON_CORE_VERSION and mok_megatron (editable, [test,bench])"
+    # The extension is built below, where its objects are kept between runs.
+    MOK_BUILD_CUDA=0 pip install --quiet --no-build-isolation "${PACKAGE[@]}"
+    state done install
+fi
+
+plan=$(state begin extension)
+if [ "$plan" = current ]; then
+    say "CUDA extension: up to date"
+else
+    say "CUDA extension: building (${plan#stale: })"
+    # A failed build must not leave the previous one importable.
+    rm -f mok_megatron/_C.so mok_megatron/_C.*.so
+    # --force: setuptools would skip the build when only a header changed; ninja then
+    # recompiles exactly the sources whose inputs changed.
+    .venv/bin/python setup.py --quiet build_ext --inplace --force
+    state done extension
+fi
 
 .venv/bin/python - <<'PY'
+import importlib.metadata
 import importlib.util
 import torch
 import mok_megatron
 cuda = f"CUDA {torch.version.cuda}" if torch.version.cuda else "CPU only"
 gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
 ext = "built" if importlib.util.find_spec("mok_megatron._C") else "not built"
+megatron = importlib.metadata.version("megatron-core")
 print(f"setup_env: ready: torch {torch.__version__} ({cuda}), {gpus} GPU(s) visible, "
-      f"mok_megatron {mok_megatron.__version__}, CUDA extension {ext}")
+      f"megatron-core {megatron}, mok_megatron {mok_megatron.__version__}, CUDA extension {ext}")
 PY

@@ -6,6 +6,10 @@ for kernels on the others' streams. CUDA_DEVICE_MAX_CONNECTIONS=1 (Megatron's sc
 it) puts all streams into one hardware queue, where such a barrier waits forever for a kernel
 queued behind it. The driver reads the variable when it creates the CUDA context, so it is
 removed here, before any test can create one; subprocesses the tests start inherit that.
+
+With MOK_EXPECT_MEGATRON=X.Y.Z (.ci/run sets it for each megatron-core it tests), the run
+prints which megatron-core it imports, and from where, and stops before any test when that is
+not X.Y.Z: a run against another version than intended cannot pass.
 """
 
 import os
@@ -21,6 +25,27 @@ def pytest_report_header(config):
         return (f"CUDA_DEVICE_MAX_CONNECTIONS={DEVICE_MAX_CONNECTIONS} removed for this run "
                 "(emulated EP groups need concurrent streams)")
     return None
+
+
+EXPECT_MEGATRON = "MOK_EXPECT_MEGATRON"
+
+
+def pytest_sessionstart(session):
+    expected = os.environ.get(EXPECT_MEGATRON)
+    if not expected:
+        return
+    import megatron.core
+
+    # __version__ carries a git hash when the package lies inside a git checkout.
+    found = megatron.core.__shortversion__
+    where = os.path.dirname(megatron.core.__file__)
+    terminal = session.config.pluginmanager.get_plugin("terminalreporter")
+    terminal.write_line(f"megatron-core {found} from {where} ({EXPECT_MEGATRON}={expected})")
+    if found != expected:
+        raise pytest.UsageError(
+            f"{EXPECT_MEGATRON}={expected}, but these tests import megatron-core {found} from "
+            f"{where}; put megatron-core {expected} first on PYTHONPATH, or unset {EXPECT_MEGATRON}"
+        )
 
 
 def pytest_collection_modifyitems(config, items):

@@ -141,12 +141,13 @@ def _problems(config, recipe: Recipe) -> Iterator[str]:
     if config.moe_latent_size:
         yield f"moe_latent_size (--moe-latent-size) is not implemented by mok; {_ALTERNATIVE}"
     yield from _activation_problems(config)
-    if config.moe_mlp_glu_interleave_size is not None:
+    # These two settings are new in Megatron-Core 0.18; a 0.17 config has neither field.
+    if getattr(config, "moe_mlp_glu_interleave_size", None) is not None:
         yield (
             "moe_mlp_glu_interleave_size (--moe-mlp-glu-interleave-size): mok reads FC1 as "
             f"[gate | up] halves; remove the flag, {_ALTERNATIVE}"
         )
-    if config.moe_single_grouped_weight:
+    if getattr(config, "moe_single_grouped_weight", False):
         yield (
             "moe_single_grouped_weight (--moe-single-grouped-weight) is not implemented by mok; "
             f"remove the flag, {_ALTERNATIVE}"

@@ -16,20 +16,25 @@ import pytest
 
 pytest.importorskip("megatron.training")
 
+import megatron.core  # noqa: E402
+
 REPO = Path(__file__).resolve().parents[2]
 ARGS = ["--moe-token-dispatcher-type", "mok", "--mok-recipe", "bf16"]
 
 PROBE = textwrap.dedent("""
     import sys
     import neighbour  # pretrain_gpt.py imports modules next to it
+    import megatron.core
     from megatron.core.transformer.moe.moe_layer import MoELayer
     from megatron.training.arguments import parse_args
 
     args = parse_args()
     patched = getattr(MoELayer.routed_experts_compute, "__mok_megatron_patch__", False)
-    print("RESULT", __name__, args.moe_token_dispatcher_type, args.mok_recipe, patched,
-          sys.argv[1:])
+    print("RESULT", megatron.core.__shortversion__, __name__, args.moe_token_dispatcher_type,
+          args.mok_recipe, patched, sys.argv[1:])
 """)
+# What the probe prints when it ran with mok, under the same megatron-core as this process.
+EXPECTED = f"RESULT {megatron.core.__shortversion__} __main__ mok bf16 True {ARGS}"
 
 # Runs a script the way `python SCRIPT` would, after putting SITE on the site path (Python
 # processes .pth files of site directories only) and importing our packages first.
@@ -52,8 +57,9 @@ def probe(tmp_path) -> Path:
 
 
 def run(argv, tmp_path, autoload: bool) -> subprocess.CompletedProcess:
-    env = {k: v for k, v in os.environ.items() if k not in ("MOK_MEGATRON", "PYTHONPATH")}
-    env["PYTHONPATH"] = str(REPO)
+    env = {k: v for k, v in os.environ.items() if k != "MOK_MEGATRON"}
+    # This checkout first; the rest as given (CI puts an older megatron-core there).
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))
     if autoload:
         env["MOK_MEGATRON"] = "1"
     return subprocess.run([sys.executable, *argv], cwd=tmp_path, env=env, capture_output=True,
@@ -80,13 +86,13 @@ def test_launcher_runs_the_script_unchanged(probe, tmp_path, module):
     cwd = tmp_path / "elsewhere"
     cwd.mkdir()
     proc = run(["-m", module, str(probe), *ARGS], cwd, autoload=False)
-    assert result_line(proc) == f"RESULT __main__ mok bf16 True {ARGS}"
+    assert result_line(proc) == EXPECTED
 
 
 def test_autoload_with_env_var(probe, tmp_path):
     site_dir = install_pth(tmp_path)
     proc = run(["-c", SITE_RUNNER, str(site_dir), str(probe), *ARGS], tmp_path, autoload=True)
-    assert result_line(proc) == f"RESULT __main__ mok bf16 True {ARGS}"
+    assert result_line(proc) == EXPECTED
 
 
 def test_without_env_var_megatron_is_unchanged(probe, tmp_path):
