@@ -55,8 +55,10 @@ state() { env -u PYTHONPATH .venv/bin/python scripts/setup_state.py "$1" "$STAMP
 
 BUILD_TOOLS=("setuptools>=64" wheel ninja)
 PACKAGE=(-e ".[test,bench]" "megatron-core==$MEGATRON_CORE_VERSION")
+BRIDGE=("megatron-bridge==$MEGATRON_BRIDGE_VERSION" omegaconf)
 
-plan=$(state begin install "torch==$TORCH_VERSION" "${BUILD_TOOLS[@]}" "${PACKAGE[@]}")
+plan=$(state begin install "torch==$TORCH_VERSION" "${BUILD_TOOLS[@]}" "${PACKAGE[@]}" \
+    --no-deps "${BRIDGE[@]}")
 if [ "$plan" = current ]; then
     say "packages: up to date"
 else
@@ -67,6 +69,8 @@ else
     say "installing megatron-core==$MEGATRON_CORE_VERSION and mok_megatron (editable, [test,bench])"
     # The extension is built below, where its objects are kept between runs.
     MOK_BUILD_CUDA=0 pip install --quiet --no-build-isolation "${PACKAGE[@]}"
+    say "installing ${BRIDGE[*]} without their dependencies (for the Megatron-Bridge tests)"
+    pip install --quiet --no-deps "${BRIDGE[@]}"
     state done install
 fi
 
