@@ -65,6 +65,20 @@ CASES = {
 }
 
 
+# The smallest valid mok TransformerConfig (SwiGLU, no bias): the support-matrix tests vary it.
+MOK_CONFIG = dict(
+    num_layers=1,
+    hidden_size=16,
+    num_attention_heads=2,
+    num_moe_experts=4,
+    moe_ffn_hidden_size=8,
+    moe_token_dispatcher_type="mok",
+    gated_linear_unit=True,
+    activation_func=F.silu,
+    add_bias_linear=False,
+)
+
+
 class _NoStream:
     def __init__(self, *args, **kwargs):
         pass

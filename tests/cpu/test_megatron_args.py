@@ -19,21 +19,12 @@ from megatron.core.transformer.moe.moe_layer import MoELayer  # noqa: E402
 from megatron.core.transformer.transformer_config import TransformerConfig  # noqa: E402
 
 from mok_megatron.config import ConfigError  # noqa: E402
+from megatron_harness import MOK_CONFIG  # noqa: E402
 from mok_megatron.megatron import register  # noqa: E402
 from mok_megatron.megatron.recipe import active_recipe, set_recipe  # noqa: E402
 from mok_megatron.megatron.validation import MokConfigError, uses_mok  # noqa: E402
 
-VALID = dict(
-    num_layers=1,
-    hidden_size=16,
-    num_attention_heads=2,
-    num_moe_experts=4,
-    moe_ffn_hidden_size=8,
-    moe_token_dispatcher_type="mok",
-    gated_linear_unit=True,
-    activation_func=F.silu,
-    add_bias_linear=False,
-)
+VALID = MOK_CONFIG
 
 
 @pytest.fixture(scope="module", autouse=True)

@@ -7,28 +7,17 @@ from __future__ import annotations
 
 import pytest
 import torch
-import torch.nn.functional as F
 
 pytest.importorskip("megatron.training")
 
 from megatron.core.transformer.transformer_config import TransformerConfig  # noqa: E402
 
 import megatron_workers  # noqa: E402
-from megatron_harness import run_distributed  # noqa: E402
+from megatron_harness import MOK_CONFIG, run_distributed  # noqa: E402
 from mok_megatron.megatron import register  # noqa: E402
 from mok_megatron.megatron.validation import MokConfigError  # noqa: E402
 
-VALID = dict(
-    num_layers=1,
-    hidden_size=16,
-    num_attention_heads=2,
-    num_moe_experts=4,
-    moe_ffn_hidden_size=8,
-    moe_token_dispatcher_type="mok",
-    gated_linear_unit=True,
-    activation_func=F.silu,
-    add_bias_linear=False,
-)
+VALID = MOK_CONFIG
 
 # (TransformerConfig overrides, recipe fields or None for the default recipe)
 ACCEPTED = {
