@@ -10,6 +10,7 @@ communication overlap are refused too, with the reason that ``mok`` does not nee
 from __future__ import annotations
 
 import importlib
+import importlib.util
 import os
 import socket
 from typing import Iterator, Optional
@@ -318,7 +319,6 @@ def _cuda_graph_request(config) -> Optional[tuple[str, set[str]]]:
     deprecated enable_cuda_graph, external_cuda_graph, cuda_graph_scope and 'full_iteration'
     scope). None for values Megatron itself refuses; its own checks then report them."""
     from megatron.core.transformer import enums
-    from megatron.core.transformer.cuda_graph_config import normalize_cuda_graph_modules
 
     impl = config.cuda_graph_impl
     if impl == "none" and getattr(config, "enable_cuda_graph", False):
@@ -333,6 +333,10 @@ def _cuda_graph_request(config) -> Optional[tuple[str, set[str]]]:
         modules = [m.name if isinstance(m, old_scope) else m for m in modules]
     elif isinstance(modules, old_scope):
         modules = modules.name
+    if importlib.util.find_spec("megatron.core.transformer.cuda_graph_config") is None:
+        return _scope_request(impl, modules)  # megatron-core < 0.18
+    from megatron.core.transformer.cuda_graph_config import normalize_cuda_graph_modules
+
     try:
         normalized, deprecated, _ = normalize_cuda_graph_modules(modules)
     except (AssertionError, KeyError):
@@ -340,6 +344,17 @@ def _cuda_graph_request(config) -> Optional[tuple[str, set[str]]]:
     if any(name == "full_iteration" for name, _, _ in deprecated):
         impl = "full_iteration"
     return impl, {m.name for m in normalized}
+
+
+def _scope_request(impl: str, scope) -> tuple[str, set[str]]:
+    """megatron-core 0.17's cuda_graph_scope (names, a comma-separated string; 'full' or none
+    is the whole layer) as _cuda_graph_request's answer; its 'full_iteration' scope is what
+    later versions call cuda_graph_impl='full_iteration'."""
+    names = scope.split(",") if isinstance(scope, str) else list(scope or [])
+    names = {n for n in names if n and n != "full"}
+    if "full_iteration" in names:
+        return "full_iteration", names - {"full_iteration"}
+    return impl, names
 
 
 def check_hybridep_available(config) -> None:

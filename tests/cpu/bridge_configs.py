@@ -34,13 +34,23 @@ class DeferredConfig(TransformerConfig):
         TransformerConfig.__post_init__(self)
 
 
+def bridge_missing() -> Optional[str]:
+    """Why Bridge's provider cannot be imported here, or None."""
+    if importlib.util.find_spec("megatron.bridge") is None:
+        return f"megatron-bridge is not installed ({BRIDGE_INSTALL})"
+    # megatron-bridge 0.6.2 imports megatron.training.models, which megatron-core has from 0.18.
+    if importlib.util.find_spec("megatron.training.models") is None:
+        return "megatron-bridge 0.6.2 needs megatron-core >= 0.18 (megatron.training.models)"
+    return None
+
+
 def bridge_gpt_provider() -> Optional[type]:
     """Megatron-Bridge's ``GPTModelProvider``, or None where megatron-bridge is not installed.
     Bridge's package ``__init__`` files import every model bridge, and through them HF
     transformers and Transformer Engine (which has no CPU build); the provider's own module
     needs neither, so those two packages are made as modules without running their
     ``__init__``."""
-    if importlib.util.find_spec("megatron.bridge") is None:
+    if bridge_missing() is not None:
         return None
     for name in ("megatron.bridge", "megatron.bridge.models"):
         if name not in sys.modules:
@@ -71,7 +81,7 @@ def moe_config(kind: str, **overrides):
         return DeferredConfig(**values)
     provider = bridge_gpt_provider()
     if provider is None:
-        raise RuntimeError(f"megatron-bridge is not installed ({BRIDGE_INSTALL})")
+        raise RuntimeError(bridge_missing())
     return provider(vocab_size=128, **values)
 
 

@@ -3,6 +3,7 @@ Workers return plain tensors and dicts; the tests compare them in the pytest pro
 
 from __future__ import annotations
 
+import inspect
 import os
 
 import torch
@@ -117,7 +118,12 @@ def _moe_router_stages(layer, x: torch.Tensor, replay: bool) -> torch.Tensor:
     if replay:
         vars(dispatcher).clear()
         vars(dispatcher).update(before)
-    output, bias = layer._forward_mlp_expert_compute(hidden, probs, attrs)
+    # megatron-core 0.19 passes the router stage's dispatcher attributes on; 0.18 restores them
+    # from the layer's own cache (token_dispatcher_attrs), which the router stage fills.
+    if len(inspect.signature(layer._forward_mlp_expert_compute).parameters) == 3:
+        output, bias = layer._forward_mlp_expert_compute(hidden, probs, attrs)
+    else:
+        output, bias = layer._forward_mlp_expert_compute(hidden, probs)
     return layer._forward_mlp_postprocess(residual, output, shared, bias)
 
 

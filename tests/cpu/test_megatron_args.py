@@ -18,8 +18,8 @@ pytest.importorskip("megatron.training")
 from megatron.core.transformer.moe.moe_layer import MoELayer  # noqa: E402
 from megatron.core.transformer.transformer_config import TransformerConfig  # noqa: E402
 
-from mok_megatron.config import ConfigError  # noqa: E402
 from megatron_harness import MOK_CONFIG  # noqa: E402
+from mok_megatron.config import ConfigError  # noqa: E402
 from mok_megatron.megatron import register  # noqa: E402
 from mok_megatron.megatron.recipe import active_recipe, set_recipe  # noqa: E402
 from mok_megatron.megatron.validation import MokConfigError, uses_mok  # noqa: E402
@@ -146,6 +146,11 @@ REFUSED = {
 @pytest.mark.parametrize("case", list(REFUSED))
 def test_unsupported_setting_is_refused(case):
     overrides, words = REFUSED[case]
+    missing = set(overrides) - set(TransformerConfig.__dataclass_fields__)
+    if missing:
+        # Settings newer than this megatron-core (moe_paged_stash and the rank capacity factor
+        # arrived in 0.18): nothing to refuse.
+        pytest.skip(f"this megatron-core has no {sorted(missing)}")
     if overrides.get("activation_func") == "quick_gelu":
         from megatron.core.fusions.fused_bias_geglu import quick_gelu
 
@@ -179,7 +184,8 @@ def test_megatrons_own_refusal_is_the_cause_of_ours():
                           moe_shared_expert_overlap=True)
     assert "remove --moe-shared-expert-overlap" in str(error.value)
     assert isinstance(error.value.__cause__, ValueError)
-    assert "only works with alltoall or flex" in str(error.value.__cause__)
+    # 0.19: "... only works with alltoall or flex token dispatcher"; 0.17: "... with alltoall".
+    assert "moe_shared_expert_overlap only works with alltoall" in str(error.value.__cause__)
 
 
 def test_megatrons_refusal_stands_where_mok_has_none():

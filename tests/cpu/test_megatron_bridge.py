@@ -11,22 +11,17 @@ import torch
 pytest.importorskip("megatron.core")
 
 import megatron_workers  # noqa: E402
-from bridge_configs import (BRIDGE_INSTALL, KINDS, bridge_gpt_provider, finalize,  # noqa: E402
-                            moe_config)
+from bridge_configs import KINDS, bridge_missing, finalize, moe_config  # noqa: E402
 from megatron_harness import run_distributed  # noqa: E402
 from mok_megatron.megatron.bridge import use_mok  # noqa: E402
 from mok_megatron.megatron.recipe import active_recipe, set_recipe  # noqa: E402
 from mok_megatron.megatron.validation import MokConfigError  # noqa: E402
 
 
-def available(kind: str) -> bool:
-    return kind != "bridge" or bridge_gpt_provider() is not None
-
-
 @pytest.fixture(params=KINDS)
 def kind(request):
-    if not available(request.param):
-        pytest.skip(f"megatron-bridge is not installed ({BRIDGE_INSTALL})")
+    if request.param == "bridge" and bridge_missing() is not None:
+        pytest.skip(bridge_missing())
     return request.param
 
 
@@ -123,8 +118,8 @@ def test_bridge_configs_are_checked_as_finalize_leaves_them():
     # Bridge's finalize() sets the expert TP size to 1 where EP > 1 and it is unset; megatron-core
     # would copy the TP size (2), which mok refuses. Checked before finalize(), the config would
     # be refused for a setting it does not end up with.
-    if not available("bridge"):
-        pytest.skip(f"megatron-bridge is not installed ({BRIDGE_INSTALL})")
+    if bridge_missing() is not None:
+        pytest.skip(bridge_missing())
     config = moe_config("bridge", tensor_model_parallel_size=2, sequence_parallel=True,
                         expert_model_parallel_size=2)
     use_mok(config)
@@ -148,7 +143,7 @@ def test_use_mok_takes_the_model_config_not_the_container():
 
 def test_a_layer_built_from_a_use_mok_config_runs_mok(tmp_path):
     recipe = recipe_file(tmp_path, backend="reference")
-    kinds = [k for k in KINDS if available(k)]
+    kinds = [k for k in KINDS if k != "bridge" or bridge_missing() is None]
     (results,) = run_distributed(1, megatron_workers.selected_through_use_mok, kinds, recipe)
     assert list(results) == kinds
     for kind, r in results.items():

@@ -110,12 +110,29 @@ def use_recipe(monkeypatch, tmp_path, fields) -> None:
     monkeypatch.setenv("MOK_RECIPE", str(path))
 
 
+# megatron-core 0.17 names the modules field cuda_graph_scope and spells the full-iteration
+# graph as that scope under cuda_graph_impl='local'.
+OLD_SPELLING = "cuda_graph_modules" not in TransformerConfig.__dataclass_fields__
+
+
+def _config(overrides: dict) -> TransformerConfig:
+    values = {**VALID, **overrides}
+    if OLD_SPELLING:
+        modules = values.pop("cuda_graph_modules", None)
+        if values.get("cuda_graph_impl") == "full_iteration":
+            values["cuda_graph_impl"] = "local"
+            modules = ["full_iteration"] + list(modules or [])
+        if modules is not None:
+            values["cuda_graph_scope"] = modules
+    return TransformerConfig(**values)
+
+
 @pytest.mark.filterwarnings("ignore::DeprecationWarning", "ignore:enable_cuda_graph")
 @pytest.mark.parametrize("case", list(ACCEPTED))
 def test_accepted_combination_builds(case, monkeypatch, tmp_path):
     overrides, recipe = ACCEPTED[case]
     use_recipe(monkeypatch, tmp_path, recipe)
-    config = TransformerConfig(**{**VALID, **overrides})
+    config = _config(overrides)
     assert config.cuda_graph_impl in ("local", "full_iteration")
 
 
@@ -124,7 +141,7 @@ def test_refused_combination_names_its_reason(case, monkeypatch, tmp_path):
     overrides, recipe, words = REFUSED[case]
     use_recipe(monkeypatch, tmp_path, recipe)
     with pytest.raises(MokConfigError) as error:
-        TransformerConfig(**{**VALID, **overrides})
+        _config(overrides)
     for word in words:
         assert word in str(error.value), f"{word!r} not in: {error.value}"
 
