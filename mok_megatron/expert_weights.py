@@ -20,10 +20,10 @@ _warned: set[tuple] = set()
 
 
 def _uniform_view(ws: Sequence[torch.Tensor]):
-    """(view, order) if the tensors are one storage at a uniform stride, else None."""
+    """(view, order) if the tensors are one storage at a uniform stride, else None. Their
+    shapes, dtypes and devices are equal already (inputs.check_call)."""
     first = ws[0]
-    if not all(w.shape == first.shape and w.dtype == first.dtype and w.device == first.device
-               and w.is_contiguous() for w in ws):
+    if not all(w.is_contiguous() for w in ws):
         return None
     ptr = first.untyped_storage().data_ptr()
     if not all(w.untyped_storage().data_ptr() == ptr for w in ws):

@@ -59,10 +59,6 @@ class MoECall:
     def num_experts(self) -> int:
         return self.world * self.num_local
 
-    @property
-    def stacked(self) -> bool:
-        return isinstance(self.w1, torch.Tensor)
-
 
 def _shape(w: Weights) -> tuple[int, ...]:
     """[E_local, rows, cols] of stacked or per-expert weights (already checked)."""
@@ -139,13 +135,23 @@ def _check_experts(name: str, w: Weights, dims: str) -> None:
         raise TypeError(f"{name} must be a stacked tensor {dims} or a non-empty list of "
                         f"per-expert tensors, got {type(w).__name__}")
     first = w[0]
-    for e, t in enumerate(w):
+    if not isinstance(first, torch.Tensor) or first.dim() != 2:
+        raise ValueError(f"{name}[0] must be a 2-D tensor (one expert of {dims})")
+    # One pass, on every call (a Megatron layer passes one Parameter per expert): equal to the
+    # first in shape, dtype and device; the message is built only for the first that is not.
+    shape, dtype, device = first.shape, first.dtype, first.device
+    try:
+        e = next((e for e, t in enumerate(w)
+                  if t.shape != shape or t.dtype != dtype or t.device != device), None)
+    except AttributeError:  # an element that is no tensor (isinstance per element costs more)
+        e = next(e for e, t in enumerate(w) if not isinstance(t, torch.Tensor))
+    if e is not None:
+        t = w[e]
         if not isinstance(t, torch.Tensor) or t.dim() != 2:
             raise ValueError(f"{name}[{e}] must be a 2-D tensor (one expert of {dims})")
-        if t.shape != first.shape or t.dtype != first.dtype or t.device != first.device:
-            raise ValueError(
-                f"{name}[{e}] is {tuple(t.shape)} {t.dtype} on {t.device} but {name}[0] is "
-                f"{tuple(first.shape)} {first.dtype} on {first.device}")
+        raise ValueError(
+            f"{name}[{e}] is {tuple(t.shape)} {t.dtype} on {t.device} but {name}[0] is "
+            f"{tuple(shape)} {dtype} on {device}")
 
 
 def _check_weight_pair(x, w1: Weights, w2: Weights, act) -> int:

@@ -20,7 +20,7 @@ from megatron.core.transformer.moe.token_dispatcher import MoETokenDispatcher
 from ..config import Recipe
 from ..functional import moe_experts
 from ..routing import topk_from_routing_map
-from .expert_hooks import prepare_experts_for_fused_call
+from .expert_hooks import ExpertHooks
 from .validation import MokConfigError, activation_name
 
 # How the routed experts' modules are named in errors (their path under the MoE layer).
@@ -44,10 +44,9 @@ class MokTokenDispatcher(MoETokenDispatcher):
         # named here come back as graph outputs and are set on the dispatcher again before
         # experts_compute. hidden_shape is no tensor, and graphed shapes never change.
         self.cudagraph_attrs = ["routing_map"]
-        # The experts' (name, module) pairs, taken (and checked) at the first forward, once
-        # PEFT, which wraps modules after the model is built, has run. Their hooks are read
-        # on every call: DDP adds and removes its pre-hooks between steps.
-        self.expert_modules = None
+        # The experts' hooks (expert_hooks.py), taken and their linears checked at the first
+        # forward, once PEFT, which wraps modules after the model is built, has run.
+        self.expert_hooks = None
 
     def dispatch_preprocess(self, hidden_states, routing_map, probs):
         self.hidden_shape = hidden_states.shape
@@ -62,11 +61,11 @@ class MokTokenDispatcher(MoETokenDispatcher):
         """dispatch -> experts -> combine for this rank's tokens: [T, H] -> [T, H]."""
         ids, topk_probs = topk_from_routing_map(self.routing_map, probs, self.topk)
         self.routing_map = None
-        if self.expert_modules is None:
+        if self.expert_hooks is None:
             check_expert_linears(experts)
-            self.expert_modules = list(experts.named_modules(prefix=_EXPERTS))
+            self.expert_hooks = ExpertHooks(experts, _EXPERTS)
         w1, w2 = expert_weights(experts)
-        prepare_experts_for_fused_call(self.expert_modules, [*w1, *w2])
+        self.expert_hooks.before_fused_call([*w1, *w2])
         return moe_experts(
             hidden_states,
             ids,

@@ -37,29 +37,47 @@ _HOOKS_THAT_CANNOT_RUN = {
 }
 
 
-def prepare_experts_for_fused_call(
-    modules: Sequence[tuple[str, torch.nn.Module]], params: Sequence[torch.Tensor]
-) -> None:
-    """Run the forward pre-hooks of ``modules`` (the experts module's ``named_modules()``) and
-    make ``params`` ready to read; refuse hooks that cannot run."""
-    _refuse_hooks_that_cannot_run(modules)
-    for name, module in modules:
-        for hook_id, hook in list(module._forward_pre_hooks.items()):
-            if hook_id in module._forward_pre_hooks_with_kwargs:
-                result = hook(module, (), {})
-            else:
-                result = hook(module, ())
-            if result is not None:
-                raise MokConfigError(
-                    f"the forward pre-hook {_hook_name(hook)} on {_describe(name, module)} "
-                    f"returns a value, replacing the module's input: mok runs the routed experts "
-                    f"as one fused call that never builds their modules' inputs; remove the hook, "
-                    f"{_ALTERNATIVE}"
-                )
-    # Looked up per call rather than at import, so that the Megatron in use decides.
-    ensure_params_ready = getattr(megatron_utils, "ensure_params_ready", None)
-    if ensure_params_ready is not None:
-        ensure_params_ready(params)
+class ExpertHooks:
+    """The experts module's hooks, taken at the layer's first forward (after PEFT, which wraps
+    modules once the model is built, has run) and read on every call. A module keeps the same
+    hook dicts for its life - registering or removing a hook (DDP toggles its pre-hooks between
+    steps) changes their contents - so the dicts are gathered once and a call only looks into
+    them: it costs a pass over a flat list, not a walk of the module tree."""
+
+    def __init__(self, experts: torch.nn.Module, prefix: str):
+        self._modules = list(experts.named_modules(prefix=prefix))
+        self._cannot_run = [getattr(module, attribute) for _, module in self._modules
+                            for attribute in _HOOKS_THAT_CANNOT_RUN]
+        self._pre_hooks = [(name, module, module._forward_pre_hooks)
+                           for name, module in self._modules]
+
+    def before_fused_call(self, params: Sequence[torch.Tensor]) -> None:
+        """Run the modules' forward pre-hooks and make ``params`` ready to read; refuse hooks
+        that cannot run."""
+        if any(self._cannot_run):
+            _refuse_hooks_that_cannot_run(self._modules)
+        for name, module, hooks in self._pre_hooks:
+            if hooks:
+                _run_pre_hooks(name, module, hooks)
+        # Looked up per call rather than at import, so that the Megatron in use decides.
+        ensure_params_ready = getattr(megatron_utils, "ensure_params_ready", None)
+        if ensure_params_ready is not None:
+            ensure_params_ready(params)
+
+
+def _run_pre_hooks(name: str, module: torch.nn.Module, hooks: dict) -> None:
+    for hook_id, hook in list(hooks.items()):
+        if hook_id in module._forward_pre_hooks_with_kwargs:
+            result = hook(module, (), {})
+        else:
+            result = hook(module, ())
+        if result is not None:
+            raise MokConfigError(
+                f"the forward pre-hook {_hook_name(hook)} on {_describe(name, module)} "
+                f"returns a value, replacing the module's input: mok runs the routed experts "
+                f"as one fused call that never builds their modules' inputs; remove the hook, "
+                f"{_ALTERNATIVE}"
+            )
 
 
 def _refuse_hooks_that_cannot_run(modules: Sequence[tuple[str, torch.nn.Module]]) -> None:

@@ -19,7 +19,7 @@ from typing import Optional
 import torch.nn.functional as F
 from megatron.core.transformer.transformer_config import TransformerConfig
 
-from megatron_harness import FFN, HIDDEN, NUM_EXPERTS, TOPK
+from megatron_harness import config_values
 
 KINDS = ("core", "deferred", "bridge")
 BRIDGE_INSTALL = "pip install --no-deps megatron-bridge==0.6.2 omegaconf"
@@ -61,20 +61,8 @@ def bridge_gpt_provider() -> Optional[type]:
 
 
 def moe_config(kind: str, **overrides):
-    values = dict(
-        num_layers=1,
-        hidden_size=HIDDEN,
-        num_attention_heads=2,
-        num_moe_experts=NUM_EXPERTS,
-        moe_router_topk=TOPK,
-        moe_ffn_hidden_size=FFN,
-        moe_token_dispatcher_type="alltoall",
-        gated_linear_unit=True,
-        activation_func=F.silu,
-        add_bias_linear=False,
-        use_cpu_initialization=True,
-    )
-    values.update(overrides)
+    values = config_values("alltoall", overrides.pop("expert_model_parallel_size", 1),
+                           gated_linear_unit=True, activation_func=F.silu, **overrides)
     if kind == "core":
         return TransformerConfig(**values)
     if kind == "deferred":

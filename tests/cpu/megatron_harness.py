@@ -148,14 +148,22 @@ class _CudaCallsOnCpu(TorchFunctionMode):
         return func(*args, **kwargs)
 
 
+def recipe_file(tmp_path, **fields) -> str:
+    """A recipe YAML with `fields` (top-level keys) under tmp_path; its path."""
+    path = tmp_path / "recipe.yaml"
+    path.write_text("".join(f"{k}: {v}\n" for k, v in fields.items()))
+    return str(path)
+
+
 def cuda_calls_on_cpu():
     """Context in which Megatron's optimizer and schedules run on CPU tensors."""
     return _CudaCallsOnCpu()
 
 
-def base_config(dispatcher: str, world_size: int, **overrides):
+def config_values(dispatcher: str, world_size: int, **overrides) -> dict:
+    """The TransformerConfig fields of the tests' small MoE layer (GELU experts unless
+    overridden), for TransformerConfig or a Bridge-style provider."""
     from megatron.core.activations import squared_relu
-    from megatron.core.transformer.transformer_config import TransformerConfig
 
     if overrides.get("activation_func") == "squared_relu":
         overrides["activation_func"] = squared_relu
@@ -174,7 +182,13 @@ def base_config(dispatcher: str, world_size: int, **overrides):
         use_cpu_initialization=True,
     )
     values.update(overrides)
-    return TransformerConfig(**values)
+    return values
+
+
+def base_config(dispatcher: str, world_size: int, **overrides):
+    from megatron.core.transformer.transformer_config import TransformerConfig
+
+    return TransformerConfig(**config_values(dispatcher, world_size, **overrides))
 
 
 def build_moe_layer(dispatcher: str, seed: int, megakernel_backend=None, **overrides):

@@ -12,11 +12,14 @@ from mok_megatron.inputs import check_call
 from mok_megatron.testing import ProblemSpec
 
 
-def _call(dtype=torch.bfloat16, tokens=6, **kw):
-    p = ProblemSpec("inputs", (tokens,), num_experts=4, hidden=32, ffn=16, dtype=dtype,
-                    **kw).build().local(0)
-    return check_call(p["x"], p["ids"], p["probs"], p["w1"], p["w2"], activation="swiglu",
-                      world=1)
+def _tensors(hidden=32, dtype=torch.bfloat16, tokens=6):
+    p = ProblemSpec("inputs", (tokens,), num_experts=4, hidden=hidden, ffn=16,
+                    dtype=dtype).build().local(0)
+    return p["x"], p["ids"], p["probs"], p["w1"], p["w2"]
+
+
+def _call(world=1, **kw):
+    return check_call(*_tensors(**kw), activation="swiglu", world=world)
 
 
 @pytest.fixture
@@ -33,19 +36,11 @@ def no_workspace(monkeypatch):
         (lambda: _call(dtype=torch.float32), Recipe(), "runs bf16 activations and weights"),
         (lambda: _call(tokens=9), Recipe(kernel=KernelKnobs(max_tokens_per_rank=8)),
          "9 tokens on this rank exceed the workspace bound kernel.max_tokens_per_rank=8"),
-        (lambda: check_call(*_tensors(hidden=36), activation="swiglu", world=1), Recipe(),
-         "H and F to be multiples of 8; got H=36"),
-        (lambda: check_call(*_tensors(), activation="swiglu", world=9), Recipe(),
-         "supports at most 8 GPUs"),
+        (lambda: _call(hidden=36), Recipe(), "H and F to be multiples of 8; got H=36"),
+        (lambda: _call(world=9), Recipe(), "supports at most 8 GPUs"),
     ],
     ids=["fp32", "too-many-tokens", "h-not-multiple-of-8", "ep9"],
 )
 def test_kernel_requirements_fail_before_the_workspace(no_workspace, call, recipe, match):
     with pytest.raises(ValueError, match=match):
         symm_moe.moe_experts_cuda(call(), None, recipe)
-
-
-def _tensors(hidden=32):
-    p = ProblemSpec("inputs", (6,), num_experts=4, hidden=hidden, ffn=16,
-                    dtype=torch.bfloat16).build().local(0)
-    return p["x"], p["ids"], p["probs"], p["w1"], p["w2"]

@@ -18,7 +18,7 @@ pytest.importorskip("megatron.training")
 from megatron.core.transformer.moe.moe_layer import MoELayer  # noqa: E402
 from megatron.core.transformer.transformer_config import TransformerConfig  # noqa: E402
 
-from megatron_harness import MOK_CONFIG  # noqa: E402
+from megatron_harness import MOK_CONFIG, recipe_file  # noqa: E402
 from mok_megatron.config import ConfigError  # noqa: E402
 from mok_megatron.megatron import register  # noqa: E402
 from mok_megatron.megatron.recipe import active_recipe, set_recipe  # noqa: E402
@@ -45,12 +45,6 @@ def parse(monkeypatch, *argv):
 
     monkeypatch.setattr(sys, "argv", ["pretrain_gpt.py", *argv])
     return parse_args()
-
-
-def recipe_file(tmp_path, **fields) -> str:
-    path = tmp_path / "recipe.yaml"
-    path.write_text("".join(f"{k}: {v}\n" for k, v in fields.items()))
-    return str(path)
 
 
 def test_parser_accepts_mok_and_the_recipe_flag(monkeypatch):

@@ -12,7 +12,7 @@ pytest.importorskip("megatron.core")
 
 import megatron_workers  # noqa: E402
 from bridge_configs import KINDS, bridge_missing, finalize, moe_config  # noqa: E402
-from megatron_harness import run_distributed  # noqa: E402
+from megatron_harness import recipe_file, run_distributed  # noqa: E402
 from mok_megatron.megatron.bridge import use_mok  # noqa: E402
 from mok_megatron.megatron.recipe import active_recipe, set_recipe  # noqa: E402
 from mok_megatron.megatron.validation import MokConfigError  # noqa: E402
@@ -32,12 +32,6 @@ def no_recipe_selected(monkeypatch):
     set_recipe(None)
     yield
     set_recipe(None)
-
-
-def recipe_file(tmp_path, **fields) -> str:
-    path = tmp_path / "recipe.yaml"
-    path.write_text("".join(f"{k}: {v}\n" for k, v in fields.items()))
-    return str(path)
 
 
 def test_use_mok_selects_mok_and_the_recipe(kind, tmp_path):

@@ -13,7 +13,7 @@ pytest.importorskip("megatron.training")
 from megatron.core.transformer.transformer_config import TransformerConfig  # noqa: E402
 
 import megatron_workers  # noqa: E402
-from megatron_harness import MOK_CONFIG, run_distributed  # noqa: E402
+from megatron_harness import MOK_CONFIG, recipe_file, run_distributed  # noqa: E402
 from mok_megatron.megatron import register  # noqa: E402
 from mok_megatron.megatron.validation import MokConfigError  # noqa: E402
 
@@ -103,11 +103,8 @@ def no_recipe_env(monkeypatch):
 
 
 def use_recipe(monkeypatch, tmp_path, fields) -> None:
-    if fields is None:
-        return
-    path = tmp_path / "recipe.yaml"
-    path.write_text("".join(f"{k}: {v}\n" for k, v in fields.items()))
-    monkeypatch.setenv("MOK_RECIPE", str(path))
+    if fields is not None:
+        monkeypatch.setenv("MOK_RECIPE", recipe_file(tmp_path, **fields))
 
 
 # megatron-core 0.17 names the modules field cuda_graph_scope and spells the full-iteration
