@@ -28,6 +28,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("grouped_gemm", &mok::grouped_gemm);
   m.def("timeout_reports", &mok::timeout_reports);
 
-  // forward megakernel
+  // megakernels
   m.def("moe_forward_megakernel", &mok::moe_forward_megakernel);
+  m.def("moe_backward_megakernel", &mok::moe_backward_megakernel);
 }

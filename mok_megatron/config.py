@@ -87,6 +87,11 @@ class KernelKnobs:
     # Forward kernels: "separate" (v1: row movers, torch grouped GEMMs, epilogue kernels) or
     # "megakernel" (one persistent launch; comm_sms_forward blocks pull rows).
     forward_kernel: Literal["separate", "megakernel"] = "separate"
+    # Backward kernels: "separate" (v1) or "megakernel" (one persistent launch: dgrad with
+    # the activation backward, dX and dprob pushes and both weight gradients;
+    # comm_sms_backward blocks pull dY rows). With backward_inputs: saved the megakernel also
+    # keeps forward's act (F more bf16 per row).
+    backward_kernel: Literal["separate", "megakernel"] = "separate"
     # What backward starts from. "saved": forward keeps the pulled token rows and FC1's output
     # h, sized for the worst case (EP · max_tokens_per_rank · topk rows of H and of 2F or F,
     # per MoE layer, until its backward). "recomputed": forward keeps only the schedule
@@ -295,8 +300,11 @@ def _check_bounds(bounds: dict[str, float], value: Any, key: str) -> None:
 # move one from its default only where it is read, so nobody tunes a setting that changes
 # nothing.
 _CONDITIONAL_KNOBS = (
-    ("minibatch_tokens", lambda k: k.forward_kernel == "megakernel",
-     "only forward_kernel: megakernel reads it"),
+    ("comm_sms_backward", lambda k: k.backward_kernel == "megakernel",
+     "only backward_kernel: megakernel reads it"),
+    ("minibatch_tokens",
+     lambda k: k.forward_kernel == "megakernel" or k.backward_kernel == "megakernel",
+     "only the megakernels read it"),
     ("macrobatch_tokens",
      lambda k: k.forward_kernel == "megakernel" and k.backward_inputs == "recomputed",
      "only forward_kernel: megakernel with backward_inputs: recomputed reads it"),

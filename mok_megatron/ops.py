@@ -213,6 +213,63 @@ def moe_forward_megakernel(peer_bases, tokens_offset, slots_offset, offsets, row
                                        trace)
 
 
+def moe_backward_megakernel(peer_bases, tokens_offset: int, slots_offset: int,
+                            values_offset: int, offsets, row_slot, row_prob, max_tokens: int,
+                            topk: int, w1, w2, activation: str, rows, h, act, dout, dh,
+                            dprob_part, counters, comm_blocks: int, timeout_ns: int, *,
+                            dw1=None, dw2=None, dw1_fp32=None, dw2_fp32=None,
+                            minibatch_rows: int = MEGAKERNEL_BLOCK_M, rank: int = 0) -> None:
+    """Pull dY + FC2-dgrad with the activation backward + dW2 + FC1-dgrad (dX rows and dprobs
+    pushed to their (token, k) slots) + dW1 in one persistent launch
+    (csrc/megakernel/moe_backward.cu). ``rows``, ``h``, ``act``: forward's token rows, FC1
+    output and activation at schedule positions ([cap, H], [cap, F1], [cap, F]). ``dout``,
+    ``dh`` ([cap, H], [cap, F1] bf16) and ``dprob_part`` (fp32, ``dprob_part_size``): the
+    launch's own buffers. Each weight gradient goes to ``dw`` (bf16, stacked like the weight)
+    or is added into fp32 tensors whose addresses ``dw_fp32`` lists (int64 [E], e.g.
+    Megatron's main_grad). ``counters``: ``backward_megakernel_counters(...)``, zeroed before
+    every launch."""
+    _cuda("peer_bases", peer_bases, torch.int64)
+    _cuda("offsets", offsets, torch.int32)
+    _cuda("row_slot", row_slot, torch.int32)
+    _cuda("row_prob", row_prob, torch.float32)
+    _cuda("counters", counters, torch.int32)
+    _cuda("dprob_part", dprob_part, torch.float32)
+    for name, t in (("rows", rows), ("h", h), ("act", act), ("dout", dout), ("dh", dh),
+                    ("dw1", dw1), ("dw2", dw2)):
+        if t is not None:
+            _cuda(name, t, torch.bfloat16)
+    for name, t in (("dw1_fp32", dw1_fp32), ("dw2_fp32", dw2_fp32)):
+        if t is not None:
+            _cuda(name, t, torch.int64)
+    _check((dw1 is None) != (dw1_fp32 is None) and (dw2 is None) != (dw2_fp32 is None),
+           "each weight gradient is either bf16 (dw) or fp32 accumulated (dw_fp32)")
+    _check(w1.dtype == torch.bfloat16 and w2.dtype == torch.bfloat16, "weights must be bf16")
+    _check(0 <= rank < MAX_RANKS, f"rank {rank} outside [0, {MAX_RANKS})")
+    stall_watch.install()
+    extension().moe_backward_megakernel(peer_bases, tokens_offset, slots_offset, values_offset,
+                                        offsets, row_slot, row_prob, max_tokens, topk, w1, w2,
+                                        ACTIVATION_IDS[activation], rows, h, act, dout, dh,
+                                        dprob_part, dw1, dw2, dw1_fp32, dw2_fp32, counters,
+                                        comm_blocks, minibatch_rows, timeout_ns, rank)
+
+
+DGRAD2_COLS = 128  # csrc/megakernel/backward_tiles.cuh kDgrad2Cols
+
+
+def dprob_part_size(rows: int, ffn: int) -> int:
+    """fp32 values of the backward megakernel's per-row dprob partials: one per row and
+    FC2-dgrad tile (DGRAD2_COLS columns of F)."""
+    return rows * -(-ffn // DGRAD2_COLS)
+
+
+def backward_megakernel_counters(rows: int, num_experts: int, device) -> torch.Tensor:
+    """Zeroed counters for a backward megakernel launch over `rows` scheduled rows: per
+    m-block dY rows pulled and FC2-dgrad tile halves stored, then the tile counter and the
+    arrival ticket counter."""
+    return torch.zeros(2 * _max_mblocks(rows, num_experts) + 2, dtype=torch.int32,
+                       device=device)
+
+
 PROFILE_SKIP = {"pull": 1, "waits": 2, "fc1": 4, "fc2": 8, "stores": 16, "mma": 32,
                 "loads": 64}  # csrc ProfileSkip
 
@@ -261,8 +318,10 @@ def macrobatch_ring_rows(rows: int, num_experts: int, ring_mblocks: int) -> int:
 
 
 WAIT_ROLES = ("gemm producer", "gemm mma", "rows ready", "fc1 done", "pull slot",
-              "pull row", "tile queue", "ring slot", "staging")  # csrc sm90::WaitRole
-REPORT_KERNELS = ("grouped GEMM engine", "forward megakernel")  # csrc ReportKernel
+              "pull row", "tile queue", "ring slot", "staging", "fc2 dgrad done",
+              "h tile")  # csrc sm90::WaitRole
+REPORT_KERNELS = ("grouped GEMM engine", "forward megakernel",
+                  "backward megakernel")  # csrc ReportKernel
 
 
 def timeout_reports() -> list[dict]:

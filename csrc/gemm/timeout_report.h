@@ -10,7 +10,12 @@
 
 namespace mok {
 
-enum ReportKernel : int { kReportGroupedGemm = 0, kReportForwardMegakernel = 1, kReportKernels };
+enum ReportKernel : int {
+  kReportGroupedGemm = 0,
+  kReportForwardMegakernel = 1,
+  kReportBackwardMegakernel = 2,
+  kReportKernels
+};
 
 // The record a launch of `kernel` by EP rank `rank` traps into; remembers the launch's
 // timeout for the report.

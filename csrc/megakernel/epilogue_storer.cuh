@@ -26,6 +26,7 @@
 #include <cstdint>
 
 #include "common/ptx.cuh"
+#include "common/vec.cuh"
 #include "gemm/sm90/tile_engine.cuh"
 #include "gemm/sm90/tile_epilogue.cuh"
 #include "gemm/sm90/tma.cuh"
@@ -135,14 +136,6 @@ __device__ __forceinline__ void st_shared_v4(uint32_t addr, const uint32_t (&v)[
   asm volatile("st.shared.v4.b32 [%0], {%1, %2, %3, %4};" ::"r"(addr), "r"(v[0]), "r"(v[1]),
                "r"(v[2]), "r"(v[3])
                : "memory");
-}
-// Element i (0: low half) of a bf16 pair, exactly, as fp32; and a pair rounded to bf16.
-__device__ __forceinline__ float bf16_of(uint32_t pair, int i) {
-  return __uint_as_float(i == 0 ? pair << 16 : pair & 0xffff0000u);
-}
-__device__ __forceinline__ uint32_t pack_bf16x2(float lo, float hi) {
-  const __nv_bfloat162 b = __floats2bfloat162_rn(lo, hi);
-  return *reinterpret_cast<const uint32_t*>(&b);
 }
 
 // act(h) * prob (gated: act(gate) * up * prob) of one staged FC1 tile, in place: slot 0 (and

@@ -87,23 +87,13 @@ struct SharedStorage {
   int32_t mblock_begin[kGemmMaxExperts + 1];
   uint64_t pull_full[kPullMaxSlots];  // row-pulling blocks: their slots live in epilogue
   uint64_t pull_empty[kPullMaxSlots];  // and ring.a/b until their pull is done
-  TileQueue queue;
+  TileQueue<QueuedTile> queue;
   StagingHandoff handoff[kGemmConsumers];  // consumer warpgroup -> its storer warp
   StorerTargets storer_targets;  // read by the storers in place (epilogue_storer.cuh)
   uint32_t ticket;  // this block's arrival ticket
 };
-// The GEMM memory a row-pulling block uses for whole-row slots: the epilogue buffers and the
-// stage ring's operand tiles, which lie back to back.
-constexpr size_t kPullBytes =
-    sizeof(EpilogueBuffers) + sizeof(StageRing::a) + sizeof(StageRing::b);
-static_assert(offsetof(SharedStorage, ring) == sizeof(EpilogueBuffers) &&
-                  offsetof(StageRing, a) == 0 && offsetof(StageRing, b) == sizeof(StageRing::a),
-              "slots span epilogue, ring.a and ring.b");
-
-__host__ __device__ constexpr int pull_slots(int hidden) {
-  const size_t fit = kPullBytes / (size_t(hidden) * 2);
-  return fit < kPullMaxSlots ? int(fit) : kPullMaxSlots;
-}
+static_assert(offsetof(SharedStorage, ring) == sizeof(EpilogueBuffers),
+              "the pull's slots span epilogue, ring.a and ring.b (row_pull.cuh: kPullBytes)");
 constexpr size_t kSharedBytes = aligned_smem_bytes<SharedStorage>();
 static_assert(kSharedBytes <= kMaxDynamicSmemBytes, "shared memory of one block per SM");
 

@@ -24,10 +24,25 @@
 
 #include "common/ptx.cuh"
 #include "gemm/sm90/tile_engine.cuh"
+#include "gemm/sm90/tile_epilogue.cuh"
 #include "gemm/sm90/tma.cuh"
 #include "megakernel/macrobatch_ring.cuh"
 
 namespace mok {
+
+// The GEMM memory a row-pulling block uses for whole-row slots: the epilogue buffers and the
+// stage ring's operand tiles, which a megakernel's shared storage lays out back to back
+// (EpilogueBuffers first, then the StageRing; each kernel asserts it).
+constexpr size_t kPullBytes =
+    sizeof(sm90::EpilogueBuffers) + sizeof(sm90::StageRing::a) + sizeof(sm90::StageRing::b);
+static_assert(offsetof(sm90::StageRing, a) == 0 &&
+                  offsetof(sm90::StageRing, b) == sizeof(sm90::StageRing::a),
+              "ring.a and ring.b lie back to back");
+
+__host__ __device__ constexpr int pull_slots(int hidden) {
+  const size_t fit = kPullBytes / (size_t(hidden) * 2);
+  return fit < kPullMaxSlots ? int(fit) : kPullMaxSlots;
+}
 
 struct RowSource {
   const int64_t* peer_bases;  // [world] workspace base of each rank

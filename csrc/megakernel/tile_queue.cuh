@@ -26,15 +26,19 @@ struct QueuedTile {
   int tile, fc1, expert, mblock, n_block, row0, slot0, rows_left;
 };
 
+// Entry: what the producer decoded (QueuedTile for forward, BackwardTile for backward); its
+// first field `tile` is the index (-1: no tiles left).
+template <class Entry>
 struct TileQueue {
-  QueuedTile entry[kTileQueueDepth];
+  Entry entry[kTileQueueDepth];
   uint64_t full[kTileQueueDepth];    // the producer's arrive
   uint64_t empty[kTileQueueDepth];   // one arrive per consumer warp, once done with the entry
 };
 
 constexpr int kTileQueueReaders = 4 * kGemmConsumers;  // consumer warps
 
-__device__ __forceinline__ void init_tile_queue(TileQueue& q) {
+template <class Entry>
+__device__ __forceinline__ void init_tile_queue(TileQueue<Entry>& q) {
   for (int i = 0; i < kTileQueueDepth; ++i) {
     sm90::mbar_init(&q.full[i], 1);
     sm90::mbar_init(&q.empty[i], kTileQueueReaders);
@@ -49,7 +53,8 @@ __device__ __forceinline__ int take_tile(uint32_t* counter, int end) {
 
 // Producer thread: entry `seq` of the ring (the plain shared stores are published by the
 // arrive's release and read after the consumers' acquiring wait).
-__device__ __forceinline__ void push_tile(TileQueue& q, int seq, const QueuedTile& t,
+template <class Entry>
+__device__ __forceinline__ void push_tile(TileQueue<Entry>& q, int seq, const Entry& t,
                                           uint64_t timeout_ns, int* report) {
   const int slot = seq % kTileQueueDepth;
   sm90::mbar_wait(&q.empty[slot], ((seq / kTileQueueDepth) & 1) ^ 1, timeout_ns,
@@ -60,8 +65,9 @@ __device__ __forceinline__ void push_tile(TileQueue& q, int seq, const QueuedTil
 
 // Every thread of a consumer warp: entry `seq`, valid until the warp releases it (waiting
 // again for an entry not yet released returns at once).
-__device__ __forceinline__ const QueuedTile& wait_tile(TileQueue& q, int seq,
-                                                       uint64_t timeout_ns, int* report) {
+template <class Entry>
+__device__ __forceinline__ const Entry& wait_tile(TileQueue<Entry>& q, int seq,
+                                                  uint64_t timeout_ns, int* report) {
   const int slot = seq % kTileQueueDepth;
   sm90::mbar_wait(&q.full[slot], (seq / kTileQueueDepth) & 1, timeout_ns, sm90::kWaitTileQueue,
                   seq, slot, report);
@@ -69,7 +75,8 @@ __device__ __forceinline__ const QueuedTile& wait_tile(TileQueue& q, int seq,
 }
 
 // Every thread of a consumer warp, done with entry `seq`: the producer may refill it.
-__device__ __forceinline__ void release_tile(TileQueue& q, int seq) {
+template <class Entry>
+__device__ __forceinline__ void release_tile(TileQueue<Entry>& q, int seq) {
   __syncwarp();
   if (threadIdx.x % 32 == 0) sm90::mbar_arrive(&q.empty[seq % kTileQueueDepth]);
 }

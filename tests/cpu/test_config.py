@@ -112,7 +112,11 @@ BROKEN = [
     ("recipes", "bf16", "kernel.minibatch_tokens", 32768, "kernel.minibatch_tokens",
      "must be <= macrobatch_tokens (16384), got 32768"),
     ("recipes", "bf16", "kernel.minibatch_tokens", 256, "kernel.minibatch_tokens",
-     "only forward_kernel: megakernel reads it: leave it at 128"),
+     "only the megakernels read it: leave it at 128"),
+    ("recipes", "bf16", "kernel.comm_sms_backward", 32, "kernel.comm_sms_backward",
+     "only backward_kernel: megakernel reads it: leave it at 16"),
+    ("recipes", "bf16", "kernel.backward_kernel", "fused", "kernel.backward_kernel",
+     "expected one of 'separate', 'megakernel'"),
     ("recipes", "bf16", "kernel.macrobatch_tokens", 32768, "kernel.macrobatch_tokens",
      "only forward_kernel: megakernel with backward_inputs: recomputed reads it: leave it at "
      "16384"),

@@ -70,4 +70,20 @@ CUtensorMap staged_rows_map(const void* base, uint64_t rows, uint64_t n_out, int
                                  {64, 1, kGemmWarpgroupRows, 1});
 }
 
+CUtensorMap mn_major_rows_map(const void* base, uint64_t rows, uint64_t cols,
+                              uint64_t row_stride) {
+  const uint64_t row_bytes = row_stride * 2;
+  return make_bf16_tensor_map_4d(base, {cols, rows, 1, 1},
+                                 {row_bytes, rows * row_bytes, rows * row_bytes},
+                                 {64, kGemmBlockK, 1, 1});
+}
+
+CUtensorMap expert_weight_mn_map(const void* base, uint64_t experts, uint64_t k, uint64_t n,
+                                 uint64_t expert_stride, uint64_t row_stride) {
+  const uint64_t expert_bytes = expert_stride * 2;
+  return make_bf16_tensor_map_4d(base, {n, k, experts, 1},
+                                 {row_stride * 2, expert_bytes, expert_bytes * experts},
+                                 {64, kGemmBlockK, 1, 1});
+}
+
 }  // namespace mok::sm90

@@ -31,4 +31,16 @@ CUtensorMap expert_weight_map(const void* base, uint64_t experts, uint64_t rows,
 CUtensorMap staged_rows_map(const void* base, uint64_t rows, uint64_t n_out, int halves,
                             uint64_t row_stride);
 
+// An MN-major operand read from rows: `rows` rows of `cols` bf16 (row stride `row_stride`
+// elements), K = rows, read in boxes of 64 columns x kGemmBlockK rows (tile_engine.cuh:
+// load_mn_boxes). Wgrad's operands: dY, act, dh and the token rows.
+CUtensorMap mn_major_rows_map(const void* base, uint64_t rows, uint64_t cols,
+                              uint64_t row_stride);
+
+// Expert weights W [E, K, N] read MN-major (K = W's rows, N its contiguous columns) in boxes of
+// 64 columns x kGemmBlockK rows: dgrad's B operand, the weight as stored (W2 [E, H, F] for
+// dA = dY W2, W1 [E, F1, H] for dX = dh W1), no transposed copy.
+CUtensorMap expert_weight_mn_map(const void* base, uint64_t experts, uint64_t k, uint64_t n,
+                                 uint64_t expert_stride, uint64_t row_stride);
+
 }  // namespace mok::sm90

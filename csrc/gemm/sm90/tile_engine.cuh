@@ -36,6 +36,8 @@ enum WaitRole : int {
   kWaitTileQueue = 6, // megakernel: a tile index from / a free entry in the block's tile queue
   kWaitRingSlot = 7,  // row puller: FC2 of the macrobatch before to free its ring slot
   kWaitStaging = 8,   // megakernel epilogue: a staging slot to write / a handoff to store
+  kWaitDgradDone = 9, // backward megakernel: FC2-dgrad tiles (dh) of an m-block
+  kWaitHTile = 10,    // backward megakernel consumer: its prefetched h tile
 };
 constexpr int kReportInts = 4;  // {role, block, tile, stage}
 
@@ -159,16 +161,17 @@ __device__ __forceinline__ void init_ring(StageRing& ring) {
 }
 
 // Producer side of one tile: for each k-block, wait for a free stage and issue
-// `load(stage, k0)`, which must start TMA loads of exactly kStageBytes onto ring.full[stage].
+// `load(stage, k0)`, which must start TMA loads of exactly `stage_bytes` onto ring.full[stage].
 // `it` counts k-blocks over the whole launch (stage = it % stages, parity flips per wrap).
 template <class Load>
 __device__ __forceinline__ void produce_tile(StageRing& ring, int& it, int k_blocks, int tile,
-                                             uint64_t timeout_ns, int* report, Load load) {
+                                             uint64_t timeout_ns, int* report, Load load,
+                                             uint32_t stage_bytes = kStageBytes) {
   for (int kb = 0; kb < k_blocks; ++kb, ++it) {
     const int stage = it % kGemmStages;
     const uint32_t parity = (it / kGemmStages) & 1;
     mbar_wait(&ring.empty[stage], parity ^ 1, timeout_ns, kWaitProducer, tile, stage, report);
-    mbar_arrive_expect_tx(&ring.full[stage], kStageBytes);
+    mbar_arrive_expect_tx(&ring.full[stage], stage_bytes);
     load(stage, kb * kGemmBlockK);
   }
 }
@@ -204,25 +207,70 @@ __device__ __forceinline__ void pass_tile(StageRing& ring, int& it, int k_blocks
   named_barrier_sync(barrier_id, 128);
 }
 
-// Consumer side of one tile: acc = A[rows of this warpgroup] @ B^T over k_blocks.
+// MN-major operand tiles (gemm/sm90/wgmma.cuh) come as TMA boxes of 64 MN-elements x
+// kGemmBlockK K-rows, one per 64 of MN, kMnBoxBytes apart.
+constexpr int kMnBoxBytes = 64 * kGemmBlockK * 2;
+static_assert(kATileBytes / kGemmConsumers == kMnBoxBytes,
+              "a consumer's A rows are one box in either layout");
+
+// TMA loads of an MN-major operand tile: `boxes` boxes at MN = mn0 + 64 b, K = k0, third
+// coordinate c2 (the expert of a weight; 0 for rows), into dst + b * kMnBoxBytes.
+__device__ __forceinline__ void load_mn_boxes(uint8_t* dst, const CUtensorMap* map,
+                                              uint64_t* full, int mn0, int k0, int c2,
+                                              int boxes) {
+  for (int b = 0; b < boxes; ++b) {
+    tma_load_4d(dst + b * kMnBoxBytes, map, full, mn0 + 64 * b, k0, c2, 0);
+  }
+}
+
+// kN columns into the first kN / 2 of the kAccRegs accumulators.
+template <int kN, int kTransA, int kTransB>
+__device__ __forceinline__ void wgmma_bf16(float (&d)[kAccRegs], uint64_t desc_a, uint64_t desc_b,
+                                           int scale_d) {
+  static_assert(kN == 256 || kN == 128, "m64n256 or m64n128 tiles");
+  if constexpr (kN == 256) wgmma_m64n256k16_bf16<kTransA, kTransB>(d, desc_a, desc_b, scale_d);
+  else wgmma_m64n128k16_bf16<kTransA, kTransB>(d, desc_a, desc_b, scale_d);
+}
+
+// One k-block of MMAs of a consumer warpgroup: acc (+)= A[its 64 rows] @ B^T over kGemmBlockK,
+// each operand K-major or (kAMn / kBMn) MN-major.
+template <int kN, bool kAMn, bool kBMn>
+__device__ __forceinline__ void mma_k_block(float (&acc)[kAccRegs], const uint8_t* a,
+                                            const uint8_t* b, int consumer, bool accumulate) {
+  const uint8_t* a_rows = a + consumer * (kATileBytes / kGemmConsumers);
+  const uint64_t desc_a = kAMn ? smem_desc_mn_major_sw128(a_rows, kMnBoxBytes)
+                               : smem_desc_k_major_sw128(a_rows);
+  const uint64_t desc_b =
+      kBMn ? smem_desc_mn_major_sw128(b, kMnBoxBytes) : smem_desc_k_major_sw128(b);
+  wgmma_fence();
+#pragma unroll
+  for (int k = 0; k < kGemmBlockK / 16; ++k) {
+    const uint64_t da = kAMn ? desc_advance_mn_major_k16(desc_a, k) : desc_advance_k16(desc_a, k);
+    const uint64_t db = kBMn ? desc_advance_mn_major_k16(desc_b, k) : desc_advance_k16(desc_b, k);
+    wgmma_bf16<kN, kAMn ? 1 : 0, kBMn ? 1 : 0>(acc, da, db, accumulate || k > 0);
+  }
+  wgmma_commit();
+}
+
+struct NoStageHook {
+  __device__ void operator()(int, int) const {}
+};
+
+// Consumer side of one tile: acc = A[rows of this warpgroup] @ B^T over k_blocks (kN columns,
+// in the first kN / 2 accumulators; operand layouts as mma_k_block). `hook(kb, stage)` runs after the stage has filled and before
+// its MMAs are issued (wgrad tiles zero the rows past their expert's end there).
+template <int kN = kGemmBlockN, bool kAMn = false, bool kBMn = false, class Hook = NoStageHook>
 __device__ __forceinline__ void consume_tile(StageRing& ring, int& it, int k_blocks, int tile,
                                              int consumer, bool leader, float (&acc)[kAccRegs],
-                                             uint64_t timeout_ns, int* report) {
+                                             uint64_t timeout_ns, int* report,
+                                             Hook hook = Hook{}) {
   int prev_stage = -1;
   for (int kb = 0; kb < k_blocks; ++kb, ++it) {
     const int stage = it % kGemmStages;
     mbar_wait(&ring.full[stage], (it / kGemmStages) & 1, timeout_ns, kWaitMma, tile, stage,
               report);
-    const uint64_t desc_a =
-        smem_desc_k_major_sw128(ring.a[stage] + consumer * (kATileBytes / kGemmConsumers));
-    const uint64_t desc_b = smem_desc_k_major_sw128(ring.b[stage]);
-    wgmma_fence();
-#pragma unroll
-    for (int k = 0; k < kGemmBlockK / 16; ++k) {
-      wgmma_m64n256k16_bf16(acc, desc_advance_k16(desc_a, k), desc_advance_k16(desc_b, k),
-                            kb > 0 || k > 0);
-    }
-    wgmma_commit();
+    hook(kb, stage);
+    mma_k_block<kN, kAMn, kBMn>(acc, ring.a[stage], ring.b[stage], consumer, kb > 0);
     // Keep one k-block of MMAs in flight; the one before it is done reading its stage.
     wgmma_wait<1>();
     fence_accumulators(acc);

@@ -1,6 +1,6 @@
-// Hopper warpgroup MMA (wgmma) with both operands in shared memory, K-major, 128-byte
-// swizzle: the layout a TMA load with CU_TENSOR_MAP_SWIZZLE_128B writes. Everything here is
-// sm_90a-only; the rest of csrc/ reaches it through gemm/sm90/ alone.
+// Hopper warpgroup MMA (wgmma) with both operands in shared memory, 128-byte swizzle (the
+// layout a TMA load with CU_TENSOR_MAP_SWIZZLE_128B writes), each K-major or MN-major.
+// Everything here is sm_90a-only; the rest of csrc/ reaches it through gemm/sm90/ alone.
 #pragma once
 
 #include <cstdint>
@@ -18,6 +18,27 @@ __device__ __forceinline__ uint64_t smem_desc_k_major_sw128(const void* smem_ptr
   desc |= static_cast<uint64_t>(1024 >> 4) << 32;
   desc |= static_cast<uint64_t>(1) << 62;  // layout type 1: 128-byte swizzle
   return desc;
+}
+
+// Shared-memory matrix descriptor for an MN-major tile as TMA writes it with 128-byte swizzle
+// from boxes of 64 MN-elements (one 128-byte row) x 64 K: K-row k of a box at k * 128 bytes,
+// 8-row (1024-byte) swizzle atoms. In the canonical layout ((8,8,m),(8,k)) the leading-byte
+// offset is the step between 64-element MN groups (`mn_group_bytes`: one box apart) and the
+// stride-byte offset the step between 8-row K groups (one atom).
+__device__ __forceinline__ uint64_t smem_desc_mn_major_sw128(const void* smem_ptr,
+                                                             uint32_t mn_group_bytes) {
+  const uint32_t addr = static_cast<uint32_t>(__cvta_generic_to_shared(smem_ptr));
+  uint64_t desc = 0;
+  desc |= static_cast<uint64_t>((addr & 0x3FFFF) >> 4);
+  desc |= static_cast<uint64_t>((mn_group_bytes >> 4) & 0x3FFF) << 16;
+  desc |= static_cast<uint64_t>(1024 >> 4) << 32;
+  desc |= static_cast<uint64_t>(1) << 62;
+  return desc;
+}
+
+// Moving 16 K-rows in an MN-major tile: two atoms, 2048 bytes.
+__device__ __forceinline__ uint64_t desc_advance_mn_major_k16(uint64_t desc, int k16_steps) {
+  return desc + static_cast<uint64_t>(k16_steps * 128);  // 2048 bytes in 16-byte units
 }
 
 // Moving 16 elements (32 bytes) along K inside a swizzled row: the hardware applies the
@@ -44,9 +65,12 @@ __device__ __forceinline__ void fence_accumulators(float (&d)[kRegs]) {
   for (int i = 0; i < kRegs; ++i) asm volatile("" : "+f"(d[i])::"memory");
 }
 
-// D[64x256] (+)= A[64x16] * B[256x16]^T, bf16 in, fp32 accumulate. scale_d = 0 overwrites D.
+// D[64xN] (+)= A[64x16] * B[Nx16]^T, bf16 in, fp32 accumulate. scale_d = 0 overwrites D.
+// kTransA / kTransB = 1: that operand is MN-major in shared memory (smem_desc_mn_major_sw128),
+// else K-major (smem_desc_k_major_sw128).
 // Accumulator fragment (thread t of the warpgroup, warp w = t/32, lane l): d[4j + 2i + c]
-// holds row 16w + l/4 + 8i, column 8j + 2(l%4) + c, for j in [0, 32).
+// holds row 16w + l/4 + 8i, column 8j + 2(l%4) + c, for j in [0, N/8).
+template <int kTransA = 0, int kTransB = 0>
 __device__ __forceinline__ void wgmma_m64n256k16_bf16(float (&d)[128], uint64_t desc_a,
                                                       uint64_t desc_b, int scale_d) {
   asm volatile(
@@ -62,7 +86,7 @@ __device__ __forceinline__ void wgmma_m64n256k16_bf16(float (&d)[128], uint64_t 
       "%80, %81, %82, %83, %84, %85, %86, %87, %88, %89, %90, %91, %92, %93, %94, %95, "
       "%96, %97, %98, %99, %100, %101, %102, %103, %104, %105, %106, %107, %108, %109, %110, %111, "
       "%112, %113, %114, %115, %116, %117, %118, %119, %120, %121, %122, %123, %124, %125, %126, %127"
-      "}, %128, %129, p, 1, 1, 0, 0;\n"
+      "}, %128, %129, p, 1, 1, %131, %132;\n"
       "}\n"
       : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
         "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
@@ -80,7 +104,36 @@ __device__ __forceinline__ void wgmma_m64n256k16_bf16(float (&d)[128], uint64_t 
         "+f"(d[104]), "+f"(d[105]), "+f"(d[106]), "+f"(d[107]), "+f"(d[108]), "+f"(d[109]), "+f"(d[110]), "+f"(d[111]),
         "+f"(d[112]), "+f"(d[113]), "+f"(d[114]), "+f"(d[115]), "+f"(d[116]), "+f"(d[117]), "+f"(d[118]), "+f"(d[119]),
         "+f"(d[120]), "+f"(d[121]), "+f"(d[122]), "+f"(d[123]), "+f"(d[124]), "+f"(d[125]), "+f"(d[126]), "+f"(d[127])
-      : "l"(desc_a), "l"(desc_b), "r"(scale_d));
+      : "l"(desc_a), "l"(desc_b), "r"(scale_d), "n"(kTransA), "n"(kTransB));
+}
+
+// The m64n128 form accumulates into the first 64 registers of `d`, which may be longer: one
+// accumulator array serves tiles of both widths (two arrays would both be live across every
+// MMA - the "+f" operands - and exceed the consumers' registers).
+template <int kTransA = 0, int kTransB = 0, int kRegs>
+__device__ __forceinline__ void wgmma_m64n128k16_bf16(float (&d)[kRegs], uint64_t desc_a,
+                                                      uint64_t desc_b, int scale_d) {
+  static_assert(kRegs >= 64, "m64n128 needs 64 accumulator registers");
+  asm volatile(
+      "{\n"
+      ".reg .pred p;\n"
+      "setp.ne.b32 p, %66, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 {"
+      "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
+      "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, "
+      "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, "
+      "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63"
+      "}, %64, %65, p, 1, 1, %67, %68;\n"
+      "}\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
+        "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
+        "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
+        "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]),
+        "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]),
+        "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]),
+        "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]),
+        "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
+      : "l"(desc_a), "l"(desc_b), "r"(scale_d), "n"(kTransA), "n"(kTransB));
 }
 
 }  // namespace mok::sm90

@@ -1,0 +1,75 @@
+"""The megakernel path: the expert stage of a MoE call as one persistent kernel each way.
+
+forward   csrc/megakernel/moe_forward.cu: pull x rows | FC1 + act * p | FC2 | push result
+          rows to their (source rank, token, k) slots
+recompute pull x rows again | FC1 + act * p by the same tile engine (bit-identical h, act)
+backward  csrc/megakernel/moe_backward.cu: pull dY rows | FC2-dgrad + act backward | dW2 |
+          FC1-dgrad, dX rows and dprobs pushed to the source slots | dW1
+
+symm_moe.py runs the publish, barriers and fixed-order reductions around these calls.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from . import ops
+from .plan import ExpertInputs, Plan, Schedule
+from .separate_path import pull
+
+
+def forward(plan: Plan, sched: Schedule, keep: bool) -> ExpertInputs:
+    """`keep`: the rows, h and act for backward (saved backward inputs), else only transient
+    buffers - a ring of macrobatches with the ring on (plan.ring_mblocks)."""
+    ws = plan.ws
+    cap, device = sched.capacity, sched.row_slot.device
+    n = (ops.macrobatch_ring_rows(cap, plan.num_local, plan.ring_mblocks)
+         if plan.ring_mblocks else cap)
+    rows = torch.empty(n, ws.layout.hidden, dtype=torch.bfloat16, device=device)
+    act = torch.empty(n, plan.ffn, dtype=torch.bfloat16, device=device)
+    h = (torch.empty(cap, plan.w1.shape[1], dtype=torch.bfloat16, device=device)
+         if keep else None)
+    counters = ops.megakernel_counters(cap, plan.num_local, device, plan.ring_mblocks)
+    ops.moe_forward_megakernel(ws.peer_bases, ws.offsets["tokens"], ws.offsets["slots"],
+                               sched.offsets, sched.row_slot, sched.row_prob,
+                               ws.layout.max_tokens, plan.topk, plan.w1, plan.w2,
+                               plan.activation, rows, act, h, counters,
+                               plan.comm_blocks_forward, ws.timeout_ns,
+                               minibatch_rows=plan.minibatch_rows,
+                               ring_mblocks=plan.ring_mblocks, rank=ws.rank)
+    return ExpertInputs(rows, h, act) if keep else ExpertInputs(None, None, None)
+
+
+def recompute(plan: Plan, sched: Schedule) -> ExpertInputs:
+    """The rows, h and act forward had, bit for bit: the megakernel's FC1 tiles are the tile
+    engine's, so the standalone engine reproduces them."""
+    ws = plan.ws
+    rows = pull(plan, "inputs", sched)
+    h = torch.empty(sched.capacity, plan.w1.shape[1], dtype=torch.bfloat16, device=rows.device)
+    act = torch.empty(sched.capacity, plan.ffn, dtype=torch.bfloat16, device=rows.device)
+    ops.grouped_gemm(rows, plan.w1, sched.offsets, act, row_prob=sched.row_prob,
+                     activation=plan.activation, h_out=h, timeout_ns=ws.timeout_ns,
+                     rank=ws.rank)
+    return ExpertInputs(rows, h, act)
+
+
+def backward(plan: Plan, sched: Schedule, kept: ExpertInputs):
+    """dX rows and dprobs pushed to the source slots in one launch; returns the stacked bf16
+    dW1, dW2."""
+    ws = plan.ws
+    cap, device = sched.capacity, sched.row_slot.device
+    dout = torch.empty(cap, ws.layout.hidden, dtype=torch.bfloat16, device=device)
+    dh = torch.empty_like(kept.h)
+    dprob_part = torch.empty(ops.dprob_part_size(cap, plan.ffn), dtype=torch.float32,
+                             device=device)
+    dw1 = torch.empty(plan.w1.shape, dtype=torch.bfloat16, device=device)
+    dw2 = torch.empty(plan.w2.shape, dtype=torch.bfloat16, device=device)
+    counters = ops.backward_megakernel_counters(cap, plan.num_local, device)
+    ops.moe_backward_megakernel(ws.peer_bases, ws.offsets["tokens"], ws.offsets["slots"],
+                                ws.offsets["slot_values"], sched.offsets, sched.row_slot,
+                                sched.row_prob, ws.layout.max_tokens, plan.topk, plan.w1,
+                                plan.w2, plan.activation, kept.rows, kept.h, kept.act, dout,
+                                dh, dprob_part, counters, plan.comm_blocks_backward,
+                                ws.timeout_ns, dw1=dw1, dw2=dw2,
+                                minibatch_rows=plan.minibatch_rows, rank=ws.rank)
+    return dw1, dw2
