@@ -151,7 +151,7 @@ __device__ __forceinline__ void for_each_chunk(const RowPlacement& placement, in
 // for a macrobatch's slot to be free (wait_slot(k)), which the storing lanes pass before the
 // chunk's first store - after every earlier chunk of theirs has been published, so a chunk
 // never holds back rows a waited-for tile needs.
-__device__ void pull_rows_bulk(const RowSource& src, __nv_bfloat16* rows, int hidden,
+__device__ inline void pull_rows_bulk(const RowSource& src, __nv_bfloat16* rows, int hidden,
                                int comm_block, int comm_blocks, const PullRing& ring,
                                const RowPlacement& placement, uint32_t* rows_ready) {
   const uint64_t timeout_ns = placement.timeout_ns;
