@@ -27,6 +27,7 @@ import os
 import platform
 import subprocess
 import sys
+import traceback
 from pathlib import Path
 
 import torch
@@ -125,10 +126,13 @@ def row_counts(ids: torch.Tensor, num_experts: int) -> tuple[int, int]:
 
 def mok_path(group, tokens, forward_kernel="separate", comm_sms=16, backward_inputs="saved",
              macrobatch_tokens=KernelKnobs.macrobatch_tokens,
-             minibatch_tokens=KernelKnobs.minibatch_tokens):
+             minibatch_tokens=KernelKnobs.minibatch_tokens, backward_kernel="separate",
+             comm_sms_backward=KernelKnobs.comm_sms_backward):
     recipe = Recipe(name="bench", backend="cuda",
                     kernel=KernelKnobs(max_tokens_per_rank=max(tokens, 1),
                                        forward_kernel=forward_kernel, comm_sms_forward=comm_sms,
+                                       backward_kernel=backward_kernel,
+                                       comm_sms_backward=comm_sms_backward,
                                        backward_inputs=backward_inputs,
                                        macrobatch_tokens=macrobatch_tokens,
                                        minibatch_tokens=minibatch_tokens))
@@ -213,23 +217,56 @@ def timed(fn, iters: int, warmup: int) -> float:
     return t.median().item()
 
 
-def graph_forward_seconds(fwd, iters: int, warmup: int) -> float:
-    """The no-grad forward captured once as a CUDA graph and replayed, timed as `timed` does:
-    the layer's GPU time without the host's launch latency, as a training step captured in
-    CUDA graphs sees it. Only for paths without host synchronization (not alltoall, which
-    reads its split sizes on the host)."""
+def graph_seconds(step, iters: int, warmup: int) -> float:
+    """`step` (the no-grad forward, or forward + backward) captured once as a CUDA graph and
+    replayed, timed as `timed` does: the layer's GPU time without the host's launch latency,
+    as a training step captured in CUDA graphs sees it. Only for paths without host
+    synchronization (not alltoall, which reads its split sizes on the host)."""
+    # Memory the caching allocator holds unused (earlier paths' buffers) goes back first: the
+    # graph's private pool cannot reuse it.
+    torch.cuda.empty_cache()
     side = torch.cuda.Stream()
     side.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(side):
-        fwd()
+        step()
     torch.cuda.current_stream().wait_stream(side)
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
-        fwd()
+        step()
     seconds = timed(graph.replay, iters, warmup)
     del graph
     torch.cuda.empty_cache()
     return seconds
+
+
+def kept_bytes(forward) -> int:
+    """What a forward with autograd keeps allocated for its backward (activations, saved
+    rows, schedules), its output aside, max over ranks: the memory a model holds per MoE
+    layer between the layer's forward and its backward."""
+    torch.cuda.synchronize()
+    before = torch.cuda.memory_allocated()
+    y = forward()
+    torch.cuda.synchronize()
+    kept = torch.tensor(torch.cuda.memory_allocated() - before - y.numel() * y.element_size(),
+                        device="cuda")
+    del y
+    dist.all_reduce(kept, op=dist.ReduceOp.MAX)
+    return int(kept.item())
+
+
+def peak_bytes(step) -> int:
+    """Memory one call of `step` allocates at its peak beyond what was allocated before it,
+    max over ranks. For forward + backward with no gradients allocated before: the layer's
+    activations, what forward keeps for backward, transient buffers, and the gradients
+    (the same for every path: grad_bytes)."""
+    torch.cuda.synchronize()
+    before = torch.cuda.memory_allocated()
+    torch.cuda.reset_peak_memory_stats()
+    step()
+    torch.cuda.synchronize()
+    peak = torch.tensor(torch.cuda.max_memory_allocated() - before, device="cuda")
+    dist.all_reduce(peak, op=dist.ReduceOp.MAX)
+    return int(peak.item())
 
 
 def roofline(model, rows, remote_rows, local_experts, peaks, backward: bool) -> dict:
@@ -261,8 +298,15 @@ def run_case(model, variant, tokens, peaks, args, group):
     paths = {"mok": mok_path(group, tokens, backward_inputs=args.backward_inputs),
              "alltoall": MegatronAlltoAll(model, E)}
     if args.megakernel:
+        # main's megakernel path before the backward megakernel (megakernel forward, separate
+        # backward), and both megakernels.
+        paths["mok_megakernel_fwd_only"] = mok_path(group, tokens, "megakernel", args.comm_sms,
+                                                    args.backward_inputs,
+                                                    args.macrobatch_tokens)
         paths["mok_megakernel"] = mok_path(group, tokens, "megakernel", args.comm_sms,
-                                           args.backward_inputs, args.macrobatch_tokens)
+                                           args.backward_inputs, args.macrobatch_tokens,
+                                           backward_kernel="megakernel",
+                                           comm_sms_backward=args.comm_sms_backward)
     leaves = [x.requires_grad_(), probs.requires_grad_(), w1, w2]
 
     # Weight gradients are compared on the first experts only: full clones of both paths'
@@ -290,8 +334,9 @@ def run_case(model, variant, tokens, peaks, args, group):
 
     result = {"model": model.name, "variant": variant, "experts": E, "tokens_per_gpu": tokens,
               "rows_max": rows, "remote_rows_max": remote, "check_rel_l2": check, "paths": {}}
-    if "mok_megakernel" in checks:
-        result["check_rel_l2_megakernel"] = checks["mok_megakernel"]
+    for name in checks:
+        if name != "mok":
+            result[f"check_rel_l2_{name}"] = checks[name]
     for name, fn in paths.items():
         def fwd():
             with torch.no_grad():
@@ -304,10 +349,38 @@ def run_case(model, variant, tokens, peaks, args, group):
 
         tf = timed(fwd, args.iters, args.warmup)
         tb = timed(both, args.iters, args.warmup)
-        result["paths"][name] = {"fwd_s": tf, "both_s": tb, "bwd_s": tb - tf}
+        for t in leaves:
+            t.grad = None
+        result["paths"][name] = {"fwd_s": tf, "both_s": tb, "bwd_s": tb - tf,
+                                 "peak_both_bytes": peak_bytes(both),
+                                 "kept_for_backward_bytes": kept_bytes(
+                                     lambda: fn(x, ids, probs, w1, w2))}
+        result["grad_bytes"] = sum(t.grad.numel() * t.grad.element_size() for t in leaves)
+        for t in leaves:
+            t.grad = None
         if args.cuda_graph and name != "alltoall":
-            result["paths"][name]["fwd_graph_s"] = graph_forward_seconds(
-                fwd, args.iters, args.warmup)
+            entry = result["paths"][name]
+            entry["fwd_graph_s"] = graph_seconds(fwd, args.iters, args.warmup)
+            # The captured backward allocates its gradients in the graph's pool, beside the
+            # eager warm-up's; on DeepSeek-V3-like full experts (21 GiB of them) the capture ran
+            # out of memory (2026-12-02), so below 6x their size free it is not timed.
+            free, _ = torch.cuda.mem_get_info()
+            if free < 6 * result["grad_bytes"]:
+                entry["both_graph_error"] = (
+                    f"not measured: {free / 2**30:.0f} GiB free, a captured fwd+bwd needs a "
+                    f"second set of gradients ({result['grad_bytes'] / 2**30:.1f} GiB) and room")
+                log0(f"{name}: fwd+bwd CUDA graph {entry['both_graph_error']}")
+                continue
+            try:
+                entry["both_graph_s"] = graph_seconds(both, args.iters, args.warmup)
+                entry["bwd_graph_s"] = entry["both_graph_s"] - entry["fwd_graph_s"]
+            except RuntimeError as err:  # recorded and shown, never replaced by another time
+                entry["both_graph_error"] = f"{type(err).__name__}: {err}"
+                log0(f"{name}: fwd+bwd CUDA graph failed: {entry['both_graph_error']}")
+                traceback.print_exc()
+                torch.cuda.synchronize()
+            for t in leaves:
+                t.grad = None
     for direction, backward, key in (("fwd", False, "fwd_s"), ("both", True, "both_s")):
         roof = roofline(model, rows, remote, E // world, peaks, backward)
         result[f"roofline_{direction}"] = roof
@@ -315,16 +388,20 @@ def run_case(model, variant, tokens, peaks, args, group):
             t = result["paths"][name][key]
             result["paths"][name][f"tflops_{direction}"] = roof["flops"] / t / 1e12
             result["paths"][name][f"roof_{direction}"] = roof["floor_s"] / t
-            if direction == "fwd" and "fwd_graph_s" in result["paths"][name]:
-                result["paths"][name]["roof_fwd_graph"] = (
-                    roof["floor_s"] / result["paths"][name]["fwd_graph_s"])
+            graph_key = key.replace("_s", "_graph_s")
+            if graph_key in result["paths"][name]:
+                result["paths"][name][f"roof_{direction}_graph"] = (
+                    roof["floor_s"] / result["paths"][name][graph_key])
     base = result["paths"]["alltoall"]
     mok = result["paths"]["mok"]
     result["speedup_vs_alltoall"] = {k: base[k] / mok[k] for k in ("fwd_s", "bwd_s", "both_s")}
     if "mok_megakernel" in result["paths"]:
         mk = result["paths"]["mok_megakernel"]
+        main = result["paths"]["mok_megakernel_fwd_only"]
         result["speedup_vs_alltoall_megakernel"] = {k: base[k] / mk[k]
                                                     for k in ("fwd_s", "bwd_s", "both_s")}
+        keys = [k for k in mk if k.endswith("_s") and k in main]
+        result["speedup_megakernel_vs_fwd_only"] = {k: main[k] / mk[k] for k in keys}
     return result
 
 
@@ -338,16 +415,25 @@ def print_row(r):
          f"({m['roof_both']*100:3.0f}% roof[{rb['binding']}]) a2a {b['both_s']*1e3:7.2f} ms "
          f"x{r['speedup_vs_alltoall']['both_s']:.2f}")
     if "mok_megakernel" in r["paths"]:
-        k = r["paths"]["mok_megakernel"]
-        log0(f"{'':<20} megakernel fwd {k['fwd_s']*1e3:7.2f} ms ({k['roof_fwd']*100:3.0f}% roof) "
-             f"x{r['speedup_vs_alltoall_megakernel']['fwd_s']:.2f} vs a2a, "
-             f"x{m['fwd_s'] / k['fwd_s']:.2f} vs v1 | fwd+bwd {k['both_s']*1e3:7.2f} ms "
-             f"x{r['speedup_vs_alltoall_megakernel']['both_s']:.2f}")
+        k, f = r["paths"]["mok_megakernel"], r["paths"]["mok_megakernel_fwd_only"]
+        speedup = r["speedup_vs_alltoall_megakernel"]["both_s"]
+        log0(f"{'':<20} megakernels fwd {k['fwd_s']*1e3:7.2f} ms ({k['roof_fwd']*100:3.0f}% "
+             f"roof) bwd {k['bwd_s']*1e3:7.2f} ms fwd+bwd {k['both_s']*1e3:7.2f} ms "
+             f"({k['roof_both']*100:3.0f}% roof) x{speedup:.2f} vs a2a, "
+             f"x{f['both_s'] / k['both_s']:.2f} vs megakernel fwd + separate bwd "
+             f"({f['both_s']*1e3:.2f} ms)")
     graphed = {n: p for n, p in r["paths"].items() if "fwd_graph_s" in p}
     if graphed:
-        log0(f"{'':<20} CUDA-graph fwd: " + ", ".join(
-            f"{n} {p['fwd_graph_s']*1e3:.2f} ms ({p['roof_fwd_graph']*100:.0f}% roof, "
-            f"x{b['fwd_s'] / p['fwd_graph_s']:.2f} vs eager a2a)" for n, p in graphed.items()))
+        log0(f"{'':<20} CUDA graph fwd / fwd+bwd: " + ", ".join(
+            f"{n} {p['fwd_graph_s']*1e3:.2f} / {p.get('both_graph_s', float('nan'))*1e3:.2f} ms "
+            f"({p.get('roof_both_graph', float('nan'))*100:.0f}% roof)"
+            for n, p in graphed.items()))
+    log0(f"{'':<20} peak memory fwd+bwd beyond the gradients "
+         f"({r['grad_bytes'] / 2**30:.2f} GiB): " + ", ".join(
+             f"{n} {(p['peak_both_bytes'] - r['grad_bytes']) / 2**30:.2f} GiB"
+             for n, p in r["paths"].items()))
+    log0(f"{'':<20} kept from forward for backward: " + ", ".join(
+        f"{n} {p['kept_for_backward_bytes'] / 2**30:.2f} GiB" for n, p in r["paths"].items()))
 
 
 def chart(results, path: Path):
@@ -360,10 +446,15 @@ def chart(results, path: Path):
     fig, axes = plt.subplots(2, 1, figsize=(max(8, len(results) * 1.1), 8))
     for ax, key, title in ((axes[0], "fwd_s", "forward"), (axes[1], "both_s", "forward+backward")):
         xs = range(len(results))
-        width = 0.4
-        for i, (name, color) in enumerate((("mok", "tab:red"), ("alltoall", "tab:blue"))):
-            ax.bar([x + (i - 0.5) * width for x in xs],
-                   [r["paths"][name][key] * 1e3 for r in results], width, label=name, color=color)
+        names = [n for n in ("mok", "mok_megakernel_fwd_only", "mok_megakernel", "alltoall")
+                 if n in results[0]["paths"]]
+        colors = {"mok": "tab:red", "mok_megakernel_fwd_only": "tab:orange",
+                  "mok_megakernel": "tab:green", "alltoall": "tab:blue"}
+        width = 0.8 / len(names)
+        for i, name in enumerate(names):
+            ax.bar([x + (i - (len(names) - 1) / 2) * width for x in xs],
+                   [r["paths"][name][key] * 1e3 for r in results], width, label=name,
+                   color=colors[name])
         floor_key = "roofline_fwd" if key == "fwd_s" else "roofline_both"
         ax.scatter(list(xs), [r[floor_key]["floor_s"] * 1e3 for r in results], color="black",
                    marker="_", s=400, label="roofline floor", zorder=3)
@@ -387,16 +478,21 @@ def main(argv=None):
     p.add_argument("--warmup", type=int, default=3)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--megakernel", action="store_true",
-                   help="also time the forward megakernel (kernel.forward_kernel: megakernel)")
+                   help="also time the megakernel path (kernel.forward_kernel and "
+                        "backward_kernel: megakernel) and the forward megakernel with the "
+                        "separate backward")
     p.add_argument("--comm-sms", type=int, default=16,
-                   help="row-pulling blocks of the megakernel (kernel.comm_sms_forward)")
+                   help="row-pulling blocks of the forward megakernel (kernel.comm_sms_forward)")
+    p.add_argument("--comm-sms-backward", type=int, default=KernelKnobs.comm_sms_backward,
+                   help="dY-pulling blocks of the backward megakernel (kernel.comm_sms_backward)")
     p.add_argument("--backward-inputs", default="saved", choices=["saved", "recomputed"],
                    help="what the mok paths keep for backward (kernel.backward_inputs)")
     p.add_argument("--macrobatch-tokens", type=int, default=KernelKnobs.macrobatch_tokens,
                    help="rows per macrobatch of the megakernel's ring (with --backward-inputs "
                         "recomputed)")
     p.add_argument("--cuda-graph", action="store_true",
-                   help="also time the mok paths' forward replayed from a CUDA graph")
+                   help="also time the mok paths' forward and forward + backward replayed from "
+                        "a CUDA graph")
     p.add_argument("--out", type=Path, default=None)
     args = p.parse_args(argv)
 

@@ -8,6 +8,7 @@ import pytest
 import torch
 
 import gpu_checks
+from mok_megatron import ops
 from mok_megatron.testing import ProblemSpec
 from test_symm_moe import SPECS
 
@@ -85,3 +86,40 @@ def test_emulated_group_bit_identical_across_settings(world):
 @pytest.mark.parametrize("world", [2, 4])
 def test_emulated_cuda_graph_replay(world):
     gpu_checks.check_emulated_cuda_graph(gpu_checks.ep_specs(world)[1], **MEGAKERNEL_PATH)
+
+
+def test_fp32_gradients_accumulate_in_place(monkeypatch):
+    """The weight-gradient tiles' fp32 epilogue (dw_fp32: Megatron's main_grad) adds dW into
+    the given tensors once: their change matches the bf16 gradients of the same backward
+    within bf16 rounding, and an expert without rows leaves its tensor's bits untouched. The
+    backward's call is redirected to the fp32 tensors (random start values)."""
+    spec = SPECS[3]  # empty_expert: the last expert gets no rows
+    problem = spec.build()
+    max_tokens = max(spec.tokens_per_rank)
+    bf16 = gpu_checks.run_cuda(problem, 0, None, max_tokens, **MEGAKERNEL_PATH)
+    grads = {}
+    launch = ops.moe_backward_megakernel
+
+    def accumulate(*args, dw1, dw2, **kw):
+        g = torch.Generator(device="cuda").manual_seed(11)
+        for name, dw in (("dw1", dw1), ("dw2", dw2)):
+            start = torch.randn(dw.shape, device="cuda", generator=g) * 0.01
+            grads[name] = (start.clone(), start)
+        addresses = {n: torch.tensor([grads[n][1][e].data_ptr() for e in range(dw1.shape[0])],
+                                     dtype=torch.int64, device="cuda") for n in grads}
+        launch(*args, dw1_fp32=addresses["dw1"], dw2_fp32=addresses["dw2"], **kw)
+        dw1.zero_()
+        dw2.zero_()
+
+    monkeypatch.setattr(ops, "moe_backward_megakernel", accumulate)
+    gpu_checks.run_cuda(problem, 0, None, max_tokens, **MEGAKERNEL_PATH)
+    for name in ("dw1", "dw2"):
+        before, after = (t.cpu() for t in grads[name])
+        added = after - before
+        expected = bf16[name].float()
+        err = float((added - expected).norm() / expected.norm())
+        assert err < 1e-2, (name, err)
+        empty = expected.flatten(1).abs().sum(1) == 0
+        assert empty.any(), "the spec has an expert without rows"
+        assert torch.equal(after[empty], before[empty]), name
+        print(name, f"fp32 accumulate vs bf16 rel-L2 {err:.2e}")

@@ -257,8 +257,9 @@ struct NoStageHook {
 };
 
 // Consumer side of one tile: acc = A[rows of this warpgroup] @ B^T over k_blocks (kN columns,
-// in the first kN / 2 accumulators; operand layouts as mma_k_block). `hook(kb, stage)` runs after the stage has filled and before
-// its MMAs are issued (wgrad tiles zero the rows past their expert's end there).
+// in the first kN / 2 accumulators; operand layouts as mma_k_block). `hook(kb, stage)` runs
+// after the stage has filled and before its MMAs are issued (wgrad tiles zero the rows past
+// their expert's end there).
 template <int kN = kGemmBlockN, bool kAMn = false, bool kBMn = false, class Hook = NoStageHook>
 __device__ __forceinline__ void consume_tile(StageRing& ring, int& it, int k_blocks, int tile,
                                              int consumer, bool leader, float (&acc)[kAccRegs],

@@ -1,0 +1,106 @@
+"""Where a MoE layer's backward spends its GPU time at EP=1: per kernel (torch.profiler), for
+the separate backward and the backward megakernel at several numbers of dY-pulling blocks
+(kernel.comm_sms_backward), on one model shape. Forward runs outside the profile.
+
+    python scripts/profile_backward.py --model qwen3_30b_a3b_like --variant full --tokens 4096 \
+        --comm-sms-backward 4 8 16 32
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections import defaultdict
+from pathlib import Path
+
+import torch
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+
+from mok_megatron.config import KernelKnobs, Recipe, load_model  # noqa: E402
+from mok_megatron.functional import moe_experts  # noqa: E402
+
+
+def problem(model, experts: int, tokens: int):
+    dev = torch.device("cuda")
+    g = torch.Generator(device=dev).manual_seed(0)
+    H, F, K = model.hidden_size, model.moe_ffn_hidden_size, model.topk
+    x = torch.randn(tokens, H, device=dev, dtype=torch.bfloat16, generator=g).requires_grad_()
+    ids = torch.rand(tokens, experts, device=dev, generator=g).topk(K, dim=1).indices
+    probs = torch.softmax(torch.randn(tokens, K, device=dev, generator=g), 1).requires_grad_()
+    w1 = (torch.randn(experts, 2 * F, H, device=dev, dtype=torch.bfloat16, generator=g)
+          * H**-0.5).requires_grad_()
+    w2 = (torch.randn(experts, H, F, device=dev, dtype=torch.bfloat16, generator=g)
+          * F**-0.5).requires_grad_()
+    dy = torch.randn(tokens, H, device=dev, dtype=torch.bfloat16, generator=g)
+    return (x, ids, probs, w1, w2), dy
+
+
+def backward_kernels(inputs, dy, recipe, iters: int) -> dict:
+    """Mean GPU microseconds per backward of each kernel (by name), and of the whole
+    backward between two events."""
+    leaves = [t for t in inputs if t.requires_grad]
+
+    def fresh():
+        for t in leaves:
+            t.grad = None
+        return moe_experts(*inputs, recipe=recipe)
+
+    for _ in range(3):
+        fresh().backward(dy)
+    totals: dict[str, float] = defaultdict(float)
+    wall = 0.0
+    for _ in range(iters):
+        y = fresh()
+        torch.cuda.synchronize()
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+            start.record()
+            y.backward(dy)
+            end.record()
+            torch.cuda.synchronize()
+        wall += start.elapsed_time(end) * 1e3
+        for e in prof.key_averages():
+            if e.device_time_total > 0:
+                totals[e.key[:90]] += e.device_time_total
+    kernels = {k: v / iters for k, v in sorted(totals.items(), key=lambda kv: -kv[1])}
+    return {"backward_us": wall / iters, "kernels_us": kernels}
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--model", default="qwen3_30b_a3b_like")
+    p.add_argument("--variant", default="full", choices=["full", "ep64"])
+    p.add_argument("--tokens", type=int, default=4096)
+    p.add_argument("--comm-sms-backward", type=int, nargs="+", default=[16])
+    p.add_argument("--iters", type=int, default=5)
+    p.add_argument("--out", type=Path, default=None)
+    args = p.parse_args()
+    model = load_model(args.model)
+    spec = model if args.variant == "full" else model.ep64_equivalent(1)
+    inputs, dy = problem(model, spec.num_experts, args.tokens)
+    runs = {}
+    settings = [("separate", {})] + [
+        (f"megakernel comm_sms_backward={c}",
+         {"backward_kernel": "megakernel", "comm_sms_backward": c})
+        for c in args.comm_sms_backward]
+    for name, knobs in settings:
+        recipe = Recipe(name="profile", backend="cuda", kernel=KernelKnobs(
+            max_tokens_per_rank=args.tokens, forward_kernel="megakernel", comm_sms_forward=12,
+            **knobs))
+        runs[name] = backward_kernels(inputs, dy, recipe, args.iters)
+        r = runs[name]
+        print(f"{args.model} {args.variant} E={spec.num_experts} T={args.tokens} {name}: "
+              f"backward {r['backward_us']:.0f} us")
+        for k, v in list(r["kernels_us"].items())[:8]:
+            print(f"    {v:9.1f} us  {k}")
+    if args.out is not None:
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        args.out.write_text(json.dumps({"args": vars(args) | {"out": str(args.out)},
+                                        "runs": runs}, indent=1))
+
+
+if __name__ == "__main__":
+    main()
