@@ -264,9 +264,9 @@ def dprob_part_size(rows: int, ffn: int) -> int:
 
 def backward_megakernel_counters(rows: int, num_experts: int, device) -> torch.Tensor:
     """Zeroed counters for a backward megakernel launch over `rows` scheduled rows: per
-    m-block dY rows pulled and FC2-dgrad tile halves stored, then the tile counter and the
-    arrival ticket counter."""
-    return torch.zeros(2 * _max_mblocks(rows, num_experts) + 2, dtype=torch.int32,
+    m-block dY rows pulled and FC2-dgrad tile halves stored, both totals, then the tile
+    counter and the arrival ticket counter."""
+    return torch.zeros(2 * _max_mblocks(rows, num_experts) + 4, dtype=torch.int32,
                        device=device)
 
 

@@ -76,6 +76,8 @@ struct BackwardArgs {
   const int64_t* dw2_fp32;    // [E] of fp32 [H, F]
   uint32_t* rows_ready;       // [m-blocks] dY rows pulled
   uint32_t* dgrad2_done;      // [m-blocks] FC2-dgrad tile halves stored (one per consumer)
+  uint32_t* rows_pulled;      // [1] dY rows pulled, all m-blocks
+  uint32_t* dgrad2_halves;    // [1] FC2-dgrad tile halves stored, all m-blocks
   uint32_t* tile_counter;     // [1] tiles handed out
   uint32_t* arrivals;         // [1] blocks started (their tickets)
   int minibatch_rows;         // rows the pull publishes at once
@@ -132,7 +134,7 @@ __global__ void __launch_bounds__(kGemmThreads, 1)
     pull_rows_bulk(RowSource{a.peer_bases, a.tokens_offset, a.row_slot, a.per_rank, a.topk,
                              a.world},
                    a.dout, a.hidden, ticket, a.comm_blocks, pull_ring, placement,
-                   a.rows_ready);
+                   a.rows_ready, a.rows_pulled);
     // Its rows are pulled (every slot's bulk store has completed): the block's shared memory
     // is free, and it joins the tiles below.
     __syncthreads();
@@ -152,8 +154,27 @@ __global__ void __launch_bounds__(kGemmThreads, 1)
     warpgroup_reg_dealloc<kGemmProducerRegs>();
     if (threadIdx.x != 0) return;
     // The tile's inputs: its m-block's dY rows (FC2-dgrad), its m-block's dh (FC1-dgrad), or
-    // the same for every m-block of its expert (dW2, dW1).
+    // the same for every m-block of its expert (dW2, dW1). Tiles after the FC2-dgrad phase
+    // usually find their phase's inputs all done: once this thread has seen that (acquire,
+    // then the async-proxy fence that orders it for its later TMA loads) it waits for them
+    // no more, and a weight-gradient tile of a few k-blocks does not pay an L2 round trip
+    // and a fence on the producer's path per tile.
+    const uint32_t total_rows = uint32_t(s.row_begin[E]);
+    const uint32_t total_halves = uint32_t(mblocks) * dgrad2_halves;
+    bool rows_all_seen = false, dh_all_seen = false;
     auto wait_inputs = [&](const BackwardTile& w) {
+      bool all_done = false;
+      if (w.kind == kWgrad2) {
+        if (rows_all_seen) return;  // fenced when first seen
+        all_done = rows_all_seen = ld_acquire_gpu_u32(a.rows_pulled) >= total_rows;
+      } else if (w.kind != kDgrad2) {
+        if (dh_all_seen) return;
+        all_done = dh_all_seen = ld_acquire_gpu_u32(a.dgrad2_halves) >= total_halves;
+      }
+      if (all_done) {
+        fence_proxy_async_global();
+        return;
+      }
       auto wait_mblock = [&](int mb, int rows_from) {
         if (w.kind == kDgrad2 || w.kind == kWgrad2) {
           counter_wait(&a.rows_ready[mb], min(rows_from, kGemmBlockM), a.timeout_ns,
@@ -235,9 +256,12 @@ __global__ void __launch_bounds__(kGemmThreads, 1)
     const BackwardTile w = wait_tile(s.queue, seq, a.timeout_ns, a.report);
     release_tile(s.queue, seq);
     if (w.tile < 0) break;
-    // The staging buffer is free once this warpgroup's bulk stores of it have read it.
-    bulk_wait_read<0>();
-    named_barrier_sync(staging, 128);
+    // The staging buffer is free once this warpgroup's bulk stores of it (any thread's) have
+    // read it: waited for where it is next written, so the reads overlap this tile's MMAs.
+    auto staging_free = [&] {
+      bulk_wait_read<0>();
+      named_barrier_sync(staging, 128);
+    };
     const int k_blocks = k_blocks_of(w);
 
     if (w.kind == kDgrad2 || w.kind == kDgrad1) {
@@ -249,6 +273,7 @@ __global__ void __launch_bounds__(kGemmThreads, 1)
         pass_tile(s.ring, it, k_blocks, w.tile, leader, staging, a.timeout_ns, a.report);
       } else if (w.kind == kDgrad2) {
         const int col0 = w.n_block * kDgrad2Cols;
+        staging_free();
         if (leader) {
           fence_proxy_async_shared();
           prefetch_h_tile<kGated>(buf, &m.h_tile, &s.h_full[consumer], row0, col0);
@@ -285,6 +310,7 @@ __global__ void __launch_bounds__(kGemmThreads, 1)
       } else {
         consume_tile<kGemmBlockN, false, true>(s.ring, it, k_blocks, w.tile, consumer, leader,
                                                acc, a.timeout_ns, a.report);
+        staging_free();
         write_scatter_staged(acc, buf, t);
         fence_proxy_async_shared();
         named_barrier_sync(staging, 128);
@@ -318,6 +344,7 @@ __global__ void __launch_bounds__(kGemmThreads, 1)
           bulk_wait<0>();
           fence_proxy_async_global();
           red_release_gpu_add_u32(&a.dgrad2_done[w.block], 1);
+          red_release_gpu_add_u32(a.dgrad2_halves, 1);
         }
       }
       continue;
@@ -344,6 +371,7 @@ __global__ void __launch_bounds__(kGemmThreads, 1)
       const EpilogueTensor out{wgrad2 ? &m.dw2_store : &m.dw1_store, wgrad2 ? a.dw2 : a.dw1, N};
       const int row0 = w.expert * M + m0;
       const bool full = m0 + kStagedRows <= M;
+      staging_free();
       // An expert without rows has dW = 0, written without touching the accumulators (a
       // non-wgmma write to them makes ptxas serialize every wgmma of the kernel).
       store_round<kGemmBlockN>(buf, out, 0, row0, full, rows_valid, n0, N, consumer, leader,
@@ -435,9 +463,9 @@ void moe_backward_megakernel(const at::Tensor& peer_bases, int64_t tokens_offset
                  "moe_backward_megakernel: bf16 gradients must be contiguous [E, F1, H] and "
                  "[E, H, F]");
   MOK_HOST_CHECK(counters.scalar_type() == at::kInt && counters.is_contiguous() &&
-                     counters.numel() >= 2 * max_mblocks + 2,
+                     counters.numel() >= 2 * max_mblocks + 4,
                  "moe_backward_megakernel: counters must be int32 with >= ",
-                 2 * max_mblocks + 2, " zeros");
+                 2 * max_mblocks + 4, " zeros");
   MOK_HOST_CHECK(comm_blocks >= 1 && comm_blocks < sms, "moe_backward_megakernel: comm_blocks ",
                  comm_blocks, " must be in [1, ", sms - 1, "]");
   MOK_HOST_CHECK(peer_bases.numel() >= 1 && peer_bases.numel() <= kMaxRanks,
@@ -469,7 +497,9 @@ void moe_backward_megakernel(const at::Tensor& peer_bases, int64_t tokens_offset
   args.dw2_fp32 = fp32_grads(dw2_fp32, E, "dw2_fp32");
   args.rows_ready = reinterpret_cast<uint32_t*>(counters.data_ptr<int32_t>());
   args.dgrad2_done = args.rows_ready + max_mblocks;
-  args.tile_counter = args.dgrad2_done + max_mblocks;
+  args.rows_pulled = args.dgrad2_done + max_mblocks;
+  args.dgrad2_halves = args.rows_pulled + 1;
+  args.tile_counter = args.dgrad2_halves + 1;
   args.arrivals = args.tile_counter + 1;
   args.minibatch_rows = static_cast<int>(minibatch_rows);
   args.timeout_ns = static_cast<uint64_t>(timeout_ns);
