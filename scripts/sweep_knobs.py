@@ -5,7 +5,10 @@ row-pulling block counts (kernel.comm_sms_forward), minibatch sizes (kernel.mini
 and, with --macrobatch-tokens, macrobatch sizes of its ring (kernel.macrobatch_tokens, with
 backward_inputs: recomputed) on one model shape, in one torchrun group, checks every setting
 gives bit-identical outputs, and writes the fastest as a recipe: the base recipe's file with
-`forward_kernel: megakernel` and the chosen knob values substituted.
+`forward_kernel: megakernel` and the chosen knob values substituted. With
+--comm-sms-backward it then times forward + backward of both megakernels at the chosen forward
+knobs over those dY-pulling block counts (kernel.comm_sms_backward), checks the gradients are
+bit-identical, and writes `backward_kernel: megakernel` with the fastest count too.
 
     NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 \
     torchrun --nproc-per-node 2 scripts/sweep_knobs.py --model deepseek_v3_like \
@@ -69,14 +72,48 @@ def sweep(args) -> dict:
     return results
 
 
+def sweep_backward(args, comm: int, ring: Optional[int], mini: int) -> dict:
+    """fwd+bwd of both megakernels at the chosen forward knobs, per comm_sms_backward."""
+    model = load_model(args.model)
+    world = dist.get_world_size()
+    spec = model if args.variant == "full" else model.ep64_equivalent(world)
+    x, ids, probs, w1, w2, dy = make_problem(model, spec.num_experts, args.tokens, args.seed)
+    leaves = [x.requires_grad_(), probs.requires_grad_(), w1, w2]
+    knobs = {"minibatch_tokens": mini}
+    if ring is not None:
+        knobs.update(backward_inputs="recomputed", macrobatch_tokens=ring)
+    results, reference = {}, None
+    for comm_bwd in args.comm_sms_backward:
+        fn = mok_path(dist.group.WORLD, args.tokens, "megakernel", comm, **knobs,
+                      backward_kernel="megakernel", comm_sms_backward=comm_bwd)
+
+        def both():
+            for t in leaves:
+                t.grad = None
+            fn(x, ids, probs, w1, w2).backward(dy)
+
+        both()
+        grads = [t.grad.clone() for t in leaves]
+        if reference is None:
+            reference = grads
+        elif not all(torch.equal(a, b) for a, b in zip(reference, grads)):
+            raise RuntimeError(f"comm_sms_backward={comm_bwd} changed the gradient bits")
+        results[f"megakernel_backward:{comm_bwd}"] = timed(both, args.iters, args.warmup)
+    return results
+
+
 def write_recipe(base: Path, out: Path, comm_sms: int,
                  macrobatch_tokens: Optional[int] = None,
-                 minibatch_tokens: Optional[int] = None) -> None:
-    """`macrobatch_tokens`: also switch on the ring (backward_inputs: recomputed)."""
+                 minibatch_tokens: Optional[int] = None,
+                 comm_sms_backward: Optional[int] = None) -> None:
+    """`macrobatch_tokens`: also switch on the ring (backward_inputs: recomputed);
+    `comm_sms_backward`: also the backward megakernel."""
     text = base.read_text()
     knobs = [("forward_kernel", "megakernel"), ("comm_sms_forward", str(comm_sms))]
     if minibatch_tokens is not None:
         knobs.append(("minibatch_tokens", str(minibatch_tokens)))
+    if comm_sms_backward is not None:
+        knobs += [("backward_kernel", "megakernel"), ("comm_sms_backward", str(comm_sms_backward))]
     if macrobatch_tokens is not None:
         knobs += [("backward_inputs", "recomputed"), ("macrobatch_tokens", str(macrobatch_tokens))]
     for key, value in knobs:
@@ -102,6 +139,9 @@ def main(argv=None):
                    help="minibatch sizes to try (kernel.minibatch_tokens)")
     p.add_argument("--macrobatch-tokens", type=int, nargs="+", default=None,
                    help="also sweep the ring's macrobatch size (backward_inputs: recomputed)")
+    p.add_argument("--comm-sms-backward", type=int, nargs="+", default=None,
+                   help="also sweep the backward megakernel's dY-pulling blocks "
+                        "(kernel.comm_sms_backward)")
     p.add_argument("--base-recipe", default="bf16")
     p.add_argument("--iters", type=int, default=10)
     p.add_argument("--warmup", type=int, default=3)
@@ -112,14 +152,21 @@ def main(argv=None):
     torch.cuda.set_device(int(__import__("os").environ.get("LOCAL_RANK", 0)))
     dist.init_process_group("nccl")
     results = sweep(args)
+    mega = {k: v for k, v in results.items() if k.startswith("megakernel:")}
+    best = min(mega, key=mega.get)
+    _, comm, ring, mini = best.split(":")
+    ring = None if ring == "None" else int(ring)
+    backward, best_backward = {}, None
+    if args.comm_sms_backward:
+        backward = sweep_backward(args, int(comm), ring, int(mini))
+        best_backward = min(backward, key=backward.get)
     if dist.get_rank() == 0:
-        mega = {k: v for k, v in results.items() if k.startswith("megakernel:")}
-        best = min(mega, key=mega.get)
-        _, comm, ring, mini = best.split(":")
         write_recipe(CONFIG_DIR / "recipes" / f"{args.base_recipe}.yaml", args.out, int(comm),
-                     None if ring == "None" else int(ring), int(mini))
+                     ring, int(mini),
+                     int(best_backward.split(":")[1]) if best_backward else None)
         print(json.dumps({"model": args.model, "variant": args.variant, "tokens": args.tokens,
                           "world": dist.get_world_size(), "fwd_s": results, "best": best,
+                          "both_s": backward, "best_backward": best_backward,
                           "recipe": str(args.out)}, indent=1))
     dist.destroy_process_group()
 

@@ -38,6 +38,15 @@ def test_written_recipe_with_ring_and_minibatch(tmp_path):
             recipe.kernel.minibatch_tokens) == ("megakernel", 8, "recomputed", 4096, 256)
 
 
+def test_written_recipe_with_backward_megakernel(tmp_path):
+    out = tmp_path / "tuned.yaml"
+    sweep_knobs.write_recipe(CONFIG_DIR / "recipes" / "bf16.yaml", out, 12, None, 128, 24)
+    recipe = load_recipe(str(out))
+    assert (recipe.kernel.forward_kernel, recipe.kernel.backward_kernel,
+            recipe.kernel.comm_sms_forward, recipe.kernel.comm_sms_backward) == (
+                "megakernel", "megakernel", 12, 24)
+
+
 def test_missing_knob_line_is_an_error(tmp_path):
     base = tmp_path / "base.yaml"
     base.write_text("precision: bf16\n")

@@ -65,6 +65,9 @@ CASES = {
     "local_whole_layer": dict(impl="local", modules=[], layer="TransformerLayer", knobs={}),
     "local_whole_layer_megakernel": dict(impl="local", modules=[], layer="TransformerLayer",
                                          knobs={"forward_kernel": "megakernel"}),
+    "local_whole_layer_megakernels": dict(impl="local", modules=[], layer="TransformerLayer",
+                                          knobs={"forward_kernel": "megakernel",
+                                                 "backward_kernel": "megakernel"}),
     # A TransformerLayer's manager wraps the whole layer under 'attn' too.
     "local_attn": dict(impl="local", modules=["attn"], layer="TransformerLayer", knobs={}),
     "local_moe_router": dict(impl="local", modules=["moe_router"], layer="MoETransformerLayer",
