@@ -26,6 +26,7 @@ from .functional import moe_experts, resolve_backend
 from .testing import ROUTINGS, ProblemSpec, compare, concat_ranks, run_layer, run_ranks
 
 MAX_GPUS = 4
+MXFP8_TOLERANCE = 0.1  # issue 17: sum|d| / sum|ref| against the BF16 reference
 
 
 def _run_rank(rank, world_size, group, spec: ProblemSpec, recipe: Recipe, device_type: str):
@@ -89,18 +90,27 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
           f"functional.moe_experts backend: {backend} (recipe {recipe.name})")
     print(f"  model {model.name}: H={spec.hidden}, F={spec.ffn}, {spec.num_experts} experts "
           f"({spec.num_experts // world} per rank), top-{spec.topk}, {spec.activation}; "
-          "bf16 x and weights, fp32 probs")
+          f"bf16 x and weights, fp32 probs; {recipe.precision} experts")
     print(f"  tokens per rank {list(spec.tokens_per_rank)}; {args.routing} routing, "
           f"slots per expert {slots_per_expert.tolist()}")
     per_rank = run_ranks(_run_rank, world, spec, recipe, device_type,
                          backend="nccl" if gpus else "gloo")
-    errors = compare(concat_ranks(per_rank), problem.oracle())
+    outputs, oracle = concat_ranks(per_rank), problem.oracle()
+    if recipe.precision == "mxfp8":
+        # MXFP8 rounds every GEMM operand to 3 mantissa bits: measured as the issue's
+        # sum|d| / sum|ref| against the unquantized float64 loop.
+        errors = {n: float((outputs[n].double() - oracle[n].double()).abs().sum()
+                           / oracle[n].double().abs().sum()) for n in oracle}
+        metric, tolerance = "sum|d|/sum|ref|", MXFP8_TOLERANCE
+    else:
+        errors = compare(outputs, oracle)
+        metric, tolerance = "rel-L2 error", spec.tolerance
 
-    print(f"  rel-L2 error vs the float64 loop, forward and backward "
-          f"(tolerance {spec.tolerance:.0e}):")
+    print(f"  {metric} vs the float64 loop, forward and backward "
+          f"(tolerance {tolerance:.0e}):")
     for name, error in errors.items():
-        print(f"    {name:<7}{error:9.2e}  {'ok' if error <= spec.tolerance else 'FAIL'}")
-    passed = all(error <= spec.tolerance for error in errors.values())
+        print(f"    {name:<7}{error:9.2e}  {'ok' if error <= tolerance else 'FAIL'}")
+    passed = all(error <= tolerance for error in errors.values())
     print("PASS" if passed else "FAIL")
     return 0 if passed else 1
 

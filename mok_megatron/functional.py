@@ -26,6 +26,9 @@ from .reference import reference_forward
 # Expert precisions that both backends implement. The Megatron adapter refuses a recipe of any
 # other precision when Megatron builds its config; resolve_backend refuses it at the call.
 IMPLEMENTED_PRECISIONS: tuple[str, ...] = ("bf16",)
+# What the reference backend implements besides: MXFP8 (mxfp8.py), the oracle the kernels
+# will be checked against, run on CPU by the main job (demo --recipe mxfp8).
+REFERENCE_PRECISIONS: tuple[str, ...] = ("bf16", "mxfp8")
 
 
 def resolve_backend(recipe: Recipe, device: torch.device) -> str:
@@ -34,7 +37,8 @@ def resolve_backend(recipe: Recipe, device: torch.device) -> str:
         backend = "cuda" if device.type == "cuda" else "reference"
     if backend == "cuda" and device.type != "cuda":
         raise ValueError(f"backend 'cuda' needs CUDA tensors, got tensors on {device}")
-    if recipe.precision not in IMPLEMENTED_PRECISIONS:
+    implemented = REFERENCE_PRECISIONS if backend == "reference" else IMPLEMENTED_PRECISIONS
+    if recipe.precision not in implemented:
         raise ValueError(
             f"precision {recipe.precision!r} (recipe {recipe.name!r}) is not implemented by the "
             f"{backend} backend yet; use the bf16 recipe"
@@ -61,7 +65,7 @@ def moe_experts(
     if backend == "reference" or recipe.kernel.check_inputs:
         check_routing_values(call)  # reads the tensors: a host synchronization
     if backend == "reference":
-        return reference_forward(call, group)
+        return reference_forward(call, group, precision=recipe.precision)
     from .symm_moe import moe_experts_cuda
 
     return moe_experts_cuda(call, group, recipe)

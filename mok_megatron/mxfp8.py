@@ -42,7 +42,7 @@ def _blocks(x: torch.Tensor, dim: int, block: int) -> tuple[torch.Tensor, int]:
     pad = (-n) % block
     if pad:
         x = torch.nn.functional.pad(x, (0, pad))
-    return x.reshape(*x.shape[:-1], -1, block), n
+    return x.reshape(*x.shape[:-1], (n + pad) // block, block), n
 
 
 def scale_exponent(amax: torch.Tensor) -> torch.Tensor:
@@ -69,7 +69,7 @@ def quantize(x: torch.Tensor, dim: int = -1, block: int = BLOCK):
     scaled = xf * torch.exp2(-e.to(torch.float32)).unsqueeze(-1)
     q = scaled.clamp(-E4M3_MAX, E4M3_MAX).to(torch.float8_e4m3fn)
     codes = torch.where(finite, e + E8M0_BIAS, torch.full_like(e, E8M0_NAN)).to(torch.uint8)
-    q = q.reshape(*q.shape[:-2], -1)[..., :n].movedim(-1, dim)
+    q = q.flatten(-2)[..., :n].movedim(-1, dim)
     return q, codes.movedim(-1, dim)
 
 
@@ -81,9 +81,82 @@ def dequantize(q: torch.Tensor, scales: torch.Tensor, dim: int = -1,
     scale = torch.exp2((codes - E8M0_BIAS).to(torch.float32))
     scale = torch.where(codes == E8M0_NAN, torch.full_like(scale, float("nan")), scale)
     out = qf * scale.unsqueeze(-1)
-    return out.reshape(*out.shape[:-2], -1)[..., :n].movedim(-1, dim)
+    return out.flatten(-2)[..., :n].movedim(-1, dim)
 
 
 def fake_quantize(x: torch.Tensor, dim: int = -1, block: int = BLOCK) -> torch.Tensor:
     """x rounded to MXFP8 along `dim` and back, as fp32 (exact)."""
     return dequantize(*quantize(x, dim, block), dim=dim, block=block)
+
+
+# ----------------------------------------------------------------------------- the expert MLP
+#
+# One expert on its rows under the MXFP8 recipe. Every GEMM multiplies MXFP8-rounded operands,
+# each quantized along that GEMM's reduction dimension, with the products of the dequantized
+# values accumulated in fp32 (fp64 for fp64 inputs) and the result rounded to x's dtype:
+#   forward   h  = round(Q_H(x) Q_H(W1)^T)            x [n, H], W1 [F1, H]: blocks along H
+#             a  = round(act(h) * p)                   (as the BF16 recipe)
+#             o  = round(Q_F(a) Q_F(W2)^T)            a [n, F], W2 [H, F]: blocks along F
+#   dgrad     dA = round(Q_H(dO) Q_H(W2))             W2 along H: its other orientation
+#             dh, dp: the activation backward of the BF16 recipe, from dA
+#             dX = round(Q_F1(dh) Q_F1(W1))           W1 along F1: its other orientation
+#   wgrad     dW2 = round(Q_n(dO)^T Q_n(a))           blocks along the expert's rows n,
+#             dW1 = round(Q_n(dh)^T Q_n(x))           starting at its first row
+# h, a, o, dA, dh and every output stay in x's dtype (BF16): quantization happens only where a
+# GEMM reads. A block never crosses the end of an operand's reduction dimension: rows of an
+# expert are quantized per expert (its last block of rows may be short), and the last block of
+# H, F or F1 is short when that size is not a multiple of 32.
+
+
+def _qmm(a: torch.Tensor, b: torch.Tensor, dim_a: int, dim_b: int,
+         out_dtype: torch.dtype) -> torch.Tensor:
+    """round(Q(a) @ Q(b)) with a quantized along dim_a and b along dim_b (each its reduction
+    dimension), accumulated in fp32 (fp64 for fp64 outputs)."""
+    acc = torch.float64 if out_dtype == torch.float64 else torch.float32
+    qa = fake_quantize(a, dim_a).to(acc)
+    qb = fake_quantize(b, dim_b).to(acc)
+    return (qa @ qb).to(out_dtype)
+
+
+class _ExpertMLP(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, w1, w2, probs, activation):
+        from .activations import get_activation
+
+        acc = torch.float64 if x.dtype == torch.float64 else torch.float32
+        act = get_activation(activation)
+        h = _qmm(x, w1.t(), 1, 0, x.dtype)
+        a = (act(h.to(acc)) * probs.to(acc).unsqueeze(-1)).to(x.dtype)
+        o = _qmm(a, w2.t(), 1, 0, x.dtype)
+        ctx.save_for_backward(x, w1, w2, probs, h, a)
+        ctx.activation = activation
+        return o
+
+    @staticmethod
+    def backward(ctx, grad_o):
+        from .activations import get_activation
+
+        x, w1, w2, probs, h, a = ctx.saved_tensors
+        dt = x.dtype
+        acc = torch.float64 if dt == torch.float64 else torch.float32
+        act = get_activation(ctx.activation)
+        grad_o = grad_o.to(dt)
+        d_a = _qmm(grad_o, w2, 1, 0, dt)
+        # The activation backward as the BF16 recipe's autograd does it: fp32 math from the
+        # rounded dA, dh rounded to x's dtype, dp in the probs' dtype.
+        with torch.enable_grad():
+            hh = h.detach().requires_grad_()
+            pp = probs.detach().requires_grad_()
+            a_full = act(hh.to(acc)) * pp.to(acc).unsqueeze(-1)
+            d_h, d_p = torch.autograd.grad(a_full, (hh, pp), d_a.to(acc))
+        d_x = _qmm(d_h, w1, 1, 0, dt)
+        d_w2 = _qmm(grad_o.t(), a, 1, 0, dt)
+        d_w1 = _qmm(d_h.t(), x, 1, 0, dt)
+        return d_x, d_w1, d_w2, d_p, None
+
+
+def expert_mlp(x: torch.Tensor, w1: torch.Tensor, w2: torch.Tensor, probs: torch.Tensor,
+               activation: str = "swiglu") -> torch.Tensor:
+    """One expert on its rows under the MXFP8 recipe (the section above); differentiable in
+    x, w1, w2 and probs."""
+    return _ExpertMLP.apply(x, w1, w2, probs, activation)

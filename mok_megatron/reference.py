@@ -27,6 +27,7 @@ from typing import Optional
 import torch
 import torch.distributed as dist
 
+from . import mxfp8
 from .activations import get_activation
 from .inputs import MoECall, Weights, check_call, check_routing_values
 
@@ -56,6 +57,10 @@ def expert_mlp(
     if probs is not None:
         a = a * probs.to(acc).unsqueeze(-1)
     return _matmul_nt(a.to(x.dtype), w2)
+
+
+# The routed experts' MLP per recipe precision.
+_ROUTED_MLP = {"bf16": expert_mlp, "mxfp8": mxfp8.expert_mlp}
 
 
 def sum_slots(slots: torch.Tensor, out_dtype: torch.dtype) -> torch.Tensor:
@@ -131,8 +136,12 @@ def moe_reference(
 
 
 def reference_forward(call: MoECall, group: Optional[dist.ProcessGroup],
-                      shared: Optional[tuple[torch.Tensor, torch.Tensor]] = None) -> torch.Tensor:
-    """moe_reference on a checked call (inputs.check_call, values included)."""
+                      shared: Optional[tuple[torch.Tensor, torch.Tensor]] = None,
+                      precision: str = "bf16") -> torch.Tensor:
+    """moe_reference on a checked call (inputs.check_call, values included). `precision`:
+    the recipe's; "mxfp8" runs the routed experts as mxfp8.expert_mlp documents (the
+    dispatch, combine and shared expert stay in x's dtype)."""
+    routed_mlp = _ROUTED_MLP[precision]
     x, ids, probs, activation = call.x, call.ids, call.probs, call.activation
     world, num_local = call.world, call.num_local
     w1, w2 = stack_weights(call.w1), stack_weights(call.w2)
@@ -166,7 +175,7 @@ def reference_forward(call: MoECall, group: Optional[dist.ProcessGroup],
     out = rows.new_zeros(rows.shape)
     for e in range(num_local):
         idx = (row_expert == e).nonzero().squeeze(1)
-        o = expert_mlp(rows[idx], w1[e], w2[e], row_probs[idx], activation)
+        o = routed_mlp(rows[idx], w1[e], w2[e], row_probs[idx], activation)
         out = out.index_put((idx,), o)
 
     if world > 1:
