@@ -108,11 +108,16 @@ def fake_quantize(x: torch.Tensor, dim: int = -1, block: int = BLOCK) -> torch.T
 # H, F or F1 is short when that size is not a multiple of 32.
 
 
+def _accumulation(dtype: torch.dtype) -> torch.dtype:
+    # reference.accumulation_dtype's rule (reference imports this module, so not from there).
+    return torch.float64 if dtype == torch.float64 else torch.float32
+
+
 def _qmm(a: torch.Tensor, b: torch.Tensor, dim_a: int, dim_b: int,
          out_dtype: torch.dtype) -> torch.Tensor:
     """round(Q(a) @ Q(b)) with a quantized along dim_a and b along dim_b (each its reduction
     dimension), accumulated in fp32 (fp64 for fp64 outputs)."""
-    acc = torch.float64 if out_dtype == torch.float64 else torch.float32
+    acc = _accumulation(out_dtype)
     qa = fake_quantize(a, dim_a).to(acc)
     qb = fake_quantize(b, dim_b).to(acc)
     return (qa @ qb).to(out_dtype)
@@ -123,7 +128,7 @@ class _ExpertMLP(torch.autograd.Function):
     def forward(ctx, x, w1, w2, probs, activation):
         from .activations import get_activation
 
-        acc = torch.float64 if x.dtype == torch.float64 else torch.float32
+        acc = _accumulation(x.dtype)
         act = get_activation(activation)
         h = _qmm(x, w1.t(), 1, 0, x.dtype)
         a = (act(h.to(acc)) * probs.to(acc).unsqueeze(-1)).to(x.dtype)
@@ -138,7 +143,7 @@ class _ExpertMLP(torch.autograd.Function):
 
         x, w1, w2, probs, h, a = ctx.saved_tensors
         dt = x.dtype
-        acc = torch.float64 if dt == torch.float64 else torch.float32
+        acc = _accumulation(dt)
         act = get_activation(ctx.activation)
         grad_o = grad_o.to(dt)
         d_a = _qmm(grad_o, w2, 1, 0, dt)

@@ -35,26 +35,28 @@ def pull(plan: Plan, region: str, sched: Schedule) -> torch.Tensor:
     return rows
 
 
-def forward(plan: Plan, sched: Schedule) -> ExpertInputs:
-    ws = plan.ws
-    rows = pull(plan, "tokens", sched)
+def _pull_and_fc1(plan: Plan, sched: Schedule, region: str) -> ExpertInputs:
+    """Rows pulled from `region`, h = FC1 of them and act = act(h) * p."""
+    rows = pull(plan, region, sched)
     h = _grouped(rows, plan.w1.transpose(1, 2), sched.offs)
     act = torch.empty(sched.capacity, plan.ffn, dtype=torch.bfloat16, device=rows.device)
     ops.activation_forward(h, sched.row_prob, sched.num_rows, plan.activation, act)
-    out_rows = _grouped(act, plan.w2.transpose(1, 2), sched.offs)
+    return ExpertInputs(rows, h, act)
+
+
+def forward(plan: Plan, sched: Schedule) -> ExpertInputs:
+    ws = plan.ws
+    kept = _pull_and_fc1(plan, sched, "tokens")
+    out_rows = _grouped(kept.act, plan.w2.transpose(1, 2), sched.offs)
     ops.push_rows(ws.peer_bases, ws.offsets["slots"], sched.row_slot, sched.num_rows,
                   ws.layout.max_tokens * plan.topk, out_rows)
-    return ExpertInputs(rows, h, act)
+    return kept
 
 
 def recompute(plan: Plan, sched: Schedule) -> ExpertInputs:
     """The rows, h and act forward had, bit for bit: the token rows pulled again from the
     peers' republished inputs and FC1 by the same kernels."""
-    rows = pull(plan, "inputs", sched)
-    h = _grouped(rows, plan.w1.transpose(1, 2), sched.offs)
-    act = torch.empty(sched.capacity, plan.ffn, dtype=torch.bfloat16, device=rows.device)
-    ops.activation_forward(h, sched.row_prob, sched.num_rows, plan.activation, act)
-    return ExpertInputs(rows, h, act)
+    return _pull_and_fc1(plan, sched, "inputs")
 
 
 def backward(plan: Plan, sched: Schedule, kept: ExpertInputs):

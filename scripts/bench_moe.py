@@ -333,7 +333,8 @@ def run_case(model, variant, tokens, peaks, args, group):
     del outs
 
     result = {"model": model.name, "variant": variant, "experts": E, "tokens_per_gpu": tokens,
-              "rows_max": rows, "remote_rows_max": remote, "check_rel_l2": check, "paths": {}}
+              "rows_max": rows, "remote_rows_max": remote, "check_rel_l2": check, "paths": {},
+              "grad_bytes": sum(t.numel() * t.element_size() for t in leaves)}
     for name in checks:
         if name != "mok":
             result[f"check_rel_l2_{name}"] = checks[name]
@@ -355,7 +356,6 @@ def run_case(model, variant, tokens, peaks, args, group):
                                  "peak_both_bytes": peak_bytes(both),
                                  "kept_for_backward_bytes": kept_bytes(
                                      lambda: fn(x, ids, probs, w1, w2))}
-        result["grad_bytes"] = sum(t.grad.numel() * t.grad.element_size() for t in leaves)
         for t in leaves:
             t.grad = None
         if args.cuda_graph and name != "alltoall":

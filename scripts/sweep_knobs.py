@@ -38,11 +38,16 @@ from bench_moe import make_problem, mok_path, timed  # noqa: E402
 from mok_megatron.config import CONFIG_DIR, load_model  # noqa: E402
 
 
-def sweep(args) -> dict:
+def problem(args):
+    """The sweep's one problem (make_problem's x, ids, probs, w1, w2, dy), for both sweeps."""
     model = load_model(args.model)
     world = dist.get_world_size()
     spec = model if args.variant == "full" else model.ep64_equivalent(world)
-    x, ids, probs, w1, w2, _ = make_problem(model, spec.num_experts, args.tokens, args.seed)
+    return make_problem(model, spec.num_experts, args.tokens, args.seed)
+
+
+def sweep(args, tensors) -> dict:
+    x, ids, probs, w1, w2, _ = tensors
     group = dist.group.WORLD
     results, reference = {}, None
     rings = args.macrobatch_tokens or [None]
@@ -72,12 +77,9 @@ def sweep(args) -> dict:
     return results
 
 
-def sweep_backward(args, comm: int, ring: Optional[int], mini: int) -> dict:
+def sweep_backward(args, tensors, comm: int, ring: Optional[int], mini: int) -> dict:
     """fwd+bwd of both megakernels at the chosen forward knobs, per comm_sms_backward."""
-    model = load_model(args.model)
-    world = dist.get_world_size()
-    spec = model if args.variant == "full" else model.ep64_equivalent(world)
-    x, ids, probs, w1, w2, dy = make_problem(model, spec.num_experts, args.tokens, args.seed)
+    x, ids, probs, w1, w2, dy = tensors
     leaves = [x.requires_grad_(), probs.requires_grad_(), w1, w2]
     knobs = {"minibatch_tokens": mini}
     if ring is not None:
@@ -151,14 +153,15 @@ def main(argv=None):
 
     torch.cuda.set_device(int(__import__("os").environ.get("LOCAL_RANK", 0)))
     dist.init_process_group("nccl")
-    results = sweep(args)
+    tensors = problem(args)
+    results = sweep(args, tensors)
     mega = {k: v for k, v in results.items() if k.startswith("megakernel:")}
     best = min(mega, key=mega.get)
     _, comm, ring, mini = best.split(":")
     ring = None if ring == "None" else int(ring)
     backward, best_backward = {}, None
     if args.comm_sms_backward:
-        backward = sweep_backward(args, int(comm), ring, int(mini))
+        backward = sweep_backward(args, tensors, int(comm), ring, int(mini))
         best_backward = min(backward, key=backward.get)
     if dist.get_rank() == 0:
         write_recipe(CONFIG_DIR / "recipes" / f"{args.base_recipe}.yaml", args.out, int(comm),

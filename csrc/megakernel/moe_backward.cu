@@ -34,6 +34,7 @@
 #include "gemm/timeout_report.h"
 #include "megakernel/backward_tiles.cuh"
 #include "megakernel/dgrad_epilogue.cuh"
+#include "megakernel/launch_checks.h"
 #include "megakernel/row_pull.cuh"
 #include "megakernel/tile_queue.cuh"
 #include "ops.h"
@@ -418,24 +419,10 @@ void moe_backward_megakernel(const at::Tensor& peer_bases, int64_t tokens_offset
   const bool gated = is_gated(static_cast<int>(activation));
   const int64_t F1 = gated ? 2 * F : F;
   const int64_t cap = row_slot.numel();
-  const int64_t max_mblocks = cap / kGemmBlockM + E + 1;
+  const int64_t max_mblocks = max_schedule_mblocks(cap, E);
   const int sms = at::cuda::getCurrentDeviceProperties()->multiProcessorCount;
-  MOK_HOST_CHECK(w1.dim() == 3 && w2.dim() == 3 && w1.size(1) == F1 && w1.size(2) == H &&
-                     w2.size(0) == E && w2.size(1) == H,
-                 "moe_backward_megakernel: W1 must be [E, ", F1, ", ", H, "], W2 [E, ", H,
-                 ", F]");
-  MOK_HOST_CHECK(E >= 1 && E <= kGemmMaxExperts, "moe_backward_megakernel: 1..",
-                 kGemmMaxExperts, " local experts, got ", E);
-  MOK_HOST_CHECK(offsets.numel() == E + 1 && offsets.scalar_type() == at::kInt,
-                 "moe_backward_megakernel: offsets must be int32 [E + 1]");
-  MOK_HOST_CHECK(H % 8 == 0 && F % 8 == 0,
-                 "moe_backward_megakernel: H and F must be multiples of 8");
-  MOK_HOST_CHECK(pull_slots(static_cast<int>(H)) >= kPullMinSlots,
-                 "moe_backward_megakernel: H = ", H,
-                 " rows are too wide for the row-pulling ring (at most ",
-                 kPullBytes / (2 * kPullMinSlots), ")");
-  MOK_HOST_CHECK(minibatch_rows >= 1 && minibatch_rows <= (int64_t(1) << 30),
-                 "moe_backward_megakernel: minibatch_rows must be >= 1, got ", minibatch_rows);
+  check_megakernel_call("moe_backward_megakernel", w1, w2, offsets, peer_bases, H, F1,
+                        minibatch_rows);
   auto rows_of = [&](const at::Tensor& t, int64_t width) {
     return t.is_cuda() && t.scalar_type() == at::kBFloat16 && t.is_contiguous() &&
            t.dim() == 2 && t.size(0) == cap && t.size(1) == width;
@@ -449,8 +436,6 @@ void moe_backward_megakernel(const at::Tensor& peer_bases, int64_t tokens_offset
                      dprob_part.is_contiguous() && dprob_part.numel() >= cap * nb_dgrad2,
                  "moe_backward_megakernel: dprob_part must be fp32 with >= ", cap * nb_dgrad2,
                  " values");
-  MOK_HOST_CHECK(w1.stride(2) == 1 && w2.stride(2) == 1 && w1.stride(0) > 0 && w2.stride(0) > 0,
-                 "moe_backward_megakernel: weights need contiguous rows and positive strides");
   MOK_HOST_CHECK(dw1.has_value() != dw1_fp32.has_value() &&
                      dw2.has_value() != dw2_fp32.has_value(),
                  "moe_backward_megakernel: each weight gradient is either bf16 (dw) or fp32 "
@@ -468,8 +453,6 @@ void moe_backward_megakernel(const at::Tensor& peer_bases, int64_t tokens_offset
                  2 * max_mblocks + 4, " zeros");
   MOK_HOST_CHECK(comm_blocks >= 1 && comm_blocks < sms, "moe_backward_megakernel: comm_blocks ",
                  comm_blocks, " must be in [1, ", sms - 1, "]");
-  MOK_HOST_CHECK(peer_bases.numel() >= 1 && peer_bases.numel() <= kMaxRanks,
-                 "moe_backward_megakernel: 1..", kMaxRanks, " ranks, got ", peer_bases.numel());
   c10::cuda::CUDAGuard guard(rows.device());
 
   BackwardArgs args{};

@@ -45,6 +45,7 @@
 #include "gemm/sm90/tile_epilogue.cuh"
 #include "gemm/timeout_report.h"
 #include "megakernel/epilogue_storer.cuh"
+#include "megakernel/launch_checks.h"
 #include "megakernel/macrobatch_ring.cuh"
 #include "megakernel/row_pull.cuh"
 #include "megakernel/tile_queue.cuh"
@@ -392,27 +393,14 @@ void moe_forward_megakernel(const at::Tensor& peer_bases, int64_t tokens_offset,
   const bool gated = is_gated(static_cast<int>(activation));
   const int64_t F1 = gated ? 2 * F : F;
   const int64_t cap = row_slot.numel();  // schedule rows (worst case)
-  const int64_t max_mblocks = cap / kGemmBlockM + E + 1;
+  const int64_t max_mblocks = max_schedule_mblocks(cap, E);
   const bool ring_on = ring_mblocks > 0;
   const int64_t max_macro = ring_on ? (max_mblocks + ring_mblocks - 1) / ring_mblocks : 1;
   const int64_t buffer_rows =
       ring_on ? std::min(ring_slots * ring_mblocks, max_mblocks) * kGemmBlockM : cap;
   const int sms = at::cuda::getCurrentDeviceProperties()->multiProcessorCount;
-  MOK_HOST_CHECK(w1.dim() == 3 && w2.dim() == 3 && w1.size(1) == F1 && w1.size(2) == H &&
-                     w2.size(0) == E && w2.size(1) == H,
-                 "moe_forward_megakernel: W1 must be [E, ", F1, ", ", H, "], W2 [E, ", H,
-                 ", F]");
-  MOK_HOST_CHECK(E >= 1 && E <= kGemmMaxExperts, "moe_forward_megakernel: 1..",
-                 kGemmMaxExperts, " local experts, got ", E);
-  MOK_HOST_CHECK(offsets.numel() == E + 1 && offsets.scalar_type() == at::kInt,
-                 "moe_forward_megakernel: offsets must be int32 [E + 1]");
-  MOK_HOST_CHECK(H % 8 == 0 && F % 8 == 0,
-                 "moe_forward_megakernel: H and F must be multiples of 8");
-  MOK_HOST_CHECK(pull_slots(static_cast<int>(H)) >= kPullMinSlots, "moe_forward_megakernel: H = ",
-                 H, " rows are too wide for the row-pulling ring (at most ",
-                 kPullBytes / (2 * kPullMinSlots), ")");
-  MOK_HOST_CHECK(minibatch_rows >= 1 && minibatch_rows <= (int64_t(1) << 30),
-                 "moe_forward_megakernel: minibatch_rows must be >= 1, got ", minibatch_rows);
+  check_megakernel_call("moe_forward_megakernel", w1, w2, offsets, peer_bases, H, F1,
+                        minibatch_rows);
   MOK_HOST_CHECK(!ring_on || (ring_slots >= 2 && !h_out),
                  "moe_forward_megakernel: the macrobatch ring needs >= 2 slots and no h_out "
                  "(h is recomputed in backward), got ", ring_slots, " slots");
@@ -422,8 +410,6 @@ void moe_forward_megakernel(const at::Tensor& peer_bases, int64_t tokens_offset,
                                  h_out->size(0) == cap && h_out->size(1) == F1)),
                  "moe_forward_megakernel: rows [>= ", buffer_rows, ", H], act [rows, F], h [",
                  cap, ", F1], contiguous");
-  MOK_HOST_CHECK(w1.stride(2) == 1 && w2.stride(2) == 1 && w1.stride(0) > 0 && w2.stride(0) > 0,
-                 "moe_forward_megakernel: weights need contiguous rows and positive strides");
   MOK_HOST_CHECK(counters.scalar_type() == at::kInt && counters.is_contiguous() &&
                      counters.numel() >= 2 * max_mblocks + max_macro + 2,
                  "moe_forward_megakernel: counters must be int32 with >= ",
@@ -440,8 +426,6 @@ void moe_forward_megakernel(const at::Tensor& peer_bases, int64_t tokens_offset,
                               trace->numel() >= int64_t(sms) * kTraceBlockValues),
                  "moe_forward_megakernel: trace must be a contiguous int64 GPU tensor of >= ",
                  int64_t(sms) * kTraceBlockValues, " values");
-  MOK_HOST_CHECK(peer_bases.numel() >= 1 && peer_bases.numel() <= kMaxRanks,
-                 "moe_forward_megakernel: 1..", kMaxRanks, " ranks, got ", peer_bases.numel());
   c10::cuda::CUDAGuard guard(rows.device());
 
   ForwardArgs args{};

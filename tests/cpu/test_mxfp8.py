@@ -136,7 +136,8 @@ def _grads(fn, x, w1, w2, p, do):
 
 def test_expert_mlp_follows_the_documented_formulas():
     """Each GEMM of mxfp8.expert_mlp, rewritten from its documentation with operands
-    quantized along the stated dimensions (H, F, F1 or the expert's rows): the same bits.
+    quantized along the stated dimensions (H, F, F1 or the expert's rows): the same bits
+    (dprobs up to its summation order).
     Sizes off the block edges (H=96, F1=80, 80 rows: short last blocks)."""
     x, w1, w2, p, do = _expert_problem()
     got = _grads(mxfp8.expert_mlp, x, w1, w2, p, do)
@@ -155,13 +156,11 @@ def test_expert_mlp_follows_the_documented_formulas():
     want = {"y": y, "dx": (q(d_h, 1) @ q(w1d, 0)).to(bf),
             "dw2": (q(do.t(), 1) @ q(a, 0)).to(bf), "dw1": (q(d_h.t(), 1) @ q(xd, 0)).to(bf),
             "dprobs": (d_a * torch.nn.functional.silu(g) * u).sum(1)}
-    for name in ("y", "dw2"):
+    for name in ("y", "dx", "dw1", "dw2"):
         assert torch.equal(got[name], want[name]), name
-    # dh's rounding can differ by an ulp where the fused SiLU derivative rounds differently
-    # from this spelling of it; dx, dW1 and dprobs inherit that.
-    for name in ("dx", "dw1", "dprobs"):
-        err = float((got[name].float() - want[name].float()).norm() / want[name].float().norm())
-        assert err < 1e-2, (name, err)
+    # dprobs is an fp32 sum over F whose order autograd chooses: equal up to that order.
+    err = float((got["dprobs"] - want["dprobs"]).norm() / want["dprobs"].norm())
+    assert err < 1e-6, err
 
 
 def test_expert_mlp_against_bf16_within_the_recipe_bounds():

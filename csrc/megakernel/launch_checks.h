@@ -1,0 +1,44 @@
+// Host-side checks both megakernels' launchers make of the MoE call they are given: the
+// expert weights, the schedule's offsets, the row width the row-pulling ring can hold, the
+// minibatch, the EP group size; and the m-block bound their counters are sized by.
+#pragma once
+
+#include <torch/extension.h>
+
+#include "common/error.cuh"
+#include "config/kernel_config.cuh"
+#include "megakernel/row_pull.cuh"
+
+namespace mok {
+
+// Most m-blocks a schedule of `rows` rows over E experts can have (each expert's last one
+// partial); mirrored by mok_megatron/ops.py _max_mblocks.
+inline int64_t max_schedule_mblocks(int64_t rows, int64_t experts) {
+  return rows / kGemmBlockM + experts + 1;
+}
+
+// `who` names the launcher in every message. W1 [E, F1, H], W2 [E, H, F] (F1 = 2F gated).
+inline void check_megakernel_call(const char* who, const at::Tensor& w1, const at::Tensor& w2,
+                                  const at::Tensor& offsets, const at::Tensor& peer_bases,
+                                  int64_t hidden, int64_t f1, int64_t minibatch_rows) {
+  const int64_t E = w1.size(0), F = w2.size(2);
+  MOK_HOST_CHECK(w1.dim() == 3 && w2.dim() == 3 && w1.size(1) == f1 && w1.size(2) == hidden &&
+                     w2.size(0) == E && w2.size(1) == hidden,
+                 who, ": W1 must be [E, ", f1, ", ", hidden, "], W2 [E, ", hidden, ", F]");
+  MOK_HOST_CHECK(E >= 1 && E <= kGemmMaxExperts, who, ": 1..", kGemmMaxExperts,
+                 " local experts, got ", E);
+  MOK_HOST_CHECK(offsets.numel() == E + 1 && offsets.scalar_type() == at::kInt, who,
+                 ": offsets must be int32 [E + 1]");
+  MOK_HOST_CHECK(hidden % 8 == 0 && F % 8 == 0, who, ": H and F must be multiples of 8");
+  MOK_HOST_CHECK(pull_slots(static_cast<int>(hidden)) >= kPullMinSlots, who, ": H = ", hidden,
+                 " rows are too wide for the row-pulling ring (at most ",
+                 kPullBytes / (2 * kPullMinSlots), ")");
+  MOK_HOST_CHECK(minibatch_rows >= 1 && minibatch_rows <= (int64_t(1) << 30), who,
+                 ": minibatch_rows must be >= 1, got ", minibatch_rows);
+  MOK_HOST_CHECK(w1.stride(2) == 1 && w2.stride(2) == 1 && w1.stride(0) > 0 && w2.stride(0) > 0,
+                 who, ": weights need contiguous rows and positive strides");
+  MOK_HOST_CHECK(peer_bases.numel() >= 1 && peer_bases.numel() <= kMaxRanks, who, ": 1..",
+                 kMaxRanks, " ranks, got ", peer_bases.numel());
+}
+
+}  // namespace mok
