@@ -92,12 +92,13 @@ class KernelKnobs:
     # comm_sms_backward blocks pull dY rows). With backward_inputs: saved the megakernel also
     # keeps forward's act (F more bf16 per row).
     backward_kernel: Literal["separate", "megakernel"] = "separate"
-    # What backward starts from. "saved": forward keeps the pulled token rows and FC1's output
-    # h, sized for the worst case (EP · max_tokens_per_rank · topk rows of H and of 2F or F,
-    # per MoE layer, until its backward). "recomputed": forward keeps only the schedule
-    # (8 bytes per row); backward pulls the token rows again and recomputes h (one more row
-    # pull and FC1 per backward, bit-identical gradients).
-    backward_inputs: Literal["saved", "recomputed"] = "saved"
+    # What backward starts from. "recomputed" (the default: what a many-layer model can hold):
+    # forward keeps only the schedule (8 bytes per row); backward pulls the token rows again
+    # and recomputes h (one more row pull and FC1 per backward, bit-identical gradients).
+    # "saved": forward keeps the pulled token rows and FC1's output h, sized for the worst
+    # case (EP · max_tokens_per_rank · topk rows of H and of 2F or F, per MoE layer, until
+    # its backward) - for few-layer models that have the memory.
+    backward_inputs: Literal["saved", "recomputed"] = "recomputed"
     # Every bounded wait - on a peer in the barrier, on another block inside the megakernel or
     # the GEMM engine - stops the kernel after this long with a report naming rank, role and
     # stage (stall_watch.py). It must outlast the largest healthy skew between ranks reaching

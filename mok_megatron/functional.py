@@ -56,7 +56,12 @@ def moe_experts(
     group: Optional[dist.ProcessGroup] = None,
     activation: str = "swiglu",
     recipe: Optional[Recipe] = None,
+    accumulate_main_grad: bool = False,
 ) -> torch.Tensor:
+    """`accumulate_main_grad` (Megatron's gradient_accumulation_fusion): where the weights carry
+    fp32 ``main_grad`` tensors, the cuda backend's backward megakernel adds the weight
+    gradients into them in place and autograd gets Megatron's placeholders (main_grad.py);
+    elsewhere, and on the reference backend, the gradients go through autograd."""
     recipe = recipe or Recipe()
     world = 1 if group is None else dist.get_world_size(group)
     # Validated once, here; every step after this point trusts the call.
@@ -68,4 +73,4 @@ def moe_experts(
         return reference_forward(call, group, precision=recipe.precision)
     from .symm_moe import moe_experts_cuda
 
-    return moe_experts_cuda(call, group, recipe)
+    return moe_experts_cuda(call, group, recipe, accumulate_main_grad)

@@ -55,21 +55,27 @@ def recompute(plan: Plan, sched: Schedule) -> ExpertInputs:
 
 def backward(plan: Plan, sched: Schedule, kept: ExpertInputs):
     """dX rows and dprobs pushed to the source slots in one launch; returns the stacked bf16
-    dW1, dW2."""
+    dW1, dW2, or (None, None) where the weight gradients were added into Megatron's fp32
+    main_grads (plan.main_grads)."""
     ws = plan.ws
     cap, device = sched.capacity, sched.row_slot.device
     dout = torch.empty(cap, ws.layout.hidden, dtype=torch.bfloat16, device=device)
     dh = torch.empty_like(kept.h)
     dprob_part = torch.empty(ops.dprob_part_size(cap, plan.ffn), dtype=torch.float32,
                              device=device)
-    dw1 = torch.empty(plan.w1.shape, dtype=torch.bfloat16, device=device)
-    dw2 = torch.empty(plan.w2.shape, dtype=torch.bfloat16, device=device)
+    if plan.main_grads is None:
+        dw1 = torch.empty(plan.w1.shape, dtype=torch.bfloat16, device=device)
+        dw2 = torch.empty(plan.w2.shape, dtype=torch.bfloat16, device=device)
+        into = dict(dw1=dw1, dw2=dw2)
+    else:
+        dw1 = dw2 = None
+        into = dict(dw1_fp32=plan.main_grads.dw1, dw2_fp32=plan.main_grads.dw2)
     counters = ops.backward_megakernel_counters(cap, plan.num_local, device)
     ops.moe_backward_megakernel(ws.peer_bases, ws.offsets["tokens"], ws.offsets["slots"],
                                 ws.offsets["slot_values"], sched.offsets, sched.row_slot,
                                 sched.row_prob, ws.layout.max_tokens, plan.topk, plan.w1,
                                 plan.w2, plan.activation, kept.rows, kept.h, kept.act, dout,
                                 dh, dprob_part, counters, plan.comm_blocks_backward,
-                                ws.timeout_ns, dw1=dw1, dw2=dw2,
+                                ws.timeout_ns, **into,
                                 minibatch_rows=plan.minibatch_rows, rank=ws.rank)
     return dw1, dw2

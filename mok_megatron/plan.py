@@ -8,6 +8,7 @@ from typing import Optional
 
 import torch
 
+from .main_grad import MainGradTargets
 from .workspace import Workspace
 
 
@@ -30,6 +31,9 @@ class Plan:
     ring_mblocks: int  # m-blocks per macrobatch of the forward megakernel's ring; 0: no ring
     minibatch_rows: int  # megakernels: rows their pull publishes together
     schedule_capacity: float  # rows of the schedule and forward buffers, of the worst case
+    # Megatron's main_grads the backward megakernel adds the weight gradients into, or None:
+    # bf16 gradients through autograd (main_grad.py)
+    main_grads: Optional[MainGradTargets] = None
 
 
 @dataclass

@@ -34,6 +34,7 @@ from . import megakernel_path, ops, separate_path
 from .config import Recipe
 from .expert_weights import stack_expert_pair
 from .inputs import MoECall, check_call, check_routing_values
+from .main_grad import main_grad_targets, placeholder_grads
 from .plan import ExpertInputs, Plan, Schedule
 from .workspace import Workspace, WorkspaceLayout, get_workspace
 
@@ -133,8 +134,11 @@ class _SymmMoE(torch.autograd.Function):
         ops.reduce_slots(ws.slots(T, K), ids32, dx)
         dprobs = torch.empty(T, K, dtype=torch.float32, device=dy.device)
         ops.gather_slot_values(ws.slot_values(T, K), ids32, dprobs)
-        return (dx, None, dprobs.to(ctx.probs_dtype), None,
-                *_split(dw1, plan.order), *_split(dw2, plan.order))
+        if plan.main_grads is not None:
+            weight_grads = placeholder_grads(plan.main_grads)
+        else:
+            weight_grads = (*_split(dw1, plan.order), *_split(dw2, plan.order))
+        return (dx, None, dprobs.to(ctx.probs_dtype), None, *weight_grads)
 
 
 def _split(dw: torch.Tensor, order: Optional[list]):
@@ -174,17 +178,18 @@ def workspace_layout(topk: int, hidden: int, recipe: Recipe) -> WorkspaceLayout:
                            inputs=recipe.kernel.backward_inputs == "recomputed")
 
 
-def moe_experts_cuda(call: MoECall, group: Optional[dist.ProcessGroup],
-                     recipe: Recipe) -> torch.Tensor:
+def moe_experts_cuda(call: MoECall, group: Optional[dist.ProcessGroup], recipe: Recipe,
+                     accumulate_main_grad: bool = False) -> torch.Tensor:
     """A checked call (inputs.check_call) on the group's workspace, created on first use."""
     check_kernel_call(call, recipe)
     ws = get_workspace(group, call.x.device, workspace_layout(call.topk, call.hidden, recipe),
                        recipe.kernel.spin_timeout_ms)
-    return _run(ws, call, recipe)
+    return _run(ws, call, recipe, accumulate_main_grad)
 
 
 def moe_experts_on_workspace(ws: Workspace, x, ids, probs, w1, w2, *, activation: str,
-                             recipe: Recipe) -> torch.Tensor:
+                             recipe: Recipe, accumulate_main_grad: bool = False
+                             ) -> torch.Tensor:
     """The cuda backend on a given workspace (one of Workspace.emulated_group's in tests): an
     entry point of its own, so it checks its inputs as moe_experts does."""
     call = check_call(x, ids, probs, w1, w2, activation=activation, world=ws.world)
@@ -193,21 +198,25 @@ def moe_experts_on_workspace(ws: Workspace, x, ids, probs, w1, w2, *, activation
     check_kernel_call(call, recipe)
     if not ws.layout.matches(workspace_layout(call.topk, call.hidden, recipe)):
         raise ValueError("the workspace's layout does not match this call's shapes and recipe")
-    return _run(ws, call, recipe)
+    return _run(ws, call, recipe, accumulate_main_grad)
 
 
-def _run(ws: Workspace, call: MoECall, recipe: Recipe) -> torch.Tensor:
+def _run(ws: Workspace, call: MoECall, recipe: Recipe, accumulate_main_grad: bool
+         ) -> torch.Tensor:
     w1_stack, w2_stack, order = stack_expert_pair(call.w1, call.w2)
     knobs = recipe.kernel
     forward_megakernel = knobs.forward_kernel == "megakernel"
+    backward_megakernel = knobs.backward_kernel == "megakernel"
+    main_grads = (main_grad_targets(call.w1, call.w2, order, backward_megakernel)
+                  if accumulate_main_grad else None)
     recompute = knobs.backward_inputs == "recomputed"
     # The ring runs only where forward keeps nothing for backward (config.py says so too).
     ring_mblocks = (-(-knobs.macrobatch_tokens // ops.MEGAKERNEL_BLOCK_M)
                     if forward_megakernel and recompute else 0)
     position = _expert_position(order or list(range(call.num_local)), call.x.device)
     plan = Plan(ws, call.activation, call.topk, call.num_local, call.ffn, w1_stack, w2_stack,
-                order, position, forward_megakernel, knobs.backward_kernel == "megakernel",
+                order, position, forward_megakernel, backward_megakernel,
                 knobs.comm_sms_forward, knobs.comm_sms_backward, recompute, ring_mblocks,
-                knobs.minibatch_tokens, knobs.schedule_capacity)
+                knobs.minibatch_tokens, knobs.schedule_capacity, main_grads)
     w_inputs = (call.w1, call.w2) if order is None else (*call.w1, *call.w2)
     return _SymmMoE.apply(call.x.contiguous(), call.ids, call.probs, plan, *w_inputs)

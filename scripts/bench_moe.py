@@ -124,7 +124,8 @@ def row_counts(ids: torch.Tensor, num_experts: int) -> tuple[int, int]:
 # ------------------------------------------------------------------------------ paths
 
 
-def mok_path(group, tokens, forward_kernel="separate", comm_sms=16, backward_inputs="saved",
+def mok_path(group, tokens, forward_kernel="separate", comm_sms=16,
+             backward_inputs=KernelKnobs.backward_inputs,
              macrobatch_tokens=KernelKnobs.macrobatch_tokens,
              minibatch_tokens=KernelKnobs.minibatch_tokens, backward_kernel="separate",
              comm_sms_backward=KernelKnobs.comm_sms_backward):
@@ -485,8 +486,10 @@ def main(argv=None):
                    help="row-pulling blocks of the forward megakernel (kernel.comm_sms_forward)")
     p.add_argument("--comm-sms-backward", type=int, default=KernelKnobs.comm_sms_backward,
                    help="dY-pulling blocks of the backward megakernel (kernel.comm_sms_backward)")
-    p.add_argument("--backward-inputs", default="saved", choices=["saved", "recomputed"],
-                   help="what the mok paths keep for backward (kernel.backward_inputs)")
+    p.add_argument("--backward-inputs", default=KernelKnobs.backward_inputs,
+                   choices=["saved", "recomputed"],
+                   help="what the mok paths keep for backward (kernel.backward_inputs; default: "
+                        "the recipe's)")
     p.add_argument("--macrobatch-tokens", type=int, default=KernelKnobs.macrobatch_tokens,
                    help="rows per macrobatch of the megakernel's ring (with --backward-inputs "
                         "recomputed)")

@@ -75,6 +75,7 @@ class MokTokenDispatcher(MoETokenDispatcher):
             group=self.ep_group if self.ep_size > 1 else None,
             activation=self.activation,
             recipe=self.recipe,
+            accumulate_main_grad=self.config.gradient_accumulation_fusion,
         )
 
     def token_combine(self, hidden_states):

@@ -23,7 +23,7 @@ import gpu_checks  # noqa: E402
 from mok_megatron import ops  # noqa: E402
 
 BAD_TOKEN, BAD_SLOT = 3, 1
-MEGAKERNEL = {"forward_kernel": "megakernel", "comm_sms_forward": 8}
+MEGAKERNEL = {"forward_kernel": "megakernel", "comm_sms_forward": 8, "backward_inputs": "saved"}
 
 
 def bad_id(kernel: str, world: int, bad_rank: int, bad: int, dtype: str) -> None:

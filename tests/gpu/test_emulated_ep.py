@@ -12,7 +12,7 @@ import gpu_checks
 
 pytestmark = pytest.mark.gpu
 
-MEGAKERNEL = {"forward_kernel": "megakernel", "comm_sms_forward": 8}
+MEGAKERNEL = {"forward_kernel": "megakernel", "comm_sms_forward": 8, "backward_inputs": "saved"}
 RING = {**MEGAKERNEL, "backward_inputs": "recomputed", "macrobatch_tokens": 256}
 SETTINGS = {"separate": {}, "megakernel": MEGAKERNEL, "ring": RING}
 NAMES = [s.name for s in gpu_checks.ep_specs(2)]

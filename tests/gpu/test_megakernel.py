@@ -17,7 +17,7 @@ from test_symm_moe import SPECS
 
 pytestmark = pytest.mark.gpu
 
-MEGAKERNEL = {"forward_kernel": "megakernel", "comm_sms_forward": 8}
+MEGAKERNEL = {"forward_kernel": "megakernel", "comm_sms_forward": 8, "backward_inputs": "saved"}
 # The ring runs with recomputed backward inputs; 256-row macrobatches make it wrap many times.
 RING = {**MEGAKERNEL, "backward_inputs": "recomputed", "macrobatch_tokens": 256}
 SETTINGS = {"plain": MEGAKERNEL, "ring": RING}

@@ -68,6 +68,13 @@ CASES = {
     "local_whole_layer_megakernels": dict(impl="local", modules=[], layer="TransformerLayer",
                                           knobs={"forward_kernel": "megakernel",
                                                  "backward_kernel": "megakernel"}),
+    # Gradient-accumulation fusion: the backward megakernel adds the expert weight gradients
+    # into DDP's fp32 main_grads in place (mok_megatron/main_grad.py). Also compared with the
+    # unfused run of the same weights and batches (expert main_grads within bf16 rounding,
+    # every other main_grad and the losses bit-identical).
+    "local_whole_layer_megakernels_main_grad": dict(
+        impl="local", modules=[], layer="TransformerLayer", grad_accum_fusion=True,
+        knobs={"forward_kernel": "megakernel", "backward_kernel": "megakernel"}),
     # A TransformerLayer's manager wraps the whole layer under 'attn' too.
     "local_attn": dict(impl="local", modules=["attn"], layer="TransformerLayer", knobs={}),
     "local_moe_router": dict(impl="local", modules=["moe_router"], layer="MoETransformerLayer",
@@ -118,9 +125,13 @@ def _build_model(case: dict, graphed: bool):
     spec = ModuleSpec(module=getattr(transformer_layer, case["layer"]),
                       submodules=get_gpt_layer_local_submodules(num_experts=EXPERTS,
                                                                 moe_grouped_gemm=False))
-    return GPTModel(config=config, transformer_layer_spec=spec, vocab_size=VOCAB,
-                    max_sequence_length=SEQ, position_embedding_type="learned_absolute",
-                    share_embeddings_and_output_weights=False).cuda()
+    model = GPTModel(config=config, transformer_layer_spec=spec, vocab_size=VOCAB,
+                     max_sequence_length=SEQ, position_embedding_type="learned_absolute",
+                     share_embeddings_and_output_weights=False).cuda()
+    # Megatron's own linears read the flag when they are built (and would need Apex's fused
+    # wgrad kernels); mok's dispatcher reads it at every call: set now, the experts alone fuse.
+    model.config.gradient_accumulation_fusion = case.get("grad_accum_fusion", False)
+    return model
 
 
 def _batches(iteration: int) -> list[dict]:
@@ -219,13 +230,15 @@ def _mismatches(expected: dict, got: dict) -> list[str]:
 
 
 class Counters:
-    """Replays of Megatron's local graph runners and of any CUDA graph, and mok's experts step
-    by whether it ran eagerly or inside a capture."""
+    """Replays of Megatron's local graph runners and of any CUDA graph, mok's experts step by
+    whether it ran eagerly or inside a capture, and backward megakernel launches that added
+    into main_grad."""
 
     def __init__(self):
         import torch
         from megatron.core.transformer import cuda_graphs
 
+        from mok_megatron import ops
         from mok_megatron.megatron.dispatcher import MokTokenDispatcher
 
         self.counts = {}
@@ -233,6 +246,7 @@ class Counters:
         runner_replay = cuda_graphs._CudaGraphRunner.replay_graph_capture
         graph_replay = torch.cuda.CUDAGraph.replay
         experts_compute = MokTokenDispatcher.experts_compute
+        backward_megakernel = ops.moe_backward_megakernel
         counts = self.counts
 
         def counted_runner_replay(runner, *args, **kwargs):
@@ -250,11 +264,16 @@ class Counters:
 
         cuda_graphs._CudaGraphRunner.replay_graph_capture = counted_runner_replay
         torch.cuda.CUDAGraph.replay = counted_graph_replay
+        def counted_backward_megakernel(*args, **kwargs):
+            counts["into_main_grad"] += kwargs.get("dw1_fp32") is not None
+            return backward_megakernel(*args, **kwargs)
+
         MokTokenDispatcher.experts_compute = counted_experts_compute
+        ops.moe_backward_megakernel = counted_backward_megakernel
 
     def reset(self):
         self.counts.update(runner_replays=0, graph_replays=0, experts_eager=0,
-                           experts_captured=0)
+                           experts_captured=0, into_main_grad=0)
 
 
 def _check_graph_state(case: dict, model, iteration: int, counts: dict) -> str:
@@ -302,6 +321,33 @@ def _check_graph_state(case: dict, model, iteration: int, counts: dict) -> str:
     return f"{len(managers)} layer graphs {what}, {got}"
 
 
+def _compare_unfused(fused_model, unfused_model, unfused: Trainer, iteration: int,
+                     counters: Counters):
+    """The unfused model stepped on the fused one's current weights and this iteration's
+    batches, before the fused step; returns the check of the fused step's outputs against it."""
+    import torch
+
+    unfused_model.load_state_dict(fused_model.state_dict())
+    counters.reset()
+    plain = unfused.step(_batches(iteration))
+    assert counters.counts["into_main_grad"] == 0, counters.counts
+
+    def compare(want: dict) -> str:
+        worst = 0.0
+        for name, have in want.items():
+            if ".mlp.experts." not in name:
+                assert torch.equal(have, plain[name]), f"{name}: fused != unfused"
+                continue
+            # main_grad = 0 + dW of 2 microbatches: fp32 adds against bf16 gradients added.
+            err = float((have - plain[name]).norm() / plain[name].norm())
+            assert err < 1e-2, f"{name}: fused vs unfused rel-L2 {err:.2e}"
+            worst = max(worst, err)
+        return (f"fused main_grads vs unfused: expert rel-L2 <= {worst:.1e}, the rest "
+                f"bit-identical")
+
+    return compare
+
+
 def run_case(name: str) -> None:
     """One case in this process; raises on the first difference."""
     case = CASES[name]
@@ -332,9 +378,12 @@ def run_case(name: str) -> None:
     # stream (Megatron's capture needs the default stream untouched).
     eager_model = _build_model(case, graphed=False)
     control_model = _build_model(case, graphed=False)
+    fused = case.get("grad_accum_fusion", False)
+    unfused_model = _build_model({**case, "grad_accum_fusion": False}, False) if fused else None
     graphed_model = _build_model(case, graphed=True)
-    for model in (control_model, graphed_model):
-        model.load_state_dict(eager_model.state_dict())
+    for model in (control_model, graphed_model, unfused_model):
+        if model is not None:
+            model.load_state_dict(eager_model.state_dict())
     eager, control, graphed = (Trainer(m, impl) for m, impl in (
         (eager_model, "none"), (control_model, "none"), (graphed_model, case["impl"])))
     experts = graphed_model.decoder.layers[0].mlp.experts
@@ -344,8 +393,14 @@ def run_case(name: str) -> None:
           f"backend cuda {case['knobs'] or '(default knobs)'}; {NUM_LAYERS} MoE layers, "
           f"{EXPERTS} experts top-{TOPK}, {MICROBATCHES} microbatches of {MICRO_BATCH}x{SEQ} "
           f"tokens, {ITERATIONS} iterations")
+    unfused = Trainer(unfused_model, "none") if fused else None
     for iteration in range(ITERATIONS):
+        if fused:
+            compared = _compare_unfused(eager_model, unfused_model, unfused, iteration, counters)
+        counters.reset()
         want = eager.step(_batches(iteration))
+        if fused:
+            assert counters.counts["into_main_grad"] == NUM_LAYERS * MICROBATCHES, counters.counts
         again = control.step(_batches(iteration))
         before = [p.detach().clone() for p in experts.parameters()]
         counters.reset()
@@ -358,6 +413,8 @@ def run_case(name: str) -> None:
         assert not bad, f"iteration {iteration}: graphed != eager:\n  " + "\n  ".join(bad)
         assert any(not torch.equal(p, b) for p, b in zip(experts.parameters(), before)), \
             "the update changed no expert weight"
+        if fused:
+            state += "; " + compared(want)
         print(f"  iteration {iteration}: {state}; graphed == eager (torch.equal) for "
               f"{MICROBATCHES} per-token losses and {len(want) - MICROBATCHES} main_grads; "
               f"loss {want['loss[microbatch 0]'].mean().item():.4f}")
