@@ -24,6 +24,10 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("reduce_slots", &mok::reduce_slots);
   m.def("gather_slot_values", &mok::gather_slot_values);
 
+  // MXFP8 operand rounding
+  m.def("mx_round_columns", &mok::mx_round_columns);
+  m.def("mx_round_segments", &mok::mx_round_segments);
+
   // grouped GEMM tile engine
   m.def("grouped_gemm", &mok::grouped_gemm);
   m.def("timeout_reports", &mok::timeout_reports);

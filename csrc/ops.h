@@ -47,6 +47,14 @@ void activation_backward(const at::Tensor& h, const at::Tensor& grad_out,
 void reduce_slots(const at::Tensor& slots, const at::Tensor& ids, at::Tensor& out);
 void gather_slot_values(const at::Tensor& values, const at::Tensor& ids, at::Tensor& out);
 
+// quant/mx_round.cu: MXFP8-rounded copies of a GEMM operand (dequantized to bf16, exact),
+// blocks along the columns of each row (the first *num_rows rows, or all) or along the rows
+// of each segment (offsets [segments + 1] on the device, or every segment_rows rows).
+void mx_round_columns(const at::Tensor& x, const c10::optional<at::Tensor>& num_rows,
+                      at::Tensor& out);
+void mx_round_segments(const at::Tensor& x, const c10::optional<at::Tensor>& offsets,
+                       int64_t segment_rows, at::Tensor& out);
+
 // gemm/grouped_gemm.cu (sm90 tile engine). activation: -1 = plain store, else ActivationId
 // with row_prob folded in; h_out (optional) receives the bf16 pre-activation. rank: the EP
 // rank launching it, which names its timeout report (gemm/timeout_report.h).

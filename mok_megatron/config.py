@@ -353,7 +353,17 @@ def _model_problems(m: ModelConfig) -> Iterator[tuple[str, str]]:
                                              f"got {m.bench.ep64_experts_per_gpu}")
 
 
+def recipe_problems(r: Recipe) -> Iterator[tuple[str, str]]:
+    """What a recipe's precision needs of its kernels (also checked at a cuda call)."""
+    if r.precision == "mxfp8":
+        for name in ("forward_kernel", "backward_kernel"):
+            if getattr(r.kernel, name) != "separate":
+                yield (f"kernel.{name}", "precision mxfp8 runs on the separate kernels so far "
+                                         "(the megakernels are BF16): set it to separate")
+
+
 _PROBLEMS: dict[type, Callable[[Any], Iterator[tuple[str, str]]]] = {
+    Recipe: recipe_problems,
     KernelKnobs: _kernel_problems,
     DispatcherConfig: _dispatcher_problems,
     BenchSpec: _bench_problems,

@@ -23,26 +23,12 @@ from .inputs import Weights, check_call, check_routing_values
 from .reference import reference_forward
 
 
-# Expert precisions that both backends implement. The Megatron adapter refuses a recipe of any
-# other precision when Megatron builds its config; resolve_backend refuses it at the call.
-IMPLEMENTED_PRECISIONS: tuple[str, ...] = ("bf16",)
-# What the reference backend implements besides: MXFP8 (mxfp8.py), the oracle the kernels
-# will be checked against, run on CPU by the main job (demo --recipe mxfp8).
-REFERENCE_PRECISIONS: tuple[str, ...] = ("bf16", "mxfp8")
-
-
 def resolve_backend(recipe: Recipe, device: torch.device) -> str:
     backend = recipe.backend
     if backend == "auto":
         backend = "cuda" if device.type == "cuda" else "reference"
     if backend == "cuda" and device.type != "cuda":
         raise ValueError(f"backend 'cuda' needs CUDA tensors, got tensors on {device}")
-    implemented = REFERENCE_PRECISIONS if backend == "reference" else IMPLEMENTED_PRECISIONS
-    if recipe.precision not in implemented:
-        raise ValueError(
-            f"precision {recipe.precision!r} (recipe {recipe.name!r}) is not implemented by the "
-            f"{backend} backend yet; use the bf16 recipe"
-        )
     return backend
 
 

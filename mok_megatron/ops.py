@@ -133,6 +133,27 @@ def activation_backward(h, grad_out, row_prob, num_rows, activation: str, grad_h
                                     ACTIVATION_IDS[activation], grad_h, act_out, grad_prob)
 
 
+def mx_round_columns(x: torch.Tensor, num_rows: Optional[torch.Tensor] = None) -> torch.Tensor:
+    """x [rows, cols] bf16 rounded to MXFP8 with blocks along each row's columns and
+    dequantized (exact in bf16; csrc/quant/mx_round.cu); only the first ``num_rows`` rows
+    (int32 [1] on the device) are written when given."""
+    _cuda("x", x, torch.bfloat16)
+    out = torch.empty_like(x)
+    extension().mx_round_columns(x, num_rows, out)
+    return out
+
+
+def mx_round_segments(x: torch.Tensor, offsets: Optional[torch.Tensor] = None,
+                      segment_rows: int = 0) -> torch.Tensor:
+    """x [rows, cols] bf16 rounded to MXFP8 with blocks along the rows of each segment, from
+    its first row (an expert's rows: ``offsets`` int32 [E + 1] on the device; or every
+    ``segment_rows`` rows), dequantized; rows outside every segment are not written."""
+    _cuda("x", x, torch.bfloat16)
+    out = torch.empty_like(x)
+    extension().mx_round_segments(x, offsets, segment_rows, out)
+    return out
+
+
 def reduce_slots(slots, ids, out):
     _cuda("slots", slots, torch.bfloat16)
     _cuda("ids", ids, torch.int32)

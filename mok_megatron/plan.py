@@ -9,6 +9,7 @@ from typing import Optional
 import torch
 
 from .main_grad import MainGradTargets
+from .operands import OPERANDS, Bf16Operands
 from .workspace import Workspace
 
 
@@ -34,6 +35,8 @@ class Plan:
     # Megatron's main_grads the backward megakernel adds the weight gradients into, or None:
     # bf16 gradients through autograd (main_grad.py)
     main_grads: Optional[MainGradTargets] = None
+    # What the separate path's GEMMs multiply under the recipe's precision (operands.py)
+    operands: Bf16Operands = OPERANDS["bf16"]
 
 
 @dataclass

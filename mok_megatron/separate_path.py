@@ -8,7 +8,9 @@ backward  pull dY rows | dA = dY W2 | act backward (dh, act, dp)
           dX rows = dh W1, pushed with dp to the source slots | dW2, dW1
 
 No host synchronization: the grouped GEMMs take device-side offsets and the row movers and
-epilogues read the row count from device memory. symm_moe.py runs the publish, barriers and
+epilogues read the row count from device memory. Every GEMM reads its operands through
+plan.operands: as they are (bf16) or rounded to MXFP8 along its reduction dimension (mxfp8,
+operands.py). symm_moe.py runs the publish, barriers and
 fixed-order reductions around these steps.
 """
 
@@ -37,8 +39,9 @@ def pull(plan: Plan, region: str, sched: Schedule) -> torch.Tensor:
 
 def _pull_and_fc1(plan: Plan, sched: Schedule, region: str) -> ExpertInputs:
     """Rows pulled from `region`, h = FC1 of them and act = act(h) * p."""
+    q = plan.operands
     rows = pull(plan, region, sched)
-    h = _grouped(rows, plan.w1.transpose(1, 2), sched.offs)
+    h = _grouped(q.columns(rows, sched), q.weight_columns(plan.w1).transpose(1, 2), sched.offs)
     act = torch.empty(sched.capacity, plan.ffn, dtype=torch.bfloat16, device=rows.device)
     ops.activation_forward(h, sched.row_prob, sched.num_rows, plan.activation, act)
     return ExpertInputs(rows, h, act)
@@ -46,8 +49,10 @@ def _pull_and_fc1(plan: Plan, sched: Schedule, region: str) -> ExpertInputs:
 
 def forward(plan: Plan, sched: Schedule) -> ExpertInputs:
     ws = plan.ws
+    q = plan.operands
     kept = _pull_and_fc1(plan, sched, "tokens")
-    out_rows = _grouped(kept.act, plan.w2.transpose(1, 2), sched.offs)
+    out_rows = _grouped(q.columns(kept.act, sched), q.weight_columns(plan.w2).transpose(1, 2),
+                        sched.offs)
     ops.push_rows(ws.peer_bases, ws.offsets["slots"], sched.row_slot, sched.num_rows,
                   ws.layout.max_tokens * plan.topk, out_rows)
     return kept
@@ -61,21 +66,21 @@ def recompute(plan: Plan, sched: Schedule) -> ExpertInputs:
 
 def backward(plan: Plan, sched: Schedule, kept: ExpertInputs):
     """dX rows and dprobs pushed to the source slots; returns the stacked dW1, dW2."""
-    ws = plan.ws
+    ws, q = plan.ws, plan.operands
     slots_per_rank = ws.layout.max_tokens * plan.topk
     dout = pull(plan, "tokens", sched)
-    dact = _grouped(dout, plan.w2, sched.offs)
+    dact = _grouped(q.columns(dout, sched), q.weight_rows(plan.w2), sched.offs)
     dh = torch.empty_like(kept.h)
     act = torch.empty_like(dact)
     drow_prob = torch.empty(sched.capacity, dtype=torch.float32, device=dout.device)
     ops.activation_backward(kept.h, dact, sched.row_prob, sched.num_rows, plan.activation, dh,
                             act, drow_prob)
-    drows = _grouped(dh, plan.w1, sched.offs)
+    drows = _grouped(q.columns(dh, sched), q.weight_rows(plan.w1), sched.offs)
     ops.push_rows(ws.peer_bases, ws.offsets["slots"], sched.row_slot, sched.num_rows,
                   slots_per_rank, drows)
     ops.push_values(ws.peer_bases, ws.offsets["slot_values"], sched.row_slot, sched.num_rows,
                     slots_per_rank, drow_prob)
     # Weight gradients while the peers finish their pushes.
-    dw2 = _grouped(dout.t(), act, sched.offs)
-    dw1 = _grouped(dh.t(), kept.rows, sched.offs)
+    dw2 = _grouped(q.expert_rows(dout, sched).t(), q.expert_rows(act, sched), sched.offs)
+    dw1 = _grouped(q.expert_rows(dh, sched).t(), q.expert_rows(kept.rows, sched), sched.offs)
     return dw1, dw2

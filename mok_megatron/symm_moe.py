@@ -31,10 +31,11 @@ import torch
 import torch.distributed as dist
 
 from . import megakernel_path, ops, separate_path
-from .config import Recipe
+from .config import Recipe, recipe_problems
 from .expert_weights import stack_expert_pair
 from .inputs import MoECall, check_call, check_routing_values
 from .main_grad import main_grad_targets, placeholder_grads
+from .operands import OPERANDS
 from .plan import ExpertInputs, Plan, Schedule
 from .workspace import Workspace, WorkspaceLayout, get_workspace
 
@@ -156,6 +157,9 @@ def check_kernel_call(call: MoECall, recipe: Recipe) -> None:
     workspace is allocated, so a bad input never leaves peers waiting in a rendezvous."""
     if call.x.dtype != torch.bfloat16:
         raise ValueError(f"the cuda backend runs bf16 activations and weights; x is {call.x.dtype}")
+    problem = next(recipe_problems(recipe), None)
+    if problem is not None:
+        raise ValueError(f"recipe {recipe.name!r}: {problem[0]}: {problem[1]}")
     if call.activation not in ops.ACTIVATION_IDS:
         raise ValueError(f"activation {call.activation!r} is not implemented by the cuda backend")
     if call.hidden % 8 or call.ffn % 8:
@@ -217,6 +221,7 @@ def _run(ws: Workspace, call: MoECall, recipe: Recipe, accumulate_main_grad: boo
     plan = Plan(ws, call.activation, call.topk, call.num_local, call.ffn, w1_stack, w2_stack,
                 order, position, forward_megakernel, backward_megakernel,
                 knobs.comm_sms_forward, knobs.comm_sms_backward, recompute, ring_mblocks,
-                knobs.minibatch_tokens, knobs.schedule_capacity, main_grads)
+                knobs.minibatch_tokens, knobs.schedule_capacity, main_grads,
+                OPERANDS[recipe.precision])
     w_inputs = (call.w1, call.w2) if order is None else (*call.w1, *call.w2)
     return _SymmMoE.apply(call.x.contiguous(), call.ids, call.probs, plan, *w_inputs)

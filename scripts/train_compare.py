@@ -1,8 +1,10 @@
 """Train the same tiny GPT-MoE for a few steps under several dispatchers (default: ``mok`` and
-``alltoall``), from the same seed on the same GPUs, and compare their loss curves.
+``alltoall``) or recipes, from the same seed on the same GPUs, and compare their loss curves.
 
     python scripts/train_compare.py --nproc 2            # EP=2 on 2 GPUs, 20 steps
     python scripts/train_compare.py --nproc 2 --backend reference --out results/
+    python scripts/train_compare.py --nproc 1 --steps 100 --dispatchers mok \
+        --recipe bf16 mxfp8 --rtol 0.02                  # mok's MXFP8 against its BF16
 
 Each run is ``torchrun --nproc-per-node N scripts/pretrain_mok_gpt.py ...`` with the Megatron
 flags that configs/ gives for the model, the recipe and the dispatcher (as
@@ -80,7 +82,7 @@ def recipe_with_backend(recipe: str, backend: Optional[str], out: Path) -> str:
     return str(derived.resolve())
 
 
-def run(dispatcher: str, opts, recipe: str) -> list[float]:
+def run(dispatcher: str, opts, recipe: str, name: str) -> list[float]:
     load_dispatcher(dispatcher).check_available()
     args = resolve_megatron_args(load_recipe(recipe), load_dispatcher(dispatcher),
                                  load_model(opts.model))
@@ -92,15 +94,15 @@ def run(dispatcher: str, opts, recipe: str) -> list[float]:
            if k not in _LAUNCHER_VARS and not k.startswith("TORCHELASTIC_")}
     env.update(SAFE_ENV, PYTHONPATH=os.pathsep.join(filter(None, [str(REPO),
                                                                   env.get("PYTHONPATH")])))
-    log = opts.out / f"train_{dispatcher}.log"
-    print(f"[{dispatcher}] {' '.join(command)}\n[{dispatcher}] log: {log}", flush=True)
+    log = opts.out / f"train_{name.replace('/', '_')}.log"
+    print(f"[{name}] {' '.join(command)}\n[{name}] log: {log}", flush=True)
     with open(log, "w") as f:
         proc = subprocess.run(command, env=env, stdout=f, stderr=subprocess.STDOUT, cwd=REPO)
     text = log.read_text()
     losses = {int(i): float(v) for i, v in ITERATION_LOSS.findall(text)}
     if proc.returncode != 0 or len(losses) != opts.steps:
         sys.stdout.write(text[-4000:])
-        raise SystemExit(f"[{dispatcher}] training failed (exit {proc.returncode}, "
+        raise SystemExit(f"[{name}] training failed (exit {proc.returncode}, "
                          f"{len(losses)}/{opts.steps} steps logged); see {log}")
     return [losses[i] for i in sorted(losses)]
 
@@ -111,7 +113,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     parser.add_argument("--steps", type=int, default=20)
     parser.add_argument("--seed", type=int, default=1234)
     parser.add_argument("--model", default="tiny", help="configs/models name or YAML path")
-    parser.add_argument("--recipe", default="bf16", help="configs/recipes name or YAML path")
+    parser.add_argument("--recipe", nargs="+", default=["bf16"],
+                        help="configs/recipes names or YAML paths (each dispatcher runs each)")
     parser.add_argument("--backend", choices=["auto", "cuda", "reference"],
                         help="override the recipe's backend")
     parser.add_argument("--dispatchers", nargs="+", default=["mok", "alltoall"],
@@ -121,19 +124,21 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     parser.add_argument("--out", type=Path, default=Path("train_compare_out"))
     opts = parser.parse_args(argv)
     opts.out.mkdir(parents=True, exist_ok=True)
-    recipe = recipe_with_backend(opts.recipe, opts.backend, opts.out)
-
-    curves = {d: run(d, opts, recipe) for d in opts.dispatchers}
-    first, *others = opts.dispatchers
-    print(f"{'step':>4} " + " ".join(f"{d:>12}" for d in opts.dispatchers))
+    recipes = {r: recipe_with_backend(r, opts.backend, opts.out) for r in opts.recipe}
+    # One run per (dispatcher, recipe), named "dispatcher/recipe" when several recipes run.
+    runs = {(f"{d}/{r}" if len(recipes) > 1 else d): (d, path)
+            for r, path in recipes.items() for d in opts.dispatchers}
+    curves = {name: run(d, opts, path, name) for name, (d, path) in runs.items()}
+    first, *others = runs
+    print(f"{'step':>4} " + " ".join(f"{n:>14}" for n in runs))
     for step in range(opts.steps):
-        print(f"{step + 1:>4} " + " ".join(f"{curves[d][step]:12.6f}" for d in opts.dispatchers))
-    worst = {d: max(abs(a - b) / abs(b) for a, b in zip(curves[first], curves[d]))
-             for d in others}
-    for d, diff in worst.items():
-        print(f"max relative loss difference {first} vs {d}: {diff:.3e} (rtol {opts.rtol:g})")
-    summary = {"nproc": opts.nproc, "steps": opts.steps, "model": opts.model, "recipe": recipe,
-               "curves": curves, "max_relative_difference": worst}
+        print(f"{step + 1:>4} " + " ".join(f"{curves[n][step]:14.6f}" for n in runs))
+    worst = {n: max(abs(a - b) / abs(b) for a, b in zip(curves[first], curves[n]))
+             for n in others}
+    for n, diff in worst.items():
+        print(f"max relative loss difference {first} vs {n}: {diff:.3e} (rtol {opts.rtol:g})")
+    summary = {"nproc": opts.nproc, "steps": opts.steps, "model": opts.model,
+               "recipes": recipes, "curves": curves, "max_relative_difference": worst}
     (opts.out / "summary.json").write_text(json.dumps(summary, indent=2))
     return 0 if all(diff <= opts.rtol for diff in worst.values()) else 1
 

@@ -24,6 +24,11 @@ from mok_megatron.workspace import Workspace
 # the two differ only by summation order inside the GEMMs: observed ~1e-4 (2026-12-01). Against
 # the float64 oracle both land at 3-5e-3 (mok_megatron/testing.py).
 KERNEL_VS_REFERENCE = 2e-3
+# Under MXFP8 the kernels round every operand as the reference does (bit for bit, tested), but
+# a bf16 rounding of h, act or dh that differs in its last bit can move an element to the
+# neighbouring E4M3 value (a 2^-3 step) where the next GEMM reads it: the issue's bound.
+MXFP8_KERNEL_VS_REFERENCE = 5e-3
+TOLERANCE = {"bf16": KERNEL_VS_REFERENCE, "mxfp8": MXFP8_KERNEL_VS_REFERENCE}
 NAMES = ("y", "dx", "dprobs", "dw1", "dw2")
 
 
@@ -49,10 +54,11 @@ def ep_specs(world: int) -> list[ProblemSpec]:
     ]
 
 
-def recipe(max_tokens: int, backend: str = "cuda", **knobs) -> Recipe:
+def recipe(max_tokens: int, backend: str = "cuda", precision: str = "bf16", **knobs) -> Recipe:
     """`knobs`: further KernelKnobs fields (forward_kernel, comm_sms_forward, ...)."""
     knobs = {"max_tokens_per_rank": max_tokens, "spin_timeout_ms": 20000, **knobs}
-    return Recipe(name="test", backend=backend, kernel=KernelKnobs(**knobs))
+    return Recipe(name="test", precision=precision, backend=backend,
+                  kernel=KernelKnobs(**knobs))
 
 
 def whole(spec: ProblemSpec) -> ProblemSpec:
@@ -64,13 +70,14 @@ def cpu(out: dict) -> dict:
     return {name: t.cpu() for name, t in out.items()}
 
 
-def assert_matches_reference(kernel: dict, reference: dict, what: str) -> dict[str, float]:
-    """Every output written (finite) and within KERNEL_VS_REFERENCE of the reference's."""
+def assert_matches_reference(kernel: dict, reference: dict, what: str,
+                             tolerance: float = KERNEL_VS_REFERENCE) -> dict[str, float]:
+    """Every output written (finite) and within `tolerance` (rel-L2) of the reference's."""
     for name in NAMES:
         assert torch.isfinite(kernel[name]).all(), f"{name} has non-finite values (unwritten?)"
     errors = compare(kernel, reference)
-    bad = {k: v for k, v in errors.items() if v > KERNEL_VS_REFERENCE}
-    assert not bad, f"{what}: kernel vs reference rel-L2 above {KERNEL_VS_REFERENCE}: {bad}"
+    bad = {k: v for k, v in errors.items() if v > tolerance}
+    assert not bad, f"{what}: kernel vs reference rel-L2 above {tolerance}: {bad}"
     return errors
 
 
@@ -155,9 +162,10 @@ def check_emulated_against_reference(spec: ProblemSpec, **knobs) -> dict[str, fl
     max_tokens = max(max(spec.tokens_per_rank), 1)
     kernel = concat_ranks(run_emulated(problem, max_tokens, **knobs))
     one_rank = whole(spec)
+    precision = knobs.get("precision", "bf16")
     reference = run_cuda(one_rank.build(), 0, None, max(one_rank.tokens_per_rank[0], 1),
-                         backend="reference")
-    errors = assert_matches_reference(kernel, reference, spec.name)
+                         backend="reference", precision=precision)
+    errors = assert_matches_reference(kernel, reference, spec.name, TOLERANCE[precision])
     for _ in range(2):
         assert_same_bits(kernel, concat_ranks(run_emulated(problem, max_tokens, **knobs)),
                          f"({spec.name}) between runs")
@@ -245,8 +253,10 @@ def check_against_reference(spec: ProblemSpec, rank: int,
     problem = spec.build()
     max_tokens = max(max(spec.tokens_per_rank), 1)
     kernel = run_cuda(problem, rank, group, max_tokens, **knobs)
-    reference = run_cuda(problem, rank, group, max_tokens, backend="reference")
-    errors = assert_matches_reference(kernel, reference, spec.name)
+    precision = knobs.get("precision", "bf16")
+    reference = run_cuda(problem, rank, group, max_tokens, backend="reference",
+                         precision=precision)
+    errors = assert_matches_reference(kernel, reference, spec.name, TOLERANCE[precision])
     for _ in range(2):
         assert_same_bits(kernel, run_cuda(problem, rank, group, max_tokens, **knobs),
                          f"({spec.name}) between runs")

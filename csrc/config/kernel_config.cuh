@@ -25,6 +25,11 @@ constexpr int kScheduleScanThreads = 1024;
 // Blocks per SM for the grid-stride elementwise / row kernels.
 constexpr int kBlocksPerSm = 4;
 
+// MXFP8 operand rounding (quant/mx_round.cu): elements per E8M0 scale block (OCP MX; the
+// Python side's mxfp8.BLOCK) and threads per CTA.
+constexpr int kMxBlock = 32;
+constexpr int kMxRoundThreads = 256;
+
 // Barrier flag channels in the workspace (one per independent signalling sequence).
 constexpr int kNumBarrierChannels = 4;
 

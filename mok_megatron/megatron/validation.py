@@ -20,7 +20,6 @@ import torch.distributed as dist
 import torch.nn.functional as F
 
 from ..config import Recipe
-from ..functional import IMPLEMENTED_PRECISIONS
 
 MOK = "mok"
 _ALTERNATIVE = "or use --moe-token-dispatcher-type alltoall (or flex)"
@@ -195,12 +194,6 @@ def _problems(config, recipe: Recipe) -> Iterator[str]:
 
 
 def _precision_problems(config, recipe: Recipe) -> Iterator[str]:
-    if recipe.precision not in IMPLEMENTED_PRECISIONS:
-        yield (
-            f"the {recipe.name!r} mok recipe has precision {recipe.precision}, which no mok "
-            f"backend implements yet (implemented: {', '.join(IMPLEMENTED_PRECISIONS)}); select "
-            f"the bf16 recipe (--mok-recipe bf16, MOK_RECIPE=bf16 or use_mok(..., recipe='bf16'))"
-        )
     if config.fp16 or config.params_dtype == torch.float16:
         yield (
             "fp16 (--fp16, or params_dtype=float16): no mok backend computes in fp16 (the kernels "
@@ -209,14 +202,9 @@ def _precision_problems(config, recipe: Recipe) -> Iterator[str]:
     # The routed experts' precision comes from the mok recipe, Megatron's fp8 flags reach the
     # rest of the model: they must agree, or switching from alltoall would change the experts.
     if config.fp8 and recipe.precision != "mxfp8":
-        if "mxfp8" in IMPLEMENTED_PRECISIONS:
-            way_out = "pass --mok-recipe mxfp8, or drop --fp8-format"
-        else:
-            way_out = ("drop --fp8-format (mok's mxfp8 recipe is not implemented yet), "
-                       + _ALTERNATIVE)
         yield (
             f"fp8={config.fp8!r} (--fp8-format) with the {recipe.name!r} mok recipe would run the "
-            f"routed experts in {recipe.precision}; {way_out}"
+            f"routed experts in {recipe.precision}; pass --mok-recipe mxfp8, or drop --fp8-format"
         )
 
 

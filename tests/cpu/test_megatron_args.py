@@ -107,7 +107,7 @@ REFUSED = {
         ["geglu", "--no-bias-gelu-fusion"]),
     "latent": (dict(moe_latent_size=8), ["--moe-latent-size", "alltoall"]),
     "fp8_with_bf16_recipe": (
-        dict(fp8="e4m3", bf16=True), ["--fp8-format", "drop --fp8-format", "not implemented yet"]),
+        dict(fp8="e4m3", bf16=True), ["--fp8-format", "drop --fp8-format", "--mok-recipe mxfp8"]),
     "fp16": (
         dict(fp16=True, params_dtype=torch.float16), ["fp16 (--fp16", "--bf16", "alltoall"]),
     "fp16_params_only": (dict(params_dtype=torch.float16), ["params_dtype=float16", "--bf16"]),
@@ -189,17 +189,13 @@ def test_megatrons_refusal_stands_where_mok_has_none():
     assert not isinstance(error.value, MokConfigError)
 
 
-def test_mxfp8_recipe_is_refused_until_a_backend_implements_it(monkeypatch):
+def test_mxfp8_recipe_is_accepted(monkeypatch):
+    """Both backends run MXFP8 (mxfp8.py, operands.py): the recipe builds a config."""
     from megatron.training import global_vars
 
-    from mok_megatron.functional import IMPLEMENTED_PRECISIONS
-
     monkeypatch.setattr(global_vars, "_GLOBAL_ARGS", argparse.Namespace(mok_recipe="mxfp8"))
-    assert "mxfp8" not in IMPLEMENTED_PRECISIONS  # when MXFP8 lands, this test goes
-    with pytest.raises(MokConfigError) as error:
-        TransformerConfig(**VALID, bf16=True)
-    for word in ["'mxfp8' mok recipe", "no mok backend implements yet", "--mok-recipe bf16"]:
-        assert word in str(error.value), f"{word!r} not in: {error.value}"
+    config = TransformerConfig(**VALID, bf16=True)
+    assert config.moe_token_dispatcher_type == "mok"
 
 
 def test_ep_group_larger_than_a_node_is_refused(monkeypatch, tmp_path):

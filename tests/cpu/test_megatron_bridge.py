@@ -101,11 +101,11 @@ def test_use_mok_changes_nothing_where_it_refuses_a_core_config(tmp_path):
     assert active_recipe().name == "bf16"  # the default: the refused call selected nothing
 
 
-def test_use_mok_refuses_the_mxfp8_recipe_until_a_backend_implements_it(kind):
+def test_use_mok_takes_the_mxfp8_recipe(kind):
     config = moe_config(kind, bf16=True)
-    with pytest.raises(MokConfigError, match="no mok backend implements yet"):
-        use_mok(config, recipe="mxfp8")
-        finalize(config)
+    use_mok(config, recipe="mxfp8")
+    finalize(config)
+    assert active_recipe().precision == "mxfp8" and config.moe_token_dispatcher_type == "mok"
 
 
 def test_bridge_configs_are_checked_as_finalize_leaves_them():

@@ -186,13 +186,30 @@ def test_expert_without_rows():
     assert got["y"].shape == (0, 96) and got["dw1"].abs().sum() == 0
 
 
-def test_only_the_reference_backend_runs_mxfp8():
-    """The CUDA kernels do not implement MXFP8 yet: a GPU call under the recipe is refused with
-    the reason, never run as BF16; the reference runs it."""
-    from mok_megatron.config import load_recipe
+def test_mxfp8_runs_on_the_separate_kernels_only(tmp_path):
+    """The CUDA backend runs MXFP8 on the separate kernels (operands.py); a recipe that asks
+    for a megakernel under it is refused - at load and at a call - never run as BF16."""
+    import dataclasses
+
+    from mok_megatron.config import ConfigError, load_recipe
     from mok_megatron.functional import resolve_backend
+    from mok_megatron.inputs import check_call
+    from mok_megatron.symm_moe import check_kernel_call
 
     recipe = load_recipe("mxfp8")
-    assert resolve_backend(recipe, torch.device("cpu")) == "reference"
-    with pytest.raises(ValueError, match="'mxfp8'.*not implemented by the cuda backend"):
-        resolve_backend(recipe, torch.device("cuda"))
+    assert resolve_backend(recipe, torch.device("cuda")) == "cuda"
+    megakernel = dataclasses.replace(
+        recipe, kernel=dataclasses.replace(recipe.kernel, backward_kernel="megakernel"))
+    x = torch.zeros(4, 64, dtype=torch.bfloat16)
+    call = check_call(x, torch.zeros(4, 2, dtype=torch.int64), torch.ones(4, 2),
+                      torch.zeros(2, 64, 64, dtype=torch.bfloat16),
+                      torch.zeros(2, 64, 32, dtype=torch.bfloat16), activation="swiglu", world=1)
+    check_kernel_call(call, recipe)
+    with pytest.raises(ValueError, match="kernel.backward_kernel: precision mxfp8 runs on the "
+                                         "separate kernels"):
+        check_kernel_call(call, megakernel)
+    path = tmp_path / "mx.yaml"
+    path.write_text("precision: mxfp8\nkernel:\n  forward_kernel: megakernel\n")
+    with pytest.raises(ConfigError, match="kernel.forward_kernel: precision mxfp8 runs on the "
+                                          "separate kernels"):
+        load_recipe(str(path))
