@@ -9,11 +9,12 @@
 //
 // A block with a NaN or an Inf becomes NaN throughout (its E8M0 code is 255).
 //   along columns   x [rows, cols], blocks along each row (x, act, dY, dh and the weights in
-//                   their stored orientation): one warp per block, lanes over its elements;
+//                   their stored orientation): a block is 4 lanes of 8 values;
 //   along segments  x [rows, cols] cut into segments of rows (an expert's rows, given by the
 //                   schedule's offsets, or every `segment_rows` rows: a stacked weight in its
 //                   other orientation), blocks along the rows from each segment's first row,
-//                   the last one short: one thread per column and block, 32 rows in registers.
+//                   the last one short: a thread per 8 columns and block of rows.
+// Every access is a 16-byte vector, so cols must be a multiple of 8 (H and F are).
 #include <ATen/cuda/CUDAContext.h>
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
@@ -21,6 +22,7 @@
 #include <torch/extension.h>
 
 #include "common/error.cuh"
+#include "common/vec.cuh"
 #include "config/kernel_config.cuh"
 #include "ops.h"
 
@@ -57,46 +59,74 @@ __device__ __forceinline__ __nv_bfloat16 bf16_nan() {
   return __ushort_as_bfloat16(static_cast<unsigned short>(0x7FC0));
 }
 
+// Rounds the 8 values of v (one 16-byte vector of a block) at scale 2^e, or makes them NaN.
+__device__ __forceinline__ int4 mx_round_vector(const Bf16x8& v, int e, bool finite) {
+  Bf16x8 r;
+#pragma unroll
+  for (int j = 0; j < 8; ++j) {
+    r.v[j] = finite ? __float2bfloat16_rn(mx_round(__bfloat162float(v.v[j]), e)) : bf16_nan();
+  }
+  return r.raw;
+}
+
+// amax of a vector's finite values, and whether all 8 are finite.
+__device__ __forceinline__ float vector_amax(const Bf16x8& v, bool& finite) {
+  float amax = 0.f;
+#pragma unroll
+  for (int j = 0; j < 8; ++j) {
+    const float f = __bfloat162float(v.v[j]);
+    const bool ok = isfinite(f);
+    finite &= ok;
+    if (ok) amax = fmaxf(amax, fabsf(f));
+  }
+  return amax;
+}
+
+// One 16-byte vector per lane: a block is kBlock / 8 consecutive lanes, a warp covers
+// 32 * 8 / kBlock blocks per pass. Every lane of a warp runs every pass (lanes past the end
+// hold zeros), so the shuffles that combine a block's lanes always see the whole warp.
 template <int kBlock>
 __global__ void mx_round_columns_kernel(const __nv_bfloat16* __restrict__ x, int64_t rows,
                                         const int32_t* __restrict__ num_rows, int cols,
                                         __nv_bfloat16* __restrict__ out) {
-  static_assert(kBlock % 32 == 0, "a warp covers a block in whole passes");
-  constexpr int kPerLane = kBlock / 32;
+  constexpr int kLanes = kBlock / 8;  // lanes of one block
+  static_assert(kBlock % 8 == 0 && 32 % kLanes == 0, "a block is whole vectors of one warp");
   const int lane = threadIdx.x % 32;
   const int64_t n = num_rows != nullptr ? min(rows, static_cast<int64_t>(*num_rows)) : rows;
   const int per_row = (cols + kBlock - 1) / kBlock;
+  const int64_t total = n * per_row;
   const int64_t warps = static_cast<int64_t>(gridDim.x) * blockDim.x / 32;
-  for (int64_t b = (static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x) / 32;
-       b < n * per_row; b += warps) {
-    const int64_t base = (b / per_row) * cols;
-    const int c0 = static_cast<int>(b % per_row) * kBlock + lane;
-    float v[kPerLane];
-    float amax = 0.f;
+  for (int64_t w = (static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x) / 32;
+       w * (32 / kLanes) < total; w += warps) {
+    const int64_t b = w * (32 / kLanes) + lane / kLanes;
+    const int64_t row = b / per_row;
+    const int c = static_cast<int>(b % per_row) * kBlock + (lane % kLanes) * 8;
+    const bool here = b < total && c < cols;  // cols is a multiple of 8: whole vectors
+    const int64_t at = (row * cols + c) / 8;
+    Bf16x8 v;
+    v.raw = here ? reinterpret_cast<const int4*>(x)[at] : make_int4(0, 0, 0, 0);
     bool finite = true;
+    float amax = vector_amax(v, finite);
+    // |v| >= 0: its bits order as the floats do, so the max of the bits is the max.
+    uint32_t bits = __float_as_uint(amax);
+    int ok = finite;
 #pragma unroll
-    for (int j = 0; j < kPerLane; ++j) {
-      const int c = c0 + 32 * j;
-      v[j] = c < cols ? __bfloat162float(x[base + c]) : 0.f;
-      const bool ok = isfinite(v[j]);
-      finite &= ok;
-      if (ok) amax = fmaxf(amax, fabsf(v[j]));
+    for (int d = 1; d < kLanes; d *= 2) {
+      bits = max(bits, __shfl_xor_sync(0xffffffffu, bits, d));
+      ok &= __shfl_xor_sync(0xffffffffu, ok, d);
     }
-    // |v| >= 0, so its bits order as the floats do.
-    amax = __uint_as_float(__reduce_max_sync(0xffffffffu, __float_as_uint(amax)));
-    finite = __all_sync(0xffffffffu, finite);
-    const int e = mx_scale_exponent(amax);
-#pragma unroll
-    for (int j = 0; j < kPerLane; ++j) {
-      const int c = c0 + 32 * j;
-      if (c < cols) out[base + c] = finite ? __float2bfloat16_rn(mx_round(v[j], e)) : bf16_nan();
+    if (here) {
+      const int e = mx_scale_exponent(__uint_as_float(bits));
+      reinterpret_cast<int4*>(out)[at] = mx_round_vector(v, e, ok);
     }
   }
 }
 
 // Segment e: rows [offsets[e], offsets[e+1]), or [e * segment_rows, (e+1) * segment_rows)
 // when offsets is null. Row blocks are numbered segment by segment; a CTA keeps the first
-// row block of every segment in shared memory and walks the blocks given to it.
+// row block of every segment in shared memory and walks the blocks given to it. A thread
+// owns one 16-byte vector of columns: a first pass over the block's rows takes their amax,
+// a second (from L2) rounds and stores them.
 template <int kBlock>
 __global__ void mx_round_segments_kernel(const __nv_bfloat16* __restrict__ x, int cols,
                                          const int32_t* __restrict__ offsets, int segments,
@@ -113,8 +143,12 @@ __global__ void mx_round_segments_kernel(const __nv_bfloat16* __restrict__ x, in
     first_block[segments] = sum;
   }
   __syncthreads();
-  const int c = blockIdx.x * blockDim.x + threadIdx.x;
+  const int vecs = cols / 8;
+  const int v = blockIdx.x * blockDim.x + threadIdx.x;
   const int64_t total = first_block[segments];
+  if (v >= vecs) return;
+  const int4* in = reinterpret_cast<const int4*>(x);
+  int4* o = reinterpret_cast<int4*>(out);
   for (int64_t b = blockIdx.y; b < total; b += gridDim.y) {
     // The segment holding row block b: the last s with first_block[s] <= b.
     int lo = 0, hi = segments - 1;
@@ -126,23 +160,31 @@ __global__ void mx_round_segments_kernel(const __nv_bfloat16* __restrict__ x, in
     const int64_t seg_end = offsets != nullptr ? offsets[lo + 1] : (lo + 1) * segment_rows;
     const int64_t r0 = seg_begin + (b - first_block[lo]) * kBlock;
     const int len = static_cast<int>(min(static_cast<int64_t>(kBlock), seg_end - r0));
-    if (c >= cols) continue;
-    float v[kBlock];
-    float amax = 0.f;
-    bool finite = true;
+    float amax[8] = {0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f};
+    bool finite[8] = {true, true, true, true, true, true, true, true};
+    for (int i = 0; i < len; ++i) {
+      Bf16x8 row;
+      row.raw = in[(r0 + i) * vecs + v];
 #pragma unroll
-    for (int i = 0; i < kBlock; ++i) {
-      v[i] = i < len ? __bfloat162float(x[(r0 + i) * cols + c]) : 0.f;
-      const bool ok = isfinite(v[i]);
-      finite &= ok;
-      if (ok) amax = fmaxf(amax, fabsf(v[i]));
-    }
-    const int e = mx_scale_exponent(amax);
-#pragma unroll
-    for (int i = 0; i < kBlock; ++i) {
-      if (i < len) {
-        out[(r0 + i) * cols + c] = finite ? __float2bfloat16_rn(mx_round(v[i], e)) : bf16_nan();
+      for (int j = 0; j < 8; ++j) {
+        const float f = __bfloat162float(row.v[j]);
+        const bool ok = isfinite(f);
+        finite[j] &= ok;
+        if (ok) amax[j] = fmaxf(amax[j], fabsf(f));
       }
+    }
+    int e[8];
+#pragma unroll
+    for (int j = 0; j < 8; ++j) e[j] = mx_scale_exponent(amax[j]);
+    for (int i = 0; i < len; ++i) {
+      Bf16x8 row, r;
+      row.raw = in[(r0 + i) * vecs + v];
+#pragma unroll
+      for (int j = 0; j < 8; ++j) {
+        r.v[j] = finite[j] ? __float2bfloat16_rn(mx_round(__bfloat162float(row.v[j]), e[j]))
+                           : bf16_nan();
+      }
+      o[(r0 + i) * vecs + v] = r.raw;
     }
   }
 }
@@ -150,6 +192,10 @@ __global__ void mx_round_segments_kernel(const __nv_bfloat16* __restrict__ x, in
 void check_operand(const at::Tensor& x, const at::Tensor& out, const char* what) {
   MOK_HOST_CHECK(x.is_cuda() && x.dim() == 2 && x.scalar_type() == at::kBFloat16 &&
                      x.is_contiguous(), what, ": x must be a contiguous 2-D bf16 CUDA tensor");
+  MOK_HOST_CHECK(x.size(1) % 8 == 0 && reinterpret_cast<uintptr_t>(x.data_ptr()) % 16 == 0 &&
+                     reinterpret_cast<uintptr_t>(out.data_ptr()) % 16 == 0,
+                 what, ": rows must be whole 16-byte vectors (columns a multiple of 8, "
+                 "16-byte aligned), got ", x.size(1), " columns");
   MOK_HOST_CHECK(out.scalar_type() == at::kBFloat16 && out.is_contiguous() &&
                      out.sizes() == x.sizes() && out.device() == x.device(),
                  what, ": out must be a contiguous bf16 tensor of x's shape on x's device");
@@ -196,7 +242,8 @@ void mx_round_segments(const at::Tensor& x, const c10::optional<at::Tensor>& off
   if (x.numel() == 0) return;
   // Row blocks: at most one per kMxBlock rows plus one short one per segment.
   const int64_t worst = x.size(0) / kMxBlock + segments;
-  const int col_blocks = static_cast<int>((x.size(1) + kMxRoundThreads - 1) / kMxRoundThreads);
+  const int col_blocks =
+      static_cast<int>((x.size(1) / 8 + kMxRoundThreads - 1) / kMxRoundThreads);
   const int64_t wanted = static_cast<int64_t>(
       at::cuda::getCurrentDeviceProperties()->multiProcessorCount) * kBlocksPerSm * 4;
   const dim3 grid(col_blocks, static_cast<unsigned>(
