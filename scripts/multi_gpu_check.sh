@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# What issue 5 asks of a multi-GPU machine, in one call: the one-GPU suite, the torchrun
+# What issue 18 asks of a multi-GPU machine, in one call: the one-GPU suite, the torchrun
 # suite (tests/dist) and the side-by-side benchmark with the megakernel, at EP = every visible
 # GPU. Run from the repository root with the package importable (extension built,
 # megatron-core installed); each step's output goes to OUT_DIR and a summary line to stdout.
@@ -29,7 +29,7 @@ step "tests/dist EP=$gpus" "$out/pytest_dist_ep$gpus.txt" \
     -p no:cacheprovider
 step "bench_moe EP=$gpus" "$out/bench_ep$gpus.txt" \
     "$py" -m torch.distributed.run --nproc-per-node "$gpus" scripts/bench_moe.py --megakernel \
-    --comm-sms 12 --models qwen3_30b_a3b_like deepseek_v3_like --tokens 2048 4096 8192 \
+    --mxfp8 --comm-sms 12 --models qwen3_30b_a3b_like deepseek_v3_like --tokens 2048 4096 8192 \
     --iters 20 --warmup 5 --out "$out/bench_ep$gpus"
 # The EP=1 figures are graph-replayed; a separate step, so a capture problem at EP > 1 leaves
 # the eager figures above standing.
@@ -37,4 +37,8 @@ step "bench_moe EP=$gpus graph" "$out/bench_ep${gpus}_graph.txt" \
     "$py" -m torch.distributed.run --nproc-per-node "$gpus" scripts/bench_moe.py --megakernel \
     --cuda-graph --comm-sms 12 --models qwen3_30b_a3b_like deepseek_v3_like \
     --tokens 2048 4096 8192 --iters 20 --warmup 5 --out "$out/bench_ep${gpus}_graph"
+step "sweep_knobs EP=$gpus" "$out/sweep_ep$gpus.txt" \
+    "$py" -m torch.distributed.run --nproc-per-node "$gpus" scripts/sweep_knobs.py \
+    --model deepseek_v3_like --variant ep64 --tokens 4096 --comm-sms 8 16 24 32 \
+    --comm-sms-backward 8 16 32 --out "$out/bf16_deepseek_v3_like_ep64_ep$gpus.yaml"
 exit $status
