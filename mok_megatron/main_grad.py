@@ -62,12 +62,12 @@ def _check_main_grad(name: str, weight: torch.Tensor, grad: torch.Tensor) -> Non
             f"{weight.device}")
 
 
-def main_grad_targets(w1, w2, order: Optional[list], backward_megakernel: bool
+def main_grad_targets(params: tuple, order: Optional[list], backward_megakernel: bool
                       ) -> Optional[MainGradTargets]:
-    """`w1`, `w2`: the call's weights (stacked Parameters or one per expert); `order`: the
-    expert in each stacked row (expert_weights.stack_expert_pair), None for stacked weights.
-    None where the fusion does not apply."""
-    params = (w1, w2) if order is None else (*w1, *w2)
+    """`params`: the call's autograd weight inputs - (w1, w2) stacked, or every expert's w1
+    then every expert's w2; `order`: the expert in each stacked row
+    (expert_weights.stack_expert_pair), None for stacked weights. None where the fusion does
+    not apply."""
     grads = [getattr(p, "main_grad", None) for p in params]
     if any(g is None for g in grads):
         return None  # as Megatron's linears: fused only where main_grad exists
@@ -83,10 +83,11 @@ def main_grad_targets(w1, w2, order: Optional[list], backward_megakernel: bool
                   "adds them into main_grad in fp32")
         return None
     device = grads[0].device
-    if order is None:
-        rows = [list(w.main_grad.unbind(0)) for w in (w1, w2)]
-    else:
-        rows = [[w[e].main_grad for e in order] for w in (w1, w2)]
+    if order is None:  # one stacked main_grad per weight: its rows, in order
+        rows = [list(g.unbind(0)) for g in grads]
+    else:  # the w1s, then the w2s, each in stacked order
+        half = len(grads) // 2
+        rows = [[grads[offset + e] for e in order] for offset in (0, half)]
     return MainGradTargets(params, _address_table(rows[0], device),
                            _address_table(rows[1], device))
 

@@ -211,7 +211,8 @@ def _run(ws: Workspace, call: MoECall, recipe: Recipe, accumulate_main_grad: boo
     knobs = recipe.kernel
     forward_megakernel = knobs.forward_kernel == "megakernel"
     backward_megakernel = knobs.backward_kernel == "megakernel"
-    main_grads = (main_grad_targets(call.w1, call.w2, order, backward_megakernel)
+    w_inputs = (call.w1, call.w2) if order is None else (*call.w1, *call.w2)
+    main_grads = (main_grad_targets(w_inputs, order, backward_megakernel)
                   if accumulate_main_grad else None)
     recompute = knobs.backward_inputs == "recomputed"
     # The ring runs only where forward keeps nothing for backward (config.py says so too).
@@ -223,5 +224,4 @@ def _run(ws: Workspace, call: MoECall, recipe: Recipe, accumulate_main_grad: boo
                 knobs.comm_sms_forward, knobs.comm_sms_backward, recompute, ring_mblocks,
                 knobs.minibatch_tokens, knobs.schedule_capacity, main_grads,
                 OPERANDS[recipe.precision])
-    w_inputs = (call.w1, call.w2) if order is None else (*call.w1, *call.w2)
     return _SymmMoE.apply(call.x.contiguous(), call.ids, call.probs, plan, *w_inputs)

@@ -332,11 +332,12 @@ def run_case(model, variant, tokens, peaks, args, group):
               for name in outs if name != "alltoall"}
     check = checks["mok"]
     # BF16 paths agree with alltoall to bf16 rounding; MXFP8 rounds every GEMM operand to 3
-    # mantissa bits (measured 3-7e-2 against BF16: docs/mxfp8.md).
-    worst = torch.tensor([max(max(c.values()) for n, c in checks.items() if n != "mok_mxfp8"),
-                          max(checks.get("mok_mxfp8", {"-": 0.0}).values())], device="cuda")
+    # mantissa bits (rel-L2 6.8e-2 against alltoall in h200_mxfp8_separate/).
+    bound = {"mok_mxfp8": 0.15}
+    worst = torch.tensor(max(max(c.values()) / bound.get(n, 2e-2) for n, c in checks.items()),
+                         device="cuda")
     dist.all_reduce(worst, op=dist.ReduceOp.MAX)
-    if worst[0].item() > 2e-2 or worst[1].item() > 0.15:
+    if worst.item() > 1:
         raise RuntimeError(f"{spec.name} T={tokens}: mok and alltoall disagree: {checks}")
     del outs
 

@@ -10,7 +10,6 @@ import torch
 
 import gpu_checks
 from mok_megatron import mxfp8, ops
-from mok_megatron.testing import ProblemSpec
 from test_backward_megakernel import ODD_SPECS
 from test_symm_moe import SPECS
 
@@ -116,13 +115,7 @@ def test_layer_against_bf16_reference(spec):
 
 
 def test_recomputed_equals_saved():
-    spec = SPECS[1]
-    problem = spec.build()
-    max_tokens = max(spec.tokens_per_rank)
-    saved = gpu_checks.run_cuda(problem, 0, None, max_tokens, backward_inputs="saved", **MXFP8)
-    recomputed = gpu_checks.run_cuda(problem, 0, None, max_tokens,
-                                     backward_inputs="recomputed", **MXFP8)
-    gpu_checks.assert_same_bits(saved, recomputed, "between saved and recomputed")
+    gpu_checks.check_recomputed_backward(SPECS[1], 0, None, **MXFP8)
 
 
 def test_cuda_graph_replay():
@@ -148,9 +141,3 @@ def test_emulated_group_bit_identical_to_one_rank(world):
 def test_emulated_cuda_graph_replay():
     gpu_checks.check_emulated_cuda_graph(gpu_checks.ep_specs(2)[1], **MXFP8)
 
-
-def test_zero_tokens():
-    spec = ProblemSpec("zero", (0,), num_experts=4, hidden=64, ffn=32, topk=2,
-                       dtype=torch.bfloat16, probs_dtype=torch.float32)
-    out = gpu_checks.run_cuda(spec.build(), 0, None, max_tokens=16, **MXFP8)
-    assert out["y"].shape == (0, 64) and not out["dw1"].any() and not out["dw2"].any()

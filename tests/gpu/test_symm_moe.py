@@ -37,10 +37,11 @@ def test_matches_reference_and_is_deterministic(spec):
     print(spec.name, {k: f"{v:.2e}" for k, v in errors.items()})
 
 
-def test_zero_tokens():
+@pytest.mark.parametrize("precision", ["bf16", "mxfp8"])
+def test_zero_tokens(precision):
     spec = ProblemSpec("zero", (0,), num_experts=4, hidden=64, ffn=32, topk=2,
                        dtype=torch.bfloat16, probs_dtype=torch.float32)
-    out = gpu_checks.run_cuda(spec.build(), 0, None, max_tokens=16)
+    out = gpu_checks.run_cuda(spec.build(), 0, None, max_tokens=16, precision=precision)
     assert out["y"].shape == (0, 64)
     assert torch.count_nonzero(out["dw1"]) == 0 and torch.count_nonzero(out["dw2"]) == 0
 
