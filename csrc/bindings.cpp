@@ -27,6 +27,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   // MXFP8 operand rounding
   m.def("mx_round_columns", &mok::mx_round_columns);
   m.def("mx_round_segments", &mok::mx_round_segments);
+  m.def("mx_quantize_columns", &mok::mx_quantize_columns);
+  m.def("mx_quantize_rows_transposed", &mok::mx_quantize_rows_transposed);
 
   // grouped GEMM tile engine
   m.def("grouped_gemm", &mok::grouped_gemm);

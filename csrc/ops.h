@@ -54,13 +54,22 @@ void mx_round_columns(const at::Tensor& x, const c10::optional<at::Tensor>& num_
                       at::Tensor& out);
 void mx_round_segments(const at::Tensor& x, const c10::optional<at::Tensor>& offsets,
                        int64_t segment_rows, at::Tensor& out);
+// The same blocks as E4M3 codes and E8M0 scale codes in the MXFP8 GEMMs' layout
+// (gemm/sm90/mx_weight_stage.cuh: [E, blocks, halves, rows of a half padded]): along columns,
+// x's rows as matrices of matrix_rows rows in `halves` halves, codes [rows, cols] (rows
+// 16-byte aligned); along the rows of each matrix of w [E, r, c], codes [E, c, r] transposed.
+void mx_quantize_columns(const at::Tensor& x, at::Tensor& codes, at::Tensor& scales,
+                         int64_t matrix_rows, int64_t halves);
+void mx_quantize_rows_transposed(const at::Tensor& w, at::Tensor& codes, at::Tensor& scales);
 
 // gemm/grouped_gemm.cu (sm90 tile engine). activation: -1 = plain store, else ActivationId
 // with row_prob folded in; h_out (optional) receives the bf16 pre-activation. rank: the EP
-// rank launching it, which names its timeout report (gemm/timeout_report.h).
+// rank launching it, which names its timeout report (gemm/timeout_report.h). With w_scales,
+// W holds MXFP8 codes (float8_e4m3fn) and w_scales their E8M0 scales [E, N, ceil(K / 32)].
 void grouped_gemm(const at::Tensor& a, const at::Tensor& w, const at::Tensor& offsets,
                   const c10::optional<at::Tensor>& row_prob, int64_t activation, at::Tensor& out,
-                  const c10::optional<at::Tensor>& h_out, int64_t timeout_ns, int64_t rank);
+                  const c10::optional<at::Tensor>& h_out,
+                  const c10::optional<at::Tensor>& w_scales, int64_t timeout_ns, int64_t rank);
 
 // megakernel/moe_forward.cu: pull-dispatch + FC1/activation + FC2 + push-combine in one
 // persistent launch. counters: int32 zeros (ops.megakernel_counters sizes them). h_out

@@ -1,61 +1,98 @@
-"""What the separate path's GEMMs multiply, per recipe precision.
+"""The separate path's GEMMs per recipe precision: what each one multiplies and which kernel
+runs it.
 
-bf16: the operands as they are. mxfp8: every operand rounded to MXFP8 along the reduction
-dimension of the GEMM that reads it, as the reference's expert MLP does (mxfp8.py, the table
-before ``_qmm``), by csrc/quant/mx_round.cu, and handed to the same BF16 grouped GEMMs
-dequantized: exact in bf16, so they multiply MXFP8's values with fp32 accumulation.
+bf16: the operands as they are, through torch._grouped_mm (and the activation kernel after
+FC1). mxfp8: every operand rounded to MXFP8 along the reduction dimension of the GEMM that
+reads it, as the reference's expert MLP does (mxfp8.py, the table before ``_qmm``):
 
     forward   h   = Q_H(rows) Q_H(W1)^T          out = Q_F(act) Q_F(W2)^T
     dgrad     dA  = Q_H(dY) Q_H(W2)               dX  = Q_F1(dh) Q_F1(W1)
     wgrad     dW2 = Q_n(dY)^T Q_n(act)            dW1 = Q_n(dh)^T Q_n(rows)
 
 Q along H, F, F1 ("columns") cuts each row; Q_n cuts each expert's rows from its first row
-(the schedule's offsets); a weight in its other orientation is cut per expert the same way.
-The weights are rounded at every call (no cache across micro-batches yet), and the rounded
-copies are transient: what forward keeps for backward stays BF16.
+(the schedule's offsets). Forward and dgrad run on the sm90 tile engine with the weights as
+MXFP8 codes (one byte each, quantized once per optimizer step: mxfp8_weights.py) dequantized
+in shared memory, and the activation operand rounded by csrc/quant/mx_round.cu and handed
+over dequantized (exact in bf16); FC1's activation is the engine's epilogue. Wgrad rounds
+both operands along the expert's rows and runs torch._grouped_mm. What forward keeps for
+backward stays BF16.
 """
 
 from __future__ import annotations
+
+from typing import TYPE_CHECKING
 
 import torch
 
 from . import ops
 
+if TYPE_CHECKING:
+    from .mxfp8_weights import Mxfp8Weights
+    from .plan import Plan, Schedule
+
+
+def _grouped(a: torch.Tensor, b: torch.Tensor, offs: torch.Tensor) -> torch.Tensor:
+    return torch._grouped_mm(a, b, offs=offs)
+
+
+def _rows(sched: "Schedule", cols: int, like: torch.Tensor) -> torch.Tensor:
+    return torch.empty(sched.capacity, cols, dtype=torch.bfloat16, device=like.device)
+
 
 class Bf16Operands:
     """The BF16 recipe: every operand as it is."""
 
-    def columns(self, x: torch.Tensor, sched) -> torch.Tensor:
-        """Scheduled rows [cap, C], blocks along C (H, F or F1)."""
-        return x
+    def fc1(self, plan: "Plan", sched: "Schedule", rows: torch.Tensor):
+        """-> (h [cap, F1], act = act(h) * p [cap, F])."""
+        h = _grouped(rows, plan.w1.transpose(1, 2), sched.offs)
+        act = _rows(sched, plan.ffn, rows)
+        ops.activation_forward(h, sched.row_prob, sched.num_rows, plan.activation, act)
+        return h, act
 
-    def expert_rows(self, x: torch.Tensor, sched) -> torch.Tensor:
-        """Scheduled rows [cap, C], blocks along each expert's rows (a wgrad's K)."""
-        return x
+    def fc2(self, plan, sched, act):
+        return _grouped(act, plan.w2.transpose(1, 2), sched.offs)
 
-    def weight_columns(self, w: torch.Tensor) -> torch.Tensor:
-        """Stacked weights [E, r, c], blocks along c."""
-        return w
+    def fc2_dgrad(self, plan, sched, dout):
+        """dA = dY W2 [cap, F]."""
+        return _grouped(dout, plan.w2, sched.offs)
 
-    def weight_rows(self, w: torch.Tensor) -> torch.Tensor:
-        """Stacked weights [E, r, c], blocks along each expert's r."""
-        return w
+    def fc1_dgrad(self, plan, sched, dh):
+        """dX rows = dh W1 [cap, H]."""
+        return _grouped(dh, plan.w1, sched.offs)
+
+    def wgrad(self, sched, dout, act, dh, rows):
+        """-> (dW1, dW2), stacked."""
+        dw2 = _grouped(dout.t(), act, sched.offs)
+        dw1 = _grouped(dh.t(), rows, sched.offs)
+        return dw1, dw2
 
 
 class Mxfp8Operands(Bf16Operands):
-    def columns(self, x, sched):
-        return ops.mx_round_columns(x, sched.num_rows)
+    def __init__(self, weights: "Mxfp8Weights"):
+        self.weights = weights
 
-    def expert_rows(self, x, sched):
-        return ops.mx_round_segments(x, sched.offsets)
+    def _engine(self, plan, sched, a, w, out, **epilogue):
+        ops.grouped_gemm(ops.mx_round_columns(a, sched.num_rows), w.codes, sched.offsets, out,
+                         w_scales=w.scales, timeout_ns=plan.ws.timeout_ns, rank=plan.ws.rank,
+                         **epilogue)
+        return out
 
-    def weight_columns(self, w):
-        E, r, c = w.shape
-        return ops.mx_round_columns(w.contiguous().view(E * r, c)).view(E, r, c)
+    def fc1(self, plan, sched, rows):
+        h = _rows(sched, plan.w1.shape[1], rows)
+        act = self._engine(plan, sched, rows, self.weights.w1, _rows(sched, plan.ffn, rows),
+                           activation=plan.activation, row_prob=sched.row_prob, h_out=h)
+        return h, act
 
-    def weight_rows(self, w):
-        E, r, c = w.shape
-        return ops.mx_round_segments(w.contiguous().view(E * r, c), segment_rows=r).view(E, r, c)
+    def fc2(self, plan, sched, act):
+        return self._engine(plan, sched, act, self.weights.w2, _rows(sched, plan.w2.shape[1], act))
 
+    def fc2_dgrad(self, plan, sched, dout):
+        return self._engine(plan, sched, dout, self.weights.w2_t, _rows(sched, plan.ffn, dout))
 
-OPERANDS = {"bf16": Bf16Operands(), "mxfp8": Mxfp8Operands()}
+    def fc1_dgrad(self, plan, sched, dh):
+        return self._engine(plan, sched, dh, self.weights.w1_t,
+                            _rows(sched, plan.w1.shape[2], dh))
+
+    def wgrad(self, sched, dout, act, dh, rows):
+        q = lambda x: ops.mx_round_segments(x, sched.offsets)  # noqa: E731
+        return super().wgrad(sched, q(dout), q(act), q(dh), q(rows))

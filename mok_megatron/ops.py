@@ -16,6 +16,7 @@ from . import stall_watch
 
 # Mirrors csrc/config/kernel_config.cuh.
 MAX_RANKS = 8
+MX_BLOCK = 32  # csrc/config/kernel_config.cuh kMxBlock (mxfp8.BLOCK)
 NUM_BARRIER_CHANNELS = 4
 MAX_LOCAL_EXPERTS = 1024  # kGemmMaxExperts: local experts one launch can schedule
 
@@ -154,6 +155,37 @@ def mx_round_segments(x: torch.Tensor, offsets: Optional[torch.Tensor] = None,
     return out
 
 
+def _codes(codes: torch.Tensor) -> None:
+    """MXFP8 codes: padded rows, so a view (the kernels check its strides)."""
+    _check(codes.is_cuda and codes.dtype == torch.float8_e4m3fn,
+           f"codes must be a float8_e4m3fn CUDA tensor, got {codes.dtype} on {codes.device}")
+
+
+def mx_quantize_columns(x: torch.Tensor, codes: torch.Tensor, scales: torch.Tensor, *,
+                        matrix_rows: int, halves: int = 1) -> None:
+    """x [rows, cols] bf16 as MXFP8 with blocks along each row's columns, as
+    ``mxfp8.quantize(x, dim=1)`` gives them (codes inside a NaN block may differ: every value
+    of it dequantizes to NaN either way): E4M3 codes into ``codes`` (float8_e4m3fn
+    [rows, cols] or [E, rows / E, cols], rows 16-byte aligned) and E8M0 codes into ``scales``
+    (uint8 [rows / matrix_rows, ceil(cols / 32), halves, >= matrix_rows / halves]: the layout
+    the MXFP8 grouped GEMMs read, csrc/gemm/sm90/mx_weight_stage.cuh)."""
+    _cuda("x", x, torch.bfloat16)
+    _codes(codes)
+    _cuda("scales", scales, torch.uint8)
+    extension().mx_quantize_columns(x, codes, scales, matrix_rows, halves)
+
+
+def mx_quantize_rows_transposed(w: torch.Tensor, codes: torch.Tensor,
+                                scales: torch.Tensor) -> None:
+    """w [E, r, c] bf16 as MXFP8 with blocks along each matrix's rows, written transposed:
+    codes [E, c, r] (``mxfp8.quantize(w[e], dim=0)[0].T``), scales [E, ceil(r / 32), 1,
+    >= c] - a weight in its dgrad orientation for the MXFP8 grouped GEMMs."""
+    _cuda("w", w, torch.bfloat16)
+    _codes(codes)
+    _cuda("scales", scales, torch.uint8)
+    extension().mx_quantize_rows_transposed(w, codes, scales)
+
+
 def reduce_slots(slots, ids, out):
     _cuda("slots", slots, torch.bfloat16)
     _cuda("ids", ids, torch.int32)
@@ -170,8 +202,8 @@ def gather_slot_values(values, ids, out):
 
 def grouped_gemm(a: torch.Tensor, w: torch.Tensor, offsets: torch.Tensor, out: torch.Tensor, *,
                  activation: Optional[str] = None, row_prob: Optional[torch.Tensor] = None,
-                 h_out: Optional[torch.Tensor] = None, timeout_ns: int = 10**10,
-                 rank: int = 0) -> None:
+                 h_out: Optional[torch.Tensor] = None, w_scales: Optional[torch.Tensor] = None,
+                 timeout_ns: int = 10**10, rank: int = 0) -> None:
     """The sm90 grouped GEMM tile engine: ``out[rows of e] = epilogue(a[rows of e] @ w[e].T)``,
     expert ``e`` owning rows ``offsets[e]:offsets[e+1]`` (int32, on the device).
 
@@ -179,10 +211,17 @@ def grouped_gemm(a: torch.Tensor, w: torch.Tensor, offsets: torch.Tensor, out: t
     [gate | up] for gated activations) and ``out = act(h) * row_prob`` with ``h`` rounded to
     bf16 as the reference does; ``h_out`` (``[rows, N]``) also receives ``h`` for backward.
     Rows of ``out`` outside ``offsets[0]:offsets[-1]`` are not written. ``rank``: the EP
-    rank launching it, named by its timeout report (stall_watch.py)."""
+    rank launching it, named by its timeout report (stall_watch.py).
+
+    With ``w_scales`` (uint8 E8M0 ``[E, ceil(K / 32), halves, N / halves padded to 16]``,
+    halves = 2 for a gated activation), ``w`` holds MXFP8 codes (float8_e4m3fn ``[E, N, K]``,
+    rows 16-byte aligned) dequantized in shared memory: the result is bit for bit this
+    engine's on the weights ``mx_round_columns`` rounds (mxfp8_weights.py makes both)."""
     _check(a.is_cuda and w.is_cuda and out.is_cuda, "a, w and out must be CUDA tensors")
-    for name, t in (("a", a), ("w", w), ("out", out)):
-        _check(t.dtype == torch.bfloat16, f"{name} must be bfloat16, got {t.dtype}")
+    w_dtype = torch.bfloat16 if w_scales is None else torch.float8_e4m3fn
+    for name, t, dtype in (("a", a, torch.bfloat16), ("w", w, w_dtype),
+                           ("out", out, torch.bfloat16)):
+        _check(t.dtype == dtype, f"{name} must be {dtype}, got {t.dtype}")
     _cuda("offsets", offsets, torch.int32)
     _check(activation is None or activation in ACTIVATION_IDS,
            f"activation must be None or one of {sorted(ACTIVATION_IDS)}, got {activation!r}")
@@ -192,7 +231,8 @@ def grouped_gemm(a: torch.Tensor, w: torch.Tensor, offsets: torch.Tensor, out: t
     _check(0 <= rank < MAX_RANKS, f"rank {rank} outside [0, {MAX_RANKS})")
     act_id = -1 if activation is None else ACTIVATION_IDS[activation]
     stall_watch.install()
-    extension().grouped_gemm(a, w, offsets, row_prob, act_id, out, h_out, timeout_ns, rank)
+    extension().grouped_gemm(a, w, offsets, row_prob, act_id, out, h_out, w_scales, timeout_ns,
+                             rank)
 
 
 MEGAKERNEL_BLOCK_M = 128  # csrc/config/kernel_config.cuh kGemmBlockM

@@ -3,13 +3,13 @@ call), and what the expert-stage paths (separate_path.py, megakernel_path.py) ha
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Optional
 
 import torch
 
 from .main_grad import MainGradTargets
-from .operands import OPERANDS, Bf16Operands
+from .operands import Bf16Operands
 from .workspace import Workspace
 
 
@@ -35,8 +35,8 @@ class Plan:
     # Megatron's main_grads the backward megakernel adds the weight gradients into, or None:
     # bf16 gradients through autograd (main_grad.py)
     main_grads: Optional[MainGradTargets] = None
-    # What the separate path's GEMMs multiply under the recipe's precision (operands.py)
-    operands: Bf16Operands = OPERANDS["bf16"]
+    # The separate path's GEMMs under the recipe's precision (operands.py)
+    operands: Bf16Operands = field(default_factory=Bf16Operands)
 
 
 @dataclass

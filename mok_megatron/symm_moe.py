@@ -31,11 +31,13 @@ import torch
 import torch.distributed as dist
 
 from . import megakernel_path, ops, separate_path
+from .activations import get_activation
 from .config import Recipe, recipe_problems
 from .expert_weights import stack_expert_pair
 from .inputs import MoECall, check_call, check_routing_values
 from .main_grad import main_grad_targets, placeholder_grads
-from .operands import OPERANDS
+from .mxfp8_weights import layer_weights
+from .operands import Bf16Operands, Mxfp8Operands
 from .plan import ExpertInputs, Plan, Schedule
 from .workspace import Workspace, WorkspaceLayout, get_workspace
 
@@ -219,9 +221,14 @@ def _run(ws: Workspace, call: MoECall, recipe: Recipe, accumulate_main_grad: boo
     ring_mblocks = (-(-knobs.macrobatch_tokens // ops.MEGAKERNEL_BLOCK_M)
                     if forward_megakernel and recompute else 0)
     position = _expert_position(order or list(range(call.num_local)), call.x.device)
+    if recipe.precision == "mxfp8":
+        version = sum(w._version for w in w_inputs)
+        gated = get_activation(call.activation).gated
+        operands = Mxfp8Operands(layer_weights(w_inputs[0], w1_stack, w2_stack, version, gated))
+    else:
+        operands = Bf16Operands()
     plan = Plan(ws, call.activation, call.topk, call.num_local, call.ffn, w1_stack, w2_stack,
                 order, position, forward_megakernel, backward_megakernel,
                 knobs.comm_sms_forward, knobs.comm_sms_backward, recompute, ring_mblocks,
-                knobs.minibatch_tokens, knobs.schedule_capacity, main_grads,
-                OPERANDS[recipe.precision])
+                knobs.minibatch_tokens, knobs.schedule_capacity, main_grads, operands)
     return _SymmMoE.apply(call.x.contiguous(), call.ids, call.probs, plan, *w_inputs)

@@ -5,7 +5,10 @@ For each model, variant and token count: rows = tokens x topk routed uniformly a
 the local experts (``full``: E / --ep experts per GPU, ``ep64``: the EP64-equivalent count).
 FC1: ours with SwiGLU x prob fused (also writing h, as training needs) vs torch._grouped_mm
 followed by v1's activation kernel. FC2: ours (plain) vs torch._grouped_mm. Every timed pair is
-also compared for results (rel-L2; the run stops above the tests' tolerance). JSON to --out.
+also compared for results (rel-L2; the run stops above the tests' tolerance). With --mxfp8,
+also the engine on MXFP8 weights (codes dequantized in shared memory, mxfp8_weights.py; the
+same operands' result bit for bit as on the rounded bf16 weights, which is checked) and the
+once-per-step weight quantization. JSON to --out.
 
     python scripts/bench_gemm.py --out benchmarks/results/h200_gemm/gemm_engine.json
 """
@@ -24,6 +27,7 @@ import torch
 from gpu_timing import median_ms
 from mok_megatron import ops
 from mok_megatron.config import load_model
+from mok_megatron.mxfp8_weights import quantize_pair, quantize_weight
 
 
 def per_gpu_experts(model, variant: str, ep: int) -> int:
@@ -56,7 +60,8 @@ def grouped_problem(model, local: int, tokens: int, seed: int):
     return counts, offsets, x, w1, w2, prob
 
 
-def run_case(model, local: int, tokens: int, iters: int, warmup: int, seed: int) -> dict:
+def run_case(model, local: int, tokens: int, iters: int, warmup: int, seed: int,
+             mxfp8: bool = False) -> dict:
     H, F, K = model.hidden_size, model.moe_ffn_hidden_size, model.topk
     rows = tokens * K
     counts, offsets, x, w1, w2, prob = grouped_problem(model, local, tokens, seed)
@@ -91,9 +96,35 @@ def run_case(model, local: int, tokens: int, iters: int, warmup: int, seed: int)
     bad = {k: v for k, v in errors.items() if not v <= MAX_REL_L2}
     if bad:
         raise RuntimeError(f"engine and torch disagree (rel-L2 > {MAX_REL_L2}): {bad}")
-    t = {name: median_ms(fn, iters, warmup) for name, fn in
-         (("fc1_ours", fc1_ours), ("fc1_torch", fc1_torch), ("fc2_ours", fc2_ours),
-          ("fc2_torch", fc2_torch))}
+    timed = [("fc1_ours", fc1_ours), ("fc1_torch", fc1_torch), ("fc2_ours", fc2_ours),
+             ("fc2_torch", fc2_torch)]
+    if mxfp8:
+        q1, q2 = quantize_weight(w1, halves=2), quantize_weight(w2)
+        act_mx, h_mx, y_mx = (torch.empty_like(t) for t in (act_ours, h_ours, y_ours))
+
+        def fc1_mx():
+            ops.grouped_gemm(x, q1.codes, offsets, act_mx, activation="swiglu", row_prob=prob,
+                             h_out=h_mx, w_scales=q1.scales)
+
+        def fc2_mx():
+            ops.grouped_gemm(act_torch, q2.codes, offsets, y_mx, w_scales=q2.scales)
+
+        def quantize():
+            quantize_pair(w1, w2, gated=True)
+
+        fc1_mx()
+        fc2_mx()
+        w1r = ops.mx_round_columns(w1.view(-1, H)).view_as(w1)
+        w2r = ops.mx_round_columns(w2.view(-1, F)).view_as(w2)
+        ops.grouped_gemm(x, w1r, offsets, act_ours, activation="swiglu", row_prob=prob,
+                         h_out=h_ours)
+        ops.grouped_gemm(act_torch, w2r, offsets, y_ours)
+        for a, b in ((act_mx, act_ours), (h_mx, h_ours), (y_mx, y_ours)):
+            if not torch.equal(a[:rows], b[:rows]):
+                raise RuntimeError("MXFP8 weights: not the engine's result on the rounded weights")
+        del w1r, w2r
+        timed += [("fc1_mx", fc1_mx), ("fc2_mx", fc2_mx), ("quantize_weights", quantize)]
+    t = {name: median_ms(fn, iters, warmup) for name, fn in timed}
     flops1, flops2 = 2 * rows * H * 2 * F, 2 * rows * F * H
     bytes1 = w1.numel() * 2 + x.numel() * 2 + rows * 3 * F * 2
     bytes2 = w2.numel() * 2 + rows * F * 2 + rows * H * 2
@@ -105,7 +136,9 @@ def run_case(model, local: int, tokens: int, iters: int, warmup: int, seed: int)
                    "fc2_ours": flops2 / t["fc2_ours"] / 1e9,
                    "fc2_torch": flops2 / t["fc2_torch"] / 1e9},
         "hbm_bytes": {"fc1": bytes1, "fc2": bytes2},
-        "speedup": {"fc1": t["fc1_torch"] / t["fc1_ours"], "fc2": t["fc2_torch"] / t["fc2_ours"]},
+        "speedup": {"fc1": t["fc1_torch"] / t["fc1_ours"], "fc2": t["fc2_torch"] / t["fc2_ours"],
+                    **({"fc1_mx_vs_torch": t["fc1_torch"] / t["fc1_mx"],
+                        "fc2_mx_vs_torch": t["fc2_torch"] / t["fc2_mx"]} if mxfp8 else {})},
     }
 
 
@@ -119,6 +152,7 @@ def main(argv=None):
     p.add_argument("--iters", type=int, default=20)
     p.add_argument("--warmup", type=int, default=3)
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--mxfp8", action="store_true", help="also the engine on MXFP8 weights")
     p.add_argument("--out", type=Path, default=None)
     args = p.parse_args(argv)
 
@@ -128,7 +162,8 @@ def main(argv=None):
         for variant in args.variants:
             local = per_gpu_experts(model, variant, args.ep)
             for tokens in args.tokens:
-                r = run_case(model, local, tokens, args.iters, args.warmup, args.seed)
+                r = run_case(model, local, tokens, args.iters, args.warmup, args.seed,
+                             args.mxfp8)
                 r.update(model=name, variant=variant)
                 results.append(r)
                 print(f"{name:20s} {variant:4s} E={local:3d} T={tokens:5d} | "
@@ -138,6 +173,12 @@ def main(argv=None):
                       f" torch {r['ms']['fc2_torch']:7.3f} x{r['speedup']['fc2']:.2f} | "
                       f"err h {r['errors']['h']:.1e} act {r['errors']['act']:.1e} "
                       f"fc2 {r['errors']['fc2']:.1e}", flush=True)
+                if args.mxfp8:
+                    m = r["ms"]
+                    print(f"{'':31s} MXFP8 weights: FC1 {m['fc1_mx']:7.3f} ms "
+                          f"(x{r['speedup']['fc1_mx_vs_torch']:.2f} vs torch bf16) FC2 "
+                          f"{m['fc2_mx']:7.3f} ms (x{r['speedup']['fc2_mx_vs_torch']:.2f}); "
+                          f"weights quantized {m['quantize_weights']:.2f} ms", flush=True)
                 torch.cuda.empty_cache()
                 if args.out:
                     args.out.parent.mkdir(parents=True, exist_ok=True)

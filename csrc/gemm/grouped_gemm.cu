@@ -4,6 +4,11 @@
 // FC1 [2F, H] / FC2 [H, F] per expert): both operands K-major, so both go through TMA with
 // 128-byte swizzle straight into the layout wgmma reads.
 //
+// W may instead be MXFP8 (E4M3 codes [E, N, K] with E8M0 scales per kMxBlock of K): TMA then
+// moves one byte per weight and the consumers dequantize each stage in shared memory to the
+// bf16 values wgmma multiplies (gemm/sm90/mx_weight_stage.cuh) - the same products, bit for
+// bit, as this engine on the weights mx_round_columns rounds.
+//
 // The epilogue (plain for FC2; activation x prob for FC1, with the bf16 pre-activation h for
 // backward when h_out is given) and its staged TMA store: gemm/sm90/tile_epilogue.cuh.
 //
@@ -16,6 +21,7 @@
 
 #include "common/error.cuh"
 #include "gemm/persistent_launch.cuh"
+#include "gemm/sm90/mx_weight_stage.cuh"
 #include "gemm/sm90/tensor_map.h"
 #include "gemm/sm90/tile_engine.cuh"
 #include "gemm/sm90/tile_epilogue.cuh"
@@ -30,16 +36,18 @@ using namespace sm90;
 struct SharedStorage {
   EpilogueBuffers epilogue;  // first: 1024-aligned, as TMA's 128-byte swizzle needs
   StageRing ring;
+  MxScaleRing mx_scales;  // MXFP8 weights only
   int32_t row_begin[kGemmMaxExperts + 1];
   int32_t mblock_begin[kGemmMaxExperts + 1];
 };
 constexpr size_t kSharedBytes = aligned_smem_bytes<SharedStorage>();
 static_assert(kSharedBytes <= kMaxDynamicSmemBytes, "shared memory of one block per SM");
 
-template <int kAct>
+template <int kAct, bool kMx>
 __global__ void __launch_bounds__(kGemmThreads, 1)
     grouped_gemm_kernel(const __grid_constant__ CUtensorMap a_map,
                         const __grid_constant__ CUtensorMap w_map,
+                        const __grid_constant__ CUtensorMap w_scales_map,
                         const __grid_constant__ CUtensorMap out_map,
                         const __grid_constant__ CUtensorMap h_map,
                         const int32_t* __restrict__ offsets, int num_experts, int n_out,
@@ -74,11 +82,16 @@ __global__ void __launch_bounds__(kGemmThreads, 1)
       const TileCoord tc = decode_tile(s.mblock_begin, num_experts, n_blocks, tile);
       const int row0 = s.row_begin[tc.expert] + tc.m_block * kGemmBlockM;
       const int n0 = tc.n_block * kTileN;
+      constexpr uint32_t kBytes = kMx ? kMxStageTxBytes : kStageBytes;
       produce_tile(s.ring, it, k_blocks, tile, timeout_ns, report, [&](int stage, int k0) {
         uint64_t* full = &s.ring.full[stage];
         tma_load_4d(s.ring.a[stage], &a_map, full, k0, row0, 0, 0);
-        load_weight_tile<kGated>(s.ring.b[stage], &w_map, full, k0, n0, tc.expert);
-      });
+        if constexpr (kMx) {
+          load_weight_codes<kGated>(s.ring.b[stage], s.mx_scales.codes[stage], &w_map,
+                                    &w_scales_map, full, k0, n0, tc.expert);
+        }
+        else load_weight_tile<kGated>(s.ring.b[stage], &w_map, full, k0, n0, tc.expert);
+      }, kBytes);
     }
     return;
   }
@@ -88,6 +101,7 @@ __global__ void __launch_bounds__(kGemmThreads, 1)
   const int consumer = warpgroup - 1;
   const bool leader = threadIdx.x % 128 == 0;
   float acc[kAccRegs];
+  const MxWeightStage<kGated> mx(threadIdx.x - 128);
   int it = 0;
   for (int tile = blockIdx.x; tile < num_tiles; tile += gridDim.x) {
     const TileCoord tc = decode_tile(s.mblock_begin, num_experts, n_blocks, tile);
@@ -99,11 +113,21 @@ __global__ void __launch_bounds__(kGemmThreads, 1)
     load_row_probs<kAct>(row_prob, row0, rows_valid, p);
     // A tile of at most 64 rows is the first warpgroup's alone (tile_engine.cuh: pass_tile).
     if (rows_valid == 0) {
-      pass_tile(s.ring, it, k_blocks, tile, leader, kStagingBarrier + consumer, timeout_ns,
-                report);
+      if constexpr (kMx) {
+        convert_only_tile(s.ring, s.mx_scales, it, k_blocks, tile, leader, mx, timeout_ns,
+                          report);
+      } else {
+        pass_tile(s.ring, it, k_blocks, tile, leader, kStagingBarrier + consumer, timeout_ns,
+                  report);
+      }
       continue;
     }
-    consume_tile(s.ring, it, k_blocks, tile, consumer, leader, acc, timeout_ns, report);
+    if constexpr (kMx) {
+      consume_tile(s.ring, it, k_blocks, tile, consumer, leader, acc, timeout_ns, report,
+                   [&](int, int stage) { mx.convert(s.ring.b[stage], s.mx_scales.codes[stage]); });
+    } else {
+      consume_tile(s.ring, it, k_blocks, tile, consumer, leader, acc, timeout_ns, report);
+    }
     store_rows_staged<kAct>(acc, s.epilogue.out[consumer],
                             EpilogueTensor{&out_map, out, out_stride},
                             EpilogueTensor{&h_map, h_out, h_stride}, row0,
@@ -114,27 +138,35 @@ __global__ void __launch_bounds__(kGemmThreads, 1)
 }
 
 template <int kAct>
-void launch(const CUtensorMap& a_map, const CUtensorMap& w_map, const CUtensorMap& out_map,
+void launch(const CUtensorMap& a_map, const CUtensorMap& w_map,
+            const CUtensorMap* w_scales_map, const CUtensorMap& out_map,
             const CUtensorMap& h_map, const at::Tensor& offsets, int num_experts, int n_out,
             int k_dim, const float* row_prob, at::Tensor& out, __nv_bfloat16* h_out,
             int64_t h_stride, int64_t timeout_ns, int64_t rank) {
-  launch_persistent(grouped_gemm_kernel<kAct>, kSharedBytes, a_map, w_map, out_map, h_map,
-                    offsets.data_ptr<int32_t>(), num_experts, n_out, k_dim, row_prob,
-                    reinterpret_cast<__nv_bfloat16*>(out.data_ptr()), out.stride(0), h_out,
-                    h_stride, static_cast<uint64_t>(timeout_ns),
-                    timeout_report_device(kReportGroupedGemm, rank, timeout_ns));
+  auto run = [&](auto kernel, const CUtensorMap& scales_map) {
+    launch_persistent(kernel, kSharedBytes, a_map, w_map, scales_map, out_map, h_map,
+                      offsets.data_ptr<int32_t>(), num_experts, n_out, k_dim, row_prob,
+                      reinterpret_cast<__nv_bfloat16*>(out.data_ptr()), out.stride(0), h_out,
+                      h_stride, static_cast<uint64_t>(timeout_ns),
+                      timeout_report_device(kReportGroupedGemm, rank, timeout_ns));
+  };
+  if (w_scales_map != nullptr) run(grouped_gemm_kernel<kAct, true>, *w_scales_map);
+  else run(grouped_gemm_kernel<kAct, false>, CUtensorMap{});
 }
 
 }  // namespace
 
 void grouped_gemm(const at::Tensor& a, const at::Tensor& w, const at::Tensor& offsets,
                   const c10::optional<at::Tensor>& row_prob, int64_t activation, at::Tensor& out,
-                  const c10::optional<at::Tensor>& h_out, int64_t timeout_ns, int64_t rank) {
+                  const c10::optional<at::Tensor>& h_out,
+                  const c10::optional<at::Tensor>& w_scales, int64_t timeout_ns, int64_t rank) {
   MOK_HOST_CHECK(a.is_cuda() && w.is_cuda() && offsets.is_cuda() && out.is_cuda(),
                  "grouped_gemm: all tensors must be on the GPU");
-  MOK_HOST_CHECK(a.scalar_type() == at::kBFloat16 && w.scalar_type() == at::kBFloat16 &&
-                     out.scalar_type() == at::kBFloat16,
-                 "grouped_gemm: A, W and out must be bf16");
+  const bool mx = w_scales.has_value();
+  MOK_HOST_CHECK(a.scalar_type() == at::kBFloat16 && out.scalar_type() == at::kBFloat16 &&
+                     w.scalar_type() == (mx ? at::kFloat8_e4m3fn : at::kBFloat16),
+                 "grouped_gemm: A and out must be bf16, W bf16 or (with w_scales) "
+                 "float8_e4m3fn codes");
   MOK_HOST_CHECK(offsets.scalar_type() == at::kInt && offsets.dim() == 1 &&
                      offsets.is_contiguous(),
                  "grouped_gemm: offsets must be a contiguous int32 vector");
@@ -153,10 +185,29 @@ void grouped_gemm(const at::Tensor& a, const at::Tensor& w, const at::Tensor& of
                  "grouped_gemm: rows of A, W and out must be contiguous");
   MOK_HOST_CHECK(w.stride(0) > 0 && w.stride(1) > 0,
                  "grouped_gemm: W needs positive expert and row strides (stack it)");
+  if (mx) {
+    MOK_HOST_CHECK(w.stride(0) % 16 == 0 && w.stride(1) % 16 == 0 &&
+                       reinterpret_cast<uintptr_t>(w.data_ptr()) % 16 == 0,
+                   "grouped_gemm: MXFP8 weight codes need 16-byte aligned rows and experts "
+                   "(pad K; mok_megatron/mxfp8_weights.py does)");
+  }
   const bool gated = activation != kPlain && is_gated(static_cast<int>(activation));
   const int64_t n_out = gated ? w.size(1) / 2 : w.size(1);
   MOK_HOST_CHECK(!gated || w.size(1) % 2 == 0, "grouped_gemm: gated W needs an even N");
   MOK_HOST_CHECK(n_out % 8 == 0, "grouped_gemm: N_out must be a multiple of 8");
+  const int halves = gated ? 2 : 1;
+  if (mx) {
+    const int64_t blocks = (k_dim + kMxBlock - 1) / kMxBlock;
+    const int64_t half_rows = w.size(1) / halves;
+    MOK_HOST_CHECK(w_scales->is_cuda() && w_scales->device() == w.device() &&
+                       w_scales->scalar_type() == at::kByte && w_scales->is_contiguous() &&
+                       w_scales->dim() == 4 && w_scales->size(0) == num_experts &&
+                       w_scales->size(1) == blocks && w_scales->size(2) == halves &&
+                       w_scales->size(3) >= half_rows && w_scales->size(3) % 16 == 0,
+                   "grouped_gemm: w_scales must be contiguous uint8 [", num_experts, ", ", blocks,
+                   ", ", halves, ", >= ", half_rows, " padded to 16] (E8M0 per ", kMxBlock,
+                   " of K), got ", w_scales->sizes());
+  }
   MOK_HOST_CHECK(out.size(0) >= a.size(0) && out.size(1) == n_out,
                  "grouped_gemm: out must be [>= rows, ", n_out, "]");
   MOK_HOST_CHECK(activation == kPlain || (row_prob && row_prob->is_cuda() &&
@@ -180,8 +231,15 @@ void grouped_gemm(const at::Tensor& a, const at::Tensor& w, const at::Tensor& of
 
   const CUtensorMap a_map =
       sm90::row_tile_map(a.data_ptr(), a.size(0), k_dim, a.stride(0));
-  const CUtensorMap w_map = sm90::expert_weight_map(w.data_ptr(), num_experts, w.size(1), k_dim,
-                                                    w.stride(0), w.stride(1), gated ? 2 : 1);
+  const CUtensorMap w_map =
+      mx ? sm90::expert_weight_codes_map(w.data_ptr(), num_experts, w.size(1), k_dim,
+                                         w.stride(0), w.stride(1), halves)
+         : sm90::expert_weight_map(w.data_ptr(), num_experts, w.size(1), k_dim, w.stride(0),
+                                   w.stride(1), halves);
+  const CUtensorMap scales_map =
+      mx ? sm90::expert_weight_scales_map(w_scales->data_ptr(), num_experts, w_scales->size(1),
+                                          halves, w.size(1) / halves, w_scales->size(3))
+         : CUtensorMap{};
   MOK_HOST_CHECK(out.stride(0) % 8 == 0 && h_stride % 8 == 0,
                  "grouped_gemm: out and h_out row strides must be multiples of 8 elements "
                  "(16 bytes, for TMA stores)");
@@ -194,12 +252,12 @@ void grouped_gemm(const at::Tensor& a, const at::Tensor& w, const at::Tensor& of
   const int e = static_cast<int>(num_experts), n = static_cast<int>(n_out),
             k = static_cast<int>(k_dim);
   if (activation == kPlain) {
-    launch<kPlain>(a_map, w_map, out_map, h_map, offsets, e, n, k, prob, out, h_ptr, h_stride,
-                   timeout_ns, rank);
+    launch<kPlain>(a_map, w_map, mx ? &scales_map : nullptr, out_map, h_map, offsets, e, n, k,
+                   prob, out, h_ptr, h_stride, timeout_ns, rank);
   } else {
     MOK_DISPATCH_ACTIVATION(activation, KACT,
-        launch<KACT>(a_map, w_map, out_map, h_map, offsets, e, n, k, prob, out, h_ptr,
-                     h_stride, timeout_ns, rank));
+        launch<KACT>(a_map, w_map, mx ? &scales_map : nullptr, out_map, h_map, offsets, e, n,
+                     k, prob, out, h_ptr, h_stride, timeout_ns, rank));
   }
 }
 

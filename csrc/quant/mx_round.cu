@@ -7,6 +7,10 @@
 // most 4 significant bits, so bf16 holds it exactly for |v'| >= 2^-126 (below that bf16's
 // subnormals round it; blocks that small never reach a GEMM in training).
 //
+// mx_quantize_columns writes the same blocks as E4M3 codes with one E8M0 scale code per block
+// instead, and mx_quantize_rows_transposed a weight's blocks along its rows as the codes of its
+// transpose: what the MXFP8 GEMMs read (1 byte per value, gemm/sm90/mx_weight_stage.cuh).
+//
 // A block with a NaN or an Inf becomes NaN throughout (its E8M0 code is 255).
 //   along columns   x [rows, cols], blocks along each row (x, act, dY, dh and the weights in
 //                   their stored orientation): a block is 4 lanes of 8 values;
@@ -25,35 +29,13 @@
 #include "common/vec.cuh"
 #include "config/kernel_config.cuh"
 #include "ops.h"
+#include "quant/mx_format.cuh"
 
 namespace mok {
 namespace {
 
-constexpr float kRcpE4m3Max = 1.0f / 448.0f;  // fp32(1/448), as mxfp8._RCP_E4M3_MAX
-
-// mxfp8.scale_exponent: the exponent of amax * fp32(1/448) rounded up unless it is a power
-// of two, clamped to E8M0's [-127, 127].
-__device__ __forceinline__ int mx_scale_exponent(float amax) {
-  const uint32_t bits = __float_as_uint(__fmul_rn(amax, kRcpE4m3Max));
-  const int biased = static_cast<int>((bits >> 23) & 0xFF);
-  const int e = biased > 0 ? biased - 127 + ((bits & 0x7FFFFF) != 0) : -127;
-  return max(-127, min(127, e));
-}
-
-// 2^k exactly for k in [-127, 127] (2^-127 is an fp32 subnormal).
-__device__ __forceinline__ float exact_exp2(int k) {
-  return k >= -126 ? __uint_as_float(static_cast<uint32_t>(k + 127) << 23)
-                   : __uint_as_float(0x400000u);
-}
-
-// v at scale 2^e rounded to E4M3 and back. SATFINITE gives what the reference's clamp to
-// +-448 before its cast gives.
-__device__ __forceinline__ float mx_round(float v, int e) {
-  const float scaled = __fmul_rn(v, exact_exp2(-e));
-  const __nv_fp8_storage_t q = __nv_cvt_float_to_fp8(scaled, __NV_SATFINITE, __NV_E4M3);
-  const float back = __half2float(__half(__nv_cvt_fp8_to_halfraw(q, __NV_E4M3)));
-  return __fmul_rn(back, exact_exp2(e));
-}
+// v at scale 2^e rounded to E4M3 and back.
+__device__ __forceinline__ float mx_round(float v, int e) { return mx_value(mx_code(v, e), e); }
 
 __device__ __forceinline__ __nv_bfloat16 bf16_nan() {
   return __ushort_as_bfloat16(static_cast<unsigned short>(0x7FC0));
@@ -82,13 +64,36 @@ __device__ __forceinline__ float vector_amax(const Bf16x8& v, bool& finite) {
   return amax;
 }
 
+// The MXFP8 GEMMs' scale layout (gemm/sm90/mx_weight_stage.cuh): the scale of weight row n
+// of matrix e (rows of x are matrices of matrix_rows rows, each `halves` halves) for block b
+// at [e][b][half][n % half_rows], half rows padded to `padded`.
+struct ScaleLayout {
+  uint8_t* scales;
+  int64_t matrix_rows, half_rows, padded;
+  int halves, blocks;
+
+  __device__ int64_t at(int64_t row, int b) const {
+    const int64_t e = row / matrix_rows, n = row % matrix_rows;
+    return ((e * blocks + b) * halves + n / half_rows) * padded + n % half_rows;
+  }
+};
+
+// Where a columns pass writes a block: rounded and dequantized to bf16 in place of x's values
+// (out), or as E4M3 codes (rows of code_stride bytes) and E8M0 scale codes.
+struct ColumnsOut {
+  __nv_bfloat16* out;
+  uint8_t* codes;
+  int64_t code_stride;
+  ScaleLayout scales;
+};
+
 // One 16-byte vector per lane: a block is kBlock / 8 consecutive lanes, a warp covers
 // 32 * 8 / kBlock blocks per pass. Every lane of a warp runs every pass (lanes past the end
 // hold zeros), so the shuffles that combine a block's lanes always see the whole warp.
-template <int kBlock>
+template <int kBlock, bool kCodes>
 __global__ void mx_round_columns_kernel(const __nv_bfloat16* __restrict__ x, int64_t rows,
                                         const int32_t* __restrict__ num_rows, int cols,
-                                        __nv_bfloat16* __restrict__ out) {
+                                        ColumnsOut dst) {
   constexpr int kLanes = kBlock / 8;  // lanes of one block
   static_assert(kBlock % 8 == 0 && 32 % kLanes == 0, "a block is whole vectors of one warp");
   const int lane = threadIdx.x % 32;
@@ -115,9 +120,20 @@ __global__ void mx_round_columns_kernel(const __nv_bfloat16* __restrict__ x, int
       bits = max(bits, __shfl_xor_sync(0xffffffffu, bits, d));
       ok &= __shfl_xor_sync(0xffffffffu, ok, d);
     }
-    if (here) {
-      const int e = mx_scale_exponent(__uint_as_float(bits));
-      reinterpret_cast<int4*>(out)[at] = mx_round_vector(v, e, ok);
+    if (!here) continue;
+    const int e = mx_scale_exponent(__uint_as_float(bits));
+    if constexpr (kCodes) {
+      uint8_t q[8];
+#pragma unroll
+      for (int j = 0; j < 8; ++j) q[j] = ok ? mx_code(__bfloat162float(v.v[j]), e) : kE4m3Nan;
+      *reinterpret_cast<uint2*>(dst.codes + row * dst.code_stride + c) =
+          *reinterpret_cast<const uint2*>(q);
+      if (lane % kLanes == 0) {
+        dst.scales.scales[dst.scales.at(row, static_cast<int>(b % per_row))] =
+            ok ? static_cast<uint8_t>(e + kE8m0Bias) : kE8m0Nan;
+      }
+    } else {
+      reinterpret_cast<int4*>(dst.out)[at] = mx_round_vector(v, e, ok);
     }
   }
 }
@@ -214,10 +230,12 @@ void mx_round_columns(const at::Tensor& x, const c10::optional<at::Tensor>& num_
   if (x.numel() == 0) return;
   const int threads = kMxRoundThreads;
   const int blocks = at::cuda::getCurrentDeviceProperties()->multiProcessorCount * kBlocksPerSm;
-  mx_round_columns_kernel<kMxBlock><<<blocks, threads, 0, at::cuda::getCurrentCUDAStream()>>>(
-      reinterpret_cast<const __nv_bfloat16*>(x.data_ptr()), x.size(0),
-      num_rows.has_value() ? num_rows->data_ptr<int32_t>() : nullptr,
-      static_cast<int>(x.size(1)), reinterpret_cast<__nv_bfloat16*>(out.data_ptr()));
+  mx_round_columns_kernel<kMxBlock, false>
+      <<<blocks, threads, 0, at::cuda::getCurrentCUDAStream()>>>(
+          reinterpret_cast<const __nv_bfloat16*>(x.data_ptr()), x.size(0),
+          num_rows.has_value() ? num_rows->data_ptr<int32_t>() : nullptr,
+          static_cast<int>(x.size(1)),
+          ColumnsOut{reinterpret_cast<__nv_bfloat16*>(out.data_ptr()), nullptr, 0, {}});
   MOK_LAUNCH_CHECK();
 }
 
@@ -254,6 +272,160 @@ void mx_round_segments(const at::Tensor& x, const c10::optional<at::Tensor>& off
       reinterpret_cast<const __nv_bfloat16*>(x.data_ptr()), static_cast<int>(x.size(1)),
       offsets.has_value() ? offsets->data_ptr<int32_t>() : nullptr, static_cast<int>(segments),
       segment_rows, reinterpret_cast<__nv_bfloat16*>(out.data_ptr()));
+  MOK_LAUNCH_CHECK();
+}
+
+namespace {
+
+// Blocks along the rows of each matrix of w [E, r, c], written transposed: the codes of
+// column j of matrix e are row j of codes[e] ([c, r] with rows code_row bytes apart) and the
+// scale of (j, block b) goes to layout.at(e * c + j, b): a weight in its dgrad orientation,
+// without a transposed bf16 copy. A thread owns 8 columns and one block of rows: a pass for
+// the amax, then 16 rows at a time rounded and stored as 16 bytes per column.
+template <int kBlock>
+__global__ void mx_quantize_rows_t_kernel(const __nv_bfloat16* __restrict__ w, int64_t E,
+                                          int64_t r, int c, uint8_t* __restrict__ codes,
+                                          int64_t code_row, int64_t code_matrix,
+                                          ScaleLayout layout) {
+  static_assert(kBlock % 16 == 0, "whole 16-byte code vectors per block");
+  const int vecs = c / 8;
+  const int v = blockIdx.x * blockDim.x + threadIdx.x;
+  if (v >= vecs) return;
+  const int64_t blocks = (r + kBlock - 1) / kBlock;
+  const int4* in = reinterpret_cast<const int4*>(w);
+  for (int64_t eb = blockIdx.y; eb < E * blocks; eb += gridDim.y) {
+    const int64_t e = eb / blocks, b = eb % blocks, r0 = b * kBlock;
+    const int len = static_cast<int>(min(static_cast<int64_t>(kBlock), r - r0));
+    const int4* src = in + (e * r + r0) * vecs + v;
+    float amax[8] = {0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f};
+    bool finite[8] = {true, true, true, true, true, true, true, true};
+    for (int i = 0; i < len; ++i) {
+      Bf16x8 row;
+      row.raw = src[i * vecs];
+#pragma unroll
+      for (int j = 0; j < 8; ++j) {
+        const float f = __bfloat162float(row.v[j]);
+        const bool ok = isfinite(f);
+        finite[j] &= ok;
+        if (ok) amax[j] = fmaxf(amax[j], fabsf(f));
+      }
+    }
+    int ex[8];
+#pragma unroll
+    for (int j = 0; j < 8; ++j) ex[j] = mx_scale_exponent(amax[j]);
+    for (int i0 = 0; i0 < len; i0 += 16) {
+      uint32_t q[8][4];  // column j's 16 codes, 4 per word
+#pragma unroll
+      for (int j = 0; j < 8; ++j) q[j][0] = q[j][1] = q[j][2] = q[j][3] = 0;
+#pragma unroll
+      for (int i = 0; i < 16; ++i) {
+        Bf16x8 row;
+        row.raw = i0 + i < len ? src[(i0 + i) * vecs] : make_int4(0, 0, 0, 0);
+#pragma unroll
+        for (int j = 0; j < 8; ++j) {
+          const uint32_t code =
+              finite[j] ? mx_code(__bfloat162float(row.v[j]), ex[j]) : kE4m3Nan;
+          q[j][i / 4] |= code << (8 * (i % 4));
+        }
+      }
+#pragma unroll
+      for (int j = 0; j < 8; ++j) {
+        uint8_t* dst = codes + e * code_matrix + (8 * v + j) * code_row + r0 + i0;
+        if (i0 + 16 <= len) {
+          *reinterpret_cast<int4*>(dst) = make_int4(q[j][0], q[j][1], q[j][2], q[j][3]);
+        } else {
+#pragma unroll
+          for (int i = 0; i < 16; ++i) {
+            if (i < len - i0) dst[i] = uint8_t(q[j][i / 4] >> (8 * (i % 4)));
+          }
+        }
+      }
+    }
+#pragma unroll
+    for (int j = 0; j < 8; ++j) {
+      layout.scales[layout.at(e * c + 8 * v + j, static_cast<int>(b))] =
+          finite[j] ? static_cast<uint8_t>(ex[j] + kE8m0Bias) : kE8m0Nan;
+    }
+  }
+}
+
+// The scale tensor of a quantizer writing x's `rows` rows as matrices of `matrix_rows`.
+ScaleLayout scale_layout(const at::Tensor& scales, const at::Tensor& x, int64_t rows,
+                         int64_t matrix_rows, int64_t halves, int64_t blocks, const char* what) {
+  MOK_HOST_CHECK(matrix_rows > 0 && rows % matrix_rows == 0 && halves >= 1 &&
+                     matrix_rows % halves == 0,
+                 what, ": ", rows, " rows are not whole matrices of ", matrix_rows, " rows in ",
+                 halves, " halves");
+  const int64_t half_rows = matrix_rows / halves;
+  MOK_HOST_CHECK(scales.device() == x.device() && scales.scalar_type() == at::kByte &&
+                     scales.is_contiguous() && scales.dim() == 4 &&
+                     scales.size(0) == rows / matrix_rows && scales.size(1) == blocks &&
+                     scales.size(2) == halves && scales.size(3) >= half_rows,
+                 what, ": scales must be contiguous uint8 [", rows / matrix_rows, ", ", blocks,
+                 ", ", halves, ", >= ", half_rows, "] on x's device, got ", scales.sizes());
+  return ScaleLayout{scales.data_ptr<uint8_t>(), matrix_rows, half_rows, scales.size(3),
+                     static_cast<int>(halves), static_cast<int>(blocks)};
+}
+
+void check_codes(const at::Tensor& codes, const at::Tensor& x, int64_t rows, int64_t cols,
+                 const char* what) {
+  MOK_HOST_CHECK(codes.device() == x.device() && codes.element_size() == 1 &&
+                     codes.size(-2) * (codes.dim() == 3 ? codes.size(0) : 1) == rows &&
+                     codes.size(-1) == cols && codes.stride(-1) == 1 &&
+                     codes.stride(-2) % 16 == 0 &&
+                     (codes.dim() == 2 || codes.stride(0) == codes.stride(1) * codes.size(1)) &&
+                     reinterpret_cast<uintptr_t>(codes.data_ptr()) % 16 == 0,
+                 what, ": codes must be one-byte [", rows, ", ", cols, "] (or stacked) on x's "
+                 "device, rows 16-byte aligned and evenly strided");
+}
+
+}  // namespace
+
+void mx_quantize_columns(const at::Tensor& x, at::Tensor& codes, at::Tensor& scales,
+                         int64_t matrix_rows, int64_t halves) {
+  MOK_HOST_CHECK(x.is_cuda() && x.dim() == 2 && x.scalar_type() == at::kBFloat16 &&
+                     x.is_contiguous() && x.size(1) % 8 == 0 &&
+                     reinterpret_cast<uintptr_t>(x.data_ptr()) % 16 == 0,
+                 "mx_quantize_columns: x must be contiguous 2-D bf16 on the GPU with a "
+                 "multiple of 8 columns, got ", x.sizes());
+  const int64_t rows = x.size(0), cols = x.size(1), blocks = (cols + kMxBlock - 1) / kMxBlock;
+  check_codes(codes, x, rows, cols, "mx_quantize_columns");
+  const ScaleLayout layout =
+      scale_layout(scales, x, rows, matrix_rows, halves, blocks, "mx_quantize_columns");
+  if (x.numel() == 0) return;
+  const int blocks_grid =
+      at::cuda::getCurrentDeviceProperties()->multiProcessorCount * kBlocksPerSm;
+  mx_round_columns_kernel<kMxBlock, true>
+      <<<blocks_grid, kMxRoundThreads, 0, at::cuda::getCurrentCUDAStream()>>>(
+          reinterpret_cast<const __nv_bfloat16*>(x.data_ptr()), rows, nullptr,
+          static_cast<int>(cols),
+          ColumnsOut{nullptr, reinterpret_cast<uint8_t*>(codes.data_ptr()), codes.stride(-2),
+                     layout});
+  MOK_LAUNCH_CHECK();
+}
+
+void mx_quantize_rows_transposed(const at::Tensor& w, at::Tensor& codes, at::Tensor& scales) {
+  MOK_HOST_CHECK(w.is_cuda() && w.dim() == 3 && w.scalar_type() == at::kBFloat16 &&
+                     w.is_contiguous() && w.size(2) % 8 == 0,
+                 "mx_quantize_rows_transposed: w must be contiguous bf16 [E, r, c] on the GPU "
+                 "with c a multiple of 8, got ", w.sizes());
+  const int64_t E = w.size(0), r = w.size(1), c = w.size(2);
+  const int64_t blocks = (r + kMxBlock - 1) / kMxBlock;
+  MOK_HOST_CHECK(codes.dim() == 3 && codes.size(0) == E, "mx_quantize_rows_transposed: codes "
+                 "must be [E, c, r]");
+  check_codes(codes, w, E * c, r, "mx_quantize_rows_transposed");
+  const ScaleLayout layout =
+      scale_layout(scales, w, E * c, c, 1, blocks, "mx_quantize_rows_transposed");
+  if (w.numel() == 0) return;
+  const int col_blocks = static_cast<int>((c / 8 + kMxRoundThreads - 1) / kMxRoundThreads);
+  const int64_t wanted = static_cast<int64_t>(
+      at::cuda::getCurrentDeviceProperties()->multiProcessorCount) * kBlocksPerSm * 4;
+  const dim3 grid(col_blocks, static_cast<unsigned>(std::max<int64_t>(
+      1, std::min<int64_t>({E * blocks, (wanted + col_blocks - 1) / col_blocks, 65535}))));
+  mx_quantize_rows_t_kernel<kMxBlock><<<grid, kMxRoundThreads, 0,
+                                        at::cuda::getCurrentCUDAStream()>>>(
+      reinterpret_cast<const __nv_bfloat16*>(w.data_ptr()), E, r, static_cast<int>(c),
+      reinterpret_cast<uint8_t*>(codes.data_ptr()), codes.stride(1), codes.stride(0), layout);
   MOK_LAUNCH_CHECK();
 }
 

@@ -213,3 +213,41 @@ def test_mxfp8_runs_on_the_separate_kernels_only(tmp_path):
     with pytest.raises(ConfigError, match="kernel.forward_kernel: precision mxfp8 runs on the "
                                           "separate kernels"):
         load_recipe(str(path))
+
+
+def test_weight_cache_invalidation(monkeypatch):
+    """mxfp8_weights.layer_weights quantizes again exactly when its docstring says: an optimizer
+    step (any torch optimizer), a version bump, new addresses or shapes, weights_changed();
+    the entry lives with its owner tensor. (The quantizer itself is a CUDA kernel, tested on
+    the GPU; here it is replaced by a counter.)"""
+    from mok_megatron import mxfp8_weights as mw
+
+    made = []
+    monkeypatch.setattr(mw, "quantize_pair", lambda w1, w2, gated: made.append(None) or object())
+    w1 = torch.zeros(2, 8, 4, requires_grad=True)
+    w2 = torch.zeros(2, 4, 4, requires_grad=True)
+
+    def get(a=w1, b=w2, version=None):
+        return mw.layer_weights(a, a, b, a._version + b._version if version is None else version,
+                                gated=True)
+
+    first = get()
+    assert get() is first and len(made) == 1
+    with torch.no_grad():
+        w2.add_(1)
+    assert get() is not first and len(made) == 2
+    second = get()
+    torch.optim.SGD([torch.zeros(1, requires_grad=True)], lr=1.0).step()
+    assert get() is not second and len(made) == 3
+    third = get()
+    mw.weights_changed()
+    fourth = get()
+    assert fourth is not third and len(made) == 4
+    other = torch.zeros(2, 8, 4)
+    assert get(a=other) is not fourth and len(made) == 5  # another owner, another entry
+    assert get() is fourth and get(a=other) is not fourth and len(made) == 5
+    get(b=torch.zeros(2, 4, 8))  # a new shape
+    assert len(made) == 6 and get() is not fourth
+    entries = len(mw._cache)
+    del other
+    assert len(mw._cache) == entries - 1  # the other owner's entry went with it

@@ -141,3 +141,164 @@ def test_emulated_group_bit_identical_to_one_rank(world):
 def test_emulated_cuda_graph_replay():
     gpu_checks.check_emulated_cuda_graph(gpu_checks.ep_specs(2)[1], **MXFP8)
 
+
+
+def _gemm_scales(scales: torch.Tensor, rows: int) -> torch.Tensor:
+    """The GEMM layout [1, blocks, 1, padded] of one matrix back to mxfp8.quantize's
+    [rows, blocks]."""
+    return scales[0, :, 0, :rows].T.cpu()
+
+
+def _finite_blocks(scales: torch.Tensor, cols: int) -> torch.Tensor:
+    """Per element: its block's scale is not the NaN code ([rows, blocks] scales)."""
+    return (scales != mxfp8.E8M0_NAN).repeat_interleave(mxfp8.BLOCK, dim=1)[:, :cols]
+
+
+def _assert_codes(codes, scales, want_q, want_s, what):
+    assert torch.equal(scales, want_s), f"{what}: scales differ"
+    finite = _finite_blocks(want_s, want_q.shape[1])
+    got = codes.cpu().view(torch.uint8)
+    assert torch.equal(got[finite], want_q.view(torch.uint8)[finite]), f"{what}: codes differ"
+
+
+@pytest.mark.parametrize("cols", [32, 96, 200, 7168])
+def test_quantize_columns_codes_bit_exact(cols):
+    """E4M3 codes and E8M0 scales as mxfp8.quantize gives them, into a padded view whose pad
+    is left alone; dequantized, what mx_round_columns writes."""
+    g = torch.Generator().manual_seed(100 + cols)
+    x = torch.cat([_edge_rows(cols, g), (torch.randn(300, cols, generator=g) * 3)
+                   .to(torch.bfloat16)])
+    rows = x.shape[0]
+    want_q, want_s = mxfp8.quantize(x, dim=1)
+    padded = -(-cols // 16) * 16 + 16
+    buf = torch.full((rows, padded), 0x5A, dtype=torch.uint8, device="cuda")
+    codes = buf.view(torch.float8_e4m3fn)[:, :cols]
+    scales = torch.zeros(1, -(-cols // 32), 1, -(-rows // 16) * 16, dtype=torch.uint8,
+                         device="cuda")
+    ops.mx_quantize_columns(x.cuda(), codes, scales, matrix_rows=rows)
+    _assert_codes(codes, _gemm_scales(scales, rows), want_q, want_s, f"cols={cols}")
+    assert bool((buf[:, cols:] == 0x5A).all()), "the pad was written"
+    _assert_same(mxfp8.dequantize(codes.cpu(), _gemm_scales(scales, rows), dim=1)
+                 .to(torch.bfloat16), ops.mx_round_columns(x.cuda()).cpu(), "codes dequantized")
+
+
+@pytest.mark.parametrize("r,c", [(64, 32), (200, 104), (2048, 136)])
+def test_quantize_rows_transposed_bit_exact(r, c):
+    """Each matrix of w [E, r, c] along its rows, written as codes [E, c, r]: what
+    mxfp8.quantize(w[e], dim=0) gives, transposed; short last blocks, edge values."""
+    from mok_megatron.mxfp8_weights import quantize_weight_transposed
+
+    g = torch.Generator().manual_seed(r + c)
+    E = 3
+    w = (torch.randn(E, r, c, generator=g) * 0.05).to(torch.bfloat16)
+    w[1, :12] = _edge_rows(c, g)
+    q = quantize_weight_transposed(w.cuda())
+    for e in range(E):
+        want_q, want_s = mxfp8.quantize(w[e], dim=0)
+        _assert_codes(q.codes[e], q.scales[e, :, 0, :c].T.cpu(), want_q.T, want_s.T,
+                      f"matrix {e} ({r}x{c})")
+
+
+# Ragged experts with empty ones, a 1-row and a 257-row expert.
+_COUNTS = [0, 1, 63, 64, 65, 130, 0, 257]
+
+
+@pytest.mark.parametrize("activation", [None, "swiglu", "squared_relu"])
+@pytest.mark.parametrize("k,n", [(256, 384), (200, 208)], ids=["aligned", "odd"])
+def test_mx_weight_gemm_equals_engine_on_rounded_weights(activation, k, n):
+    """The tile engine with weight codes dequantized in shared memory gives, bit for bit, the
+    engine's result on the weights mx_round_columns rounds (out and h), every run."""
+    from mok_megatron.mxfp8_weights import quantize_weight
+
+    g = torch.Generator(device="cuda").manual_seed(k + n)
+    E, rows = len(_COUNTS), sum(_COUNTS)
+    offsets = torch.tensor([0] + torch.tensor(_COUNTS).cumsum(0).tolist(), dtype=torch.int32,
+                           device="cuda")
+    a = ops.mx_round_columns(torch.randn(rows, k, device="cuda", generator=g)
+                             .to(torch.bfloat16))
+    w = (torch.randn(E, n, k, device="cuda", generator=g) * k**-0.5).to(torch.bfloat16)
+    prob = torch.rand(rows, device="cuda", generator=g)
+    gated = activation == "swiglu"
+    n_out = n // 2 if gated else n
+    epilogue = {} if activation is None else dict(activation=activation, row_prob=prob)
+
+    def run(weight, scales=None):
+        out = torch.full((rows, n_out), float("nan"), dtype=torch.bfloat16, device="cuda")
+        h = (torch.full((rows, n), float("nan"), dtype=torch.bfloat16, device="cuda")
+             if activation else None)
+        ops.grouped_gemm(a, weight, offsets, out, h_out=h, w_scales=scales, **epilogue)
+        return out, h
+
+    q = quantize_weight(w, halves=2 if gated else 1)
+    want = run(ops.mx_round_columns(w.view(E * n, k)).view(E, n, k))
+    for _ in range(3):
+        got = run(q.codes, q.scales)
+        for name, x, y in zip(("out", "h"), got, want):
+            if y is not None:
+                _assert_same(x, y, f"{name} ({activation}, K={k}, N={n})")
+    # And the product is the right one: against fp32 matmuls of the dequantized operands.
+    for e in range(E):
+        lo, hi = int(offsets[e]), int(offsets[e + 1])
+        if hi > lo and activation is None:
+            wd = mxfp8.dequantize(q.codes[e].cpu(), _gemm_scales(q.scales[e:e + 1], n), dim=1)
+            ref = a[lo:hi].float().cpu() @ wd.T
+            err = (got[0][lo:hi].float().cpu() - ref).norm() / ref.norm()
+            assert err < 1e-2, (e, float(err))
+
+
+def test_mx_weight_gemm_rejects_unaligned_codes():
+    w = torch.zeros(2, 64, 200, dtype=torch.float8_e4m3fn, device="cuda")
+    a = torch.zeros(4, 200, dtype=torch.bfloat16, device="cuda")
+    offsets = torch.tensor([0, 2, 4], dtype=torch.int32, device="cuda")
+    out = torch.empty(4, 64, dtype=torch.bfloat16, device="cuda")
+    scales = torch.zeros(2, 7, 1, 64, dtype=torch.uint8, device="cuda")
+    with pytest.raises(RuntimeError, match="16-byte aligned rows"):
+        ops.grouped_gemm(a, w, offsets, out, w_scales=scales)
+
+
+def _same_codes(a, b) -> bool:
+    return (torch.equal(a.codes.cpu().view(torch.uint8), b.codes.cpu().view(torch.uint8))
+            and torch.equal(a.scales, b.scales))
+
+
+def test_weight_cache_quantizes_once_per_step():
+    """layer_weights hands back the same codes until an optimizer steps, the weights change
+    in place, or weights_changed() is called; under CUDA-graph capture it never caches."""
+    from mok_megatron import mxfp8_weights as mw
+
+    g = torch.Generator(device="cuda").manual_seed(5)
+    w1 = torch.randn(3, 128, 64, device="cuda", generator=g).to(torch.bfloat16)
+    w2 = torch.randn(3, 64, 64, device="cuda", generator=g).to(torch.bfloat16)
+    w1.requires_grad_()
+    w2.requires_grad_()
+
+    def get():
+        return mw.layer_weights(w1, w1, w2, w1._version + w2._version, gated=False)
+
+    first = get()
+    assert get() is first
+    # An in-place update bumps the version counter.
+    with torch.no_grad():
+        w1.mul_(2)
+    second = get()
+    assert second is not first
+    assert _same_codes(second.w1, mw.quantize_weight(w1.detach()))
+    # A write through .data bumps nothing: an optimizer step (any) or weights_changed() does.
+    w2.data.mul_(3)
+    assert get() is second
+    torch.optim.SGD([torch.zeros(1, requires_grad=True)], lr=0.1).step()
+    third = get()
+    assert third is not second
+    assert _same_codes(third.w2_t, mw.quantize_weight_transposed(w2.detach()))
+    assert not _same_codes(third.w2_t, second.w2_t)
+    mw.weights_changed()
+    fourth = get()
+    assert fourth is not third and get() is fourth
+    # Capture: quantized inside the graph, the cache entry left as it was.
+    stream = torch.cuda.Stream()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.stream(stream):
+        get()  # warm-up on the capture stream
+        with torch.cuda.graph(graph, stream=stream):
+            captured = get()
+    assert captured is not fourth and get() is fourth

@@ -1,4 +1,5 @@
-// Host side of TMA: tensor maps (CUtensorMap) for bf16 operands with 128-byte swizzle.
+// Host side of TMA: tensor maps (CUtensorMap) for bf16 operands with 128-byte swizzle, and
+// for MXFP8 weight codes.
 #pragma once
 
 #include <cuda.h>
@@ -42,5 +43,17 @@ CUtensorMap mn_major_rows_map(const void* base, uint64_t rows, uint64_t cols,
 // dA = dY W2, W1 [E, F1, H] for dX = dh W1), no transposed copy.
 CUtensorMap expert_weight_mn_map(const void* base, uint64_t experts, uint64_t k, uint64_t n,
                                  uint64_t expert_stride, uint64_t row_stride);
+
+// MXFP8 weight codes W [E, halves * N, K] (one byte each; strides in bytes) read as
+// expert_weight_map reads bf16 weights, unswizzled: a box row is kGemmBlockK bytes
+// (gemm/sm90/mx_weight_stage.cuh dequantizes it into the swizzled bf16 tile).
+CUtensorMap expert_weight_codes_map(const void* base, uint64_t experts, uint64_t rows,
+                                    uint64_t k, uint64_t expert_stride, uint64_t row_stride,
+                                    int halves);
+
+// Their E8M0 scale codes [E, blocks, halves, padded_rows] (half_rows of each half used), read
+// in boxes of one stage's worth: kGemmBlockN / halves rows x the blocks of kGemmBlockK.
+CUtensorMap expert_weight_scales_map(const void* base, uint64_t experts, uint64_t blocks,
+                                     int halves, uint64_t half_rows, uint64_t padded_rows);
 
 }  // namespace mok::sm90

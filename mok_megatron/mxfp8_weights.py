@@ -1,0 +1,112 @@
+"""MXFP8 expert weights quantized once per optimizer step, in both orientations: the E4M3
+codes and E8M0 scales the MXFP8 grouped GEMMs read (csrc/gemm/sm90/mx_weight_stage.cuh), one
+byte per weight instead of two, cached across micro-batches.
+
+    forward  W1 [E, F1, H] blocks along H     h   = Q(rows) W1^T
+             W2 [E, H, F]  blocks along F     out = Q(act) W2^T
+    dgrad    W2^T [E, F, H] blocks along H    dA  = Q(dY) W2
+             W1^T [E, H, F1] blocks along F1  dX  = Q(dh) W1
+
+Codes rows are padded to 16 bytes (TMA's stride unit; the pad is never read), scales are laid
+out as the GEMM's stages load them ([E, blocks, halves, rows of a half padded to 16]). Both
+orientations together hold about as many bytes as the bf16 weights themselves.
+
+When they are quantized again: after every torch optimizer step (a global step post-hook:
+Megatron's optimizers, the distributed one included, step a torch optimizer before they copy
+or all-gather the new parameters, and the next forward reads them), when the weights' addresses,
+shapes, strides or version counters change (a checkpoint loaded with copy_), or after
+``weights_changed()`` (writes none of those see, such as ``p.data.copy_``). Inside a CUDA-graph
+capture nothing is cached: the graph quantizes at every replay, as a replay after an optimizer
+step must.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch.optim.optimizer import register_optimizer_step_post_hook
+from torch.utils.weak import WeakIdKeyDictionary
+
+from . import ops
+
+_TMA_ROW_BYTES = 16
+_generation = 0
+_cache = WeakIdKeyDictionary()  # owner tensor -> (key, Mxfp8Weights)
+
+
+def weights_changed() -> None:
+    """Quantize every layer's weights again at its next call."""
+    global _generation
+    _generation += 1
+
+
+register_optimizer_step_post_hook(lambda *_: weights_changed())
+
+
+@dataclass
+class MxWeight:
+    codes: torch.Tensor  # float8_e4m3fn [E, N, K], rows padded to 16 bytes
+    scales: torch.Tensor  # uint8 E8M0 [E, N, ceil(K / 32)]
+
+
+@dataclass
+class Mxfp8Weights:
+    w1: MxWeight  # FC1 [E, F1, H]
+    w2: MxWeight  # FC2 [E, H, F]
+    w1_t: MxWeight  # FC1-dgrad [E, H, F1]
+    w2_t: MxWeight  # FC2-dgrad [E, F, H]
+
+
+def _pad16(n: int) -> int:
+    return -(-n // _TMA_ROW_BYTES) * _TMA_ROW_BYTES
+
+
+def _blocks(n: int) -> int:
+    return -(-n // ops.MX_BLOCK)
+
+
+def quantize_weight(w: torch.Tensor, halves: int = 1) -> MxWeight:
+    """A stacked weight [E, N, K] (bf16) with blocks along K; `halves` = 2: a gated FC1, whose
+    gate and up rows the GEMM reads as two halves."""
+    E, n, k = w.shape
+    codes = torch.empty(E, n, _pad16(k), dtype=torch.float8_e4m3fn, device=w.device)[..., :k]
+    scales = torch.zeros(E, _blocks(k), halves, _pad16(n // halves), dtype=torch.uint8,
+                         device=w.device)
+    ops.mx_quantize_columns(w.reshape(E * n, k).contiguous(), codes, scales, matrix_rows=n,
+                            halves=halves)
+    return MxWeight(codes, scales)
+
+
+def quantize_weight_transposed(w: torch.Tensor) -> MxWeight:
+    """A stacked weight [E, r, c] (bf16) in its other orientation: codes [E, c, r] with blocks
+    along r, straight from w (no transposed bf16 copy)."""
+    E, r, c = w.shape
+    codes = torch.empty(E, c, _pad16(r), dtype=torch.float8_e4m3fn, device=w.device)[..., :r]
+    scales = torch.zeros(E, _blocks(r), 1, _pad16(c), dtype=torch.uint8, device=w.device)
+    ops.mx_quantize_rows_transposed(w.contiguous(), codes, scales)
+    return MxWeight(codes, scales)
+
+
+def quantize_pair(w1: torch.Tensor, w2: torch.Tensor, gated: bool) -> Mxfp8Weights:
+    """Both orientations of a layer's stacked weights."""
+    return Mxfp8Weights(quantize_weight(w1, 2 if gated else 1), quantize_weight(w2),
+                        quantize_weight_transposed(w1), quantize_weight_transposed(w2))
+
+
+def layer_weights(owner: torch.Tensor, w1: torch.Tensor, w2: torch.Tensor, version: int,
+                  gated: bool) -> Mxfp8Weights:
+    """The layer's MXFP8 weights, quantized again only when the module docstring says.
+    `owner`: the tensor the cache entry lives and dies with (the layer's first weight);
+    `version`: the sum of the version counters of every weight tensor the caller was given;
+    `gated`: FC1 is [gate | up] (a gated activation)."""
+    if w1.is_cuda and torch.cuda.is_current_stream_capturing():
+        return quantize_pair(w1, w2, gated)
+    key = (_generation, version, gated, w1.data_ptr(), w2.data_ptr(), tuple(w1.shape),
+           tuple(w2.shape), w1.stride(), w2.stride(), w1.device)
+    hit = _cache.get(owner)
+    if hit is not None and hit[0] == key:
+        return hit[1]
+    weights = quantize_pair(w1, w2, gated)
+    _cache[owner] = (key, weights)
+    return weights
