@@ -380,7 +380,7 @@ def macrobatch_ring_rows(rows: int, num_experts: int, ring_mblocks: int) -> int:
 
 WAIT_ROLES = ("gemm producer", "gemm mma", "rows ready", "fc1 done", "pull slot",
               "pull row", "tile queue", "ring slot", "staging", "fc2 dgrad done",
-              "h tile", "mxfp8 codes")  # csrc sm90::WaitRole
+              "h tile")  # csrc sm90::WaitRole
 REPORT_KERNELS = ("grouped GEMM engine", "forward megakernel",
                   "backward megakernel")  # csrc ReportKernel
 

@@ -53,10 +53,6 @@ constexpr int kGemmStages = 3;
 constexpr int kGemmThreads = 128 * (1 + kGemmConsumers);
 constexpr int kGemmProducerRegs = 40;
 constexpr int kGemmConsumerRegs = 232;
-// With MXFP8 weights the producer warpgroup's warps 1-3 also dequantize each stage
-// (gemm/sm90/mx_weight_stage.cuh): the megakernel's split, so they can hold a stage's codes.
-constexpr int kMxGemmProducerRegs = 56;
-constexpr int kMxGemmConsumerRegs = 224;
 constexpr int kGemmMaxExperts = 1024;  // local experts one launch can schedule
 constexpr int kMaxDynamicSmemBytes = 227 * 1024;  // sm_90: per block, opted in
 
@@ -88,8 +84,6 @@ constexpr int kLaunchRegsPerThread = (65536 / kGemmThreads) / 8 * 8;
 static_assert((kGemmProducerRegs + kGemmConsumerRegs * kGemmConsumers) * 128 <=
                       kLaunchRegsPerThread * kGemmThreads &&
                   (kMegakernelProducerRegs + kMegakernelConsumerRegs * kGemmConsumers) * 128 <=
-                      kLaunchRegsPerThread * kGemmThreads &&
-                  (kMxGemmProducerRegs + kMxGemmConsumerRegs * kGemmConsumers) * 128 <=
                       kLaunchRegsPerThread * kGemmThreads,
               "setmaxnreg budgets within the registers one CTA per SM is launched with");
 

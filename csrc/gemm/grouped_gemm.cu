@@ -6,8 +6,7 @@
 //
 // W may instead be MXFP8 (E4M3 codes [E, N, K] with E8M0 scales per kMxBlock of K): TMA then
 // moves one byte per weight and the consumers dequantize each stage in shared memory to the
-// bf16 values wgmma multiplies (gemm/sm90/mx_weight_stage.cuh: the producer warpgroup's idle
-// warps convert each stage before the consumers see it full) - the same products, bit for
+// bf16 values wgmma multiplies (gemm/sm90/mx_weight_stage.cuh) - the same products, bit for
 // bit, as this engine on the weights mx_round_columns rounds.
 //
 // The epilogue (plain for FC2; activation x prob for FC1, with the bf16 pre-activation h for
@@ -37,7 +36,7 @@ using namespace sm90;
 struct SharedStorage {
   EpilogueBuffers epilogue;  // first: 1024-aligned, as TMA's 128-byte swizzle needs
   StageRing ring;
-  MxStages mx;  // MXFP8 weights only
+  MxScaleRing mx_scales;  // MXFP8 weights only
   int32_t row_begin[kGemmMaxExperts + 1];
   int32_t mblock_begin[kGemmMaxExperts + 1];
 };
@@ -68,23 +67,13 @@ __global__ void __launch_bounds__(kGemmThreads, 1)
   if (threadIdx.x < 32) {
     build_mblock_table(offsets, num_experts, s.row_begin, s.mblock_begin);
   }
-  if (threadIdx.x == 32) {
-    init_ring(s.ring);
-    if constexpr (kMx) init_mx_stages(s.mx);
-  }
+  if (threadIdx.x == 32) init_ring(s.ring);
   __syncthreads();
   const int num_tiles = s.mblock_begin[num_experts] * n_blocks;
 
   if (warpgroup == 0) {
     // Producer: one thread streams A and W tiles through the stage ring.
-    warpgroup_reg_dealloc<kMx ? kMxGemmProducerRegs : kGemmProducerRegs>();
-    if constexpr (kMx) {
-      if (threadIdx.x >= 32) {
-        convert_stages<kGated>(s.ring, s.mx, num_tiles, k_blocks, threadIdx.x - 32, timeout_ns,
-                               report);
-        return;
-      }
-    }
+    warpgroup_reg_dealloc<kGemmProducerRegs>();
     if (threadIdx.x != 0) return;
     prefetch_tensor_map(&a_map);
     prefetch_tensor_map(&w_map);
@@ -95,23 +84,24 @@ __global__ void __launch_bounds__(kGemmThreads, 1)
       const int n0 = tc.n_block * kTileN;
       constexpr uint32_t kBytes = kMx ? kMxStageTxBytes : kStageBytes;
       produce_tile(s.ring, it, k_blocks, tile, timeout_ns, report, [&](int stage, int k0) {
-        uint64_t* full = kMx ? &s.mx.loaded[stage] : &s.ring.full[stage];
+        uint64_t* full = &s.ring.full[stage];
         tma_load_4d(s.ring.a[stage], &a_map, full, k0, row0, 0, 0);
         if constexpr (kMx) {
-          load_weight_codes<kGated>(s.ring.b[stage], s.mx.scales[stage], &w_map,
+          load_weight_codes<kGated>(s.ring.b[stage], s.mx_scales.codes[stage], &w_map,
                                     &w_scales_map, full, k0, n0, tc.expert);
         }
         else load_weight_tile<kGated>(s.ring.b[stage], &w_map, full, k0, n0, tc.expert);
-      }, kBytes, kMx ? s.mx.loaded : nullptr);
+      }, kBytes);
     }
     return;
   }
 
   // Consumers: warpgroup c owns rows 64(c-1) .. 64c of every tile.
-  warpgroup_reg_alloc<kMx ? kMxGemmConsumerRegs : kGemmConsumerRegs>();
+  warpgroup_reg_alloc<kGemmConsumerRegs>();
   const int consumer = warpgroup - 1;
   const bool leader = threadIdx.x % 128 == 0;
   float acc[kAccRegs];
+  const MxWeightStage<kGated> mx(threadIdx.x - 128);
   int it = 0;
   for (int tile = blockIdx.x; tile < num_tiles; tile += gridDim.x) {
     const TileCoord tc = decode_tile(s.mblock_begin, num_experts, n_blocks, tile);
@@ -123,11 +113,21 @@ __global__ void __launch_bounds__(kGemmThreads, 1)
     load_row_probs<kAct>(row_prob, row0, rows_valid, p);
     // A tile of at most 64 rows is the first warpgroup's alone (tile_engine.cuh: pass_tile).
     if (rows_valid == 0) {
-      pass_tile(s.ring, it, k_blocks, tile, leader, kStagingBarrier + consumer, timeout_ns,
-                report);
+      if constexpr (kMx) {
+        convert_only_tile(s.ring, s.mx_scales, it, k_blocks, tile, leader, mx, timeout_ns,
+                          report);
+      } else {
+        pass_tile(s.ring, it, k_blocks, tile, leader, kStagingBarrier + consumer, timeout_ns,
+                  report);
+      }
       continue;
     }
-    consume_tile(s.ring, it, k_blocks, tile, consumer, leader, acc, timeout_ns, report);
+    if constexpr (kMx) {
+      consume_tile(s.ring, it, k_blocks, tile, consumer, leader, acc, timeout_ns, report,
+                   [&](int, int stage) { mx.convert(s.ring.b[stage], s.mx_scales.codes[stage]); });
+    } else {
+      consume_tile(s.ring, it, k_blocks, tile, consumer, leader, acc, timeout_ns, report);
+    }
     store_rows_staged<kAct>(acc, s.epilogue.out[consumer],
                             EpilogueTensor{&out_map, out, out_stride},
                             EpilogueTensor{&h_map, h_out, h_stride}, row0,

@@ -1,13 +1,10 @@
 // Block-scaled FP8 weights as the tile engine's B operand (grouped_gemm.cu given weight
 // scales). A stage's weight tile arrives by TMA as E4M3 codes - kGemmBlockN rows of
 // kGemmBlockK bytes, unswizzled - in the upper half of the stage's bf16 B buffer, and its E8M0
-// scale codes beside it (MxStages); the producer warpgroup's warps 1.. (the converter: idle
-// in the bf16 engine) dequantize the tile in place into the 128-byte-swizzled bf16 tile wgmma
-// reads, then mark the stage full. The consumers run as with bf16 weights. The values are the
-// ones quant/mx_round.cu writes (quant/mx_format.cuh), so the MMAs multiply MXFP8's values
-// with fp32 accumulation while HBM moves one byte per weight.
-//
-//   TMA (A, codes, scales) -> loaded[stage] -> converter -> ring.full[stage] -> consumers
+// scale codes beside it (MxScaleRing); the consumer warpgroups' threads together dequantize
+// the tile in place into the 128-byte-swizzled bf16 tile wgmma reads. The values are the ones
+// quant/mx_round.cu writes (quant/mx_format.cuh), so the MMAs multiply MXFP8's values with
+// fp32 accumulation while HBM moves one byte per weight.
 //
 // Scales are laid out for TMA: [E, blocks along K, halves, N / halves padded to 16], so a
 // stage's are kMxScaleRows rows of contiguous bytes per half. kScaleBlock: K elements per
@@ -28,16 +25,17 @@ namespace mok::sm90 {
 
 constexpr int kMxCodeTileBytes = kGemmBlockN * kGemmBlockK;  // one byte per code
 constexpr int kMxCodeOffset = kBTileBytes - kMxCodeTileBytes;
-constexpr int kMxChunksPerRow = kGemmBlockK / 16;  // a converter thread takes 16 codes
-constexpr int kMxChunks = kGemmBlockN * kMxChunksPerRow;
-constexpr int kMxConverterThreads = 96;  // warps 1-3 of the producer warpgroup
-// The converter meets three times per stage (the tile's upper bf16 rows lie over the codes):
-// after the lower rows (over no codes) and their codes are done, after the codes under the
-// upper rows' second half are read, and after every row is written.
-constexpr int kMxConvertBarrier = kStagingBarrier + kGemmConsumers;
-static_assert(kMxCodeOffset == kBTileBytes / 2 && kGemmBlockK * 2 == 128 &&
-                  kGemmBlockN % 4 == 0,
-              "codes fill the upper half of the bf16 tile; a bf16 row is one swizzle row");
+constexpr int kMxThreads = 128 * kGemmConsumers;
+constexpr int kMxChunksPerRow = kGemmBlockK / 16;  // a thread converts 16 codes at a time
+constexpr int kMxRowsPerPass = kMxThreads / kMxChunksPerRow;
+constexpr int kMxPasses = kGemmBlockN / kMxRowsPerPass;
+// All consumer threads meet twice per stage: every code read before a bf16 row overwrites
+// it (the tile's upper bf16 rows lie over the codes; the lower ones are written first), and
+// every row written before the MMAs read them.
+constexpr int kMxStageBarrier = kStagingBarrier + kGemmConsumers;
+static_assert(kMxCodeOffset >= 0 && kGemmBlockN % kMxRowsPerPass == 0 &&
+                  kGemmBlockK * 2 == 128,
+              "codes fit the bf16 tile; a bf16 row is one 128-byte swizzle row");
 
 // Scale-code rows one stage needs: a k-block spans kGemmBlockK / kScaleBlock blocks, or lies
 // inside one.
@@ -47,17 +45,10 @@ constexpr int mx_scale_rows() {
 }
 constexpr int kMxScaleStageBytes = kGemmBlockN * mx_scale_rows<kMxBlock>();
 
-// A stage's scale codes ([half][scale row][row of the half], 128-aligned for TMA) and the
-// barriers its loads complete on.
-struct MxStages {
-  alignas(128) uint8_t scales[kGemmStages][kMxScaleStageBytes];
-  uint64_t loaded[kGemmStages];
+// A stage's scale codes: [half][scale row][row of the half], 128-aligned for TMA.
+struct MxScaleRing {
+  alignas(128) uint8_t codes[kGemmStages][kMxScaleStageBytes];
 };
-
-__device__ __forceinline__ void init_mx_stages(MxStages& mx) {
-  for (int i = 0; i < kGemmStages; ++i) mbar_init(&mx.loaded[i], 1);
-  fence_barrier_init();
-}
 
 // The TMA loads of a stage's weight codes (expert_weight_codes_map) and scales
 // (expert_weight_scales_map), the codes laid out as load_weight_tile lays out bf16 rows: a
@@ -104,76 +95,71 @@ __device__ __forceinline__ void store_dequantized(uint8_t* row_base, int row, in
   }
 }
 
-// The converter's work on one stage: 16-code chunk q (row q / kMxChunksPerRow) of the tile is
-// converted by thread q % kMxConverterThreads.
+// One consumer thread's share of every stage: tile rows r0 + kMxRowsPerPass * p (p < kMxPasses),
+// 16 codes from K offset 16 * chunk of each k-block. Everything it reads is in shared memory,
+// so nothing waits on global memory between the stage filling and its MMAs.
 template <bool kGatedWeights, int kScaleBlock = kMxBlock>
-struct MxStageConverter {
+struct MxWeightStage {
   static_assert(kScaleBlock % 16 == 0, "16 consecutive codes share one scale");
   static constexpr int kHalfRows = kGatedWeights ? kGemmBlockN / 2 : kGemmBlockN;
   static constexpr int kScaleRows = mx_scale_rows<kScaleBlock>();
-  static constexpr int kLower = kMxChunks / 2;      // bf16 rows over no codes
-  static constexpr int kUpperB = kMxChunks * 3 / 4; // rows whose codes lie under other rows
-  static constexpr int kHeld = (kMxChunks / 4 + kMxConverterThreads - 1) / kMxConverterThreads;
+  // Passes whose bf16 rows lie below the codes: converted before the others are read.
+  static constexpr int kLowPasses = kMxCodeOffset / 128 / kMxRowsPerPass;
+  static_assert(kLowPasses >= 1 && kLowPasses < kMxPasses, "codes in the tile's upper rows");
 
-  int t;
+  int r0, chunk;
 
-  __device__ float factor(const uint8_t* scales, int q) const {
-    const int j = q / kMxChunksPerRow;
-    const int scale_row =
-        kGemmBlockK >= kScaleBlock ? 16 * (q % kMxChunksPerRow) / kScaleBlock : 0;
+  __device__ explicit MxWeightStage(int consumer_thread)
+      : r0(consumer_thread / kMxChunksPerRow), chunk(consumer_thread % kMxChunksPerRow) {}
+
+  __device__ float factor(const uint8_t* scales, int p) const {
+    const int j = r0 + kMxRowsPerPass * p;
+    const int scale_row = kGemmBlockK >= kScaleBlock ? 16 * chunk / kScaleBlock : 0;
     return e8m0_factor(scales[(j / kHalfRows) * kHalfRows * kScaleRows +
                               scale_row * kHalfRows + j % kHalfRows]);
   }
-  __device__ static const int4& codes(const uint8_t* b, int q) {
-    return *reinterpret_cast<const int4*>(b + kMxCodeOffset + 16 * q);
-  }
-  __device__ void store(uint8_t* b, const uint8_t* scales, int q, const int4& c) const {
-    const int row = q / kMxChunksPerRow;
-    store_dequantized(b + row * 128, row, 2 * (q % kMxChunksPerRow), c, factor(scales, q));
-  }
 
-  // Codes of a stage in b (its upper half), scale codes in `scales` -> the bf16 tile.
+  // Dequantizes stage buffer b (codes at kMxCodeOffset, scale codes in `scales`) into the
+  // bf16 tile. All kMxThreads threads call it per stage.
   __device__ void convert(uint8_t* b, const uint8_t* scales) const {
-    // bf16 rows [0, N/2) lie over no codes; rows [N/2, 3N/4) over the codes of rows [0, N/2).
-    for (int q = t; q < kLower; q += kMxConverterThreads) store(b, scales, q, codes(b, q));
-    named_barrier_sync(kMxConvertBarrier, kMxConverterThreads);
-    int4 held[kHeld];
+    const uint8_t* code_rows = b + kMxCodeOffset + 16 * chunk;
 #pragma unroll
-    for (int i = 0; i < kHeld; ++i) {
-      const int q = kUpperB + t + i * kMxConverterThreads;
-      if (q < kMxChunks) held[i] = codes(b, q);
+    for (int p = 0; p < kLowPasses; ++p) {
+      const int row = r0 + kMxRowsPerPass * p;
+      store_dequantized(b + row * 128, row, 2 * chunk,
+                        *reinterpret_cast<const int4*>(code_rows + row * kGemmBlockK),
+                        factor(scales, p));
     }
-    for (int q = kLower + t; q < kUpperB; q += kMxConverterThreads) {
-      store(b, scales, q, codes(b, q));
-    }
-    named_barrier_sync(kMxConvertBarrier, kMxConverterThreads);
-    // Rows [3N/4, N) lie over the codes of rows [N/2, N), all read now.
+    int4 high[kMxPasses - kLowPasses];
 #pragma unroll
-    for (int i = 0; i < kHeld; ++i) {
-      const int q = kUpperB + t + i * kMxConverterThreads;
-      if (q < kMxChunks) store(b, scales, q, held[i]);
+    for (int p = kLowPasses; p < kMxPasses; ++p) {
+      high[p - kLowPasses] = *reinterpret_cast<const int4*>(
+          code_rows + (r0 + kMxRowsPerPass * p) * kGemmBlockK);
+    }
+    named_barrier_sync(kMxStageBarrier, kMxThreads);
+#pragma unroll
+    for (int p = kLowPasses; p < kMxPasses; ++p) {
+      const int row = r0 + kMxRowsPerPass * p;
+      store_dequantized(b + row * 128, row, 2 * chunk, high[p - kLowPasses], factor(scales, p));
     }
     fence_proxy_async_shared();  // the generic-proxy writes, before wgmma reads them
-    named_barrier_sync(kMxConvertBarrier, kMxConverterThreads);
+    named_barrier_sync(kMxStageBarrier, kMxThreads);
   }
 };
 
-// The converter's loop: the stages in the producer's order (k_blocks per tile, the block's
-// tiles), each converted once loaded and handed to the consumers as full.
-template <bool kGatedWeights>
-__device__ __forceinline__ void convert_stages(StageRing& ring, MxStages& mx, int num_tiles,
-                                               int k_blocks, int thread, uint64_t timeout_ns,
-                                               int* report) {
-  const MxStageConverter<kGatedWeights> converter{thread};
-  int it = 0;
-  for (int tile = blockIdx.x; tile < num_tiles; tile += gridDim.x) {
-    for (int kb = 0; kb < k_blocks; ++kb, ++it) {
-      const int stage = it % kGemmStages;
-      mbar_wait(&mx.loaded[stage], (it / kGemmStages) & 1, timeout_ns, kWaitMxCodes, tile, stage,
-                report);
-      converter.convert(ring.b[stage], mx.scales[stage]);
-      if (thread == 0) mbar_arrive(&ring.full[stage]);
-    }
+// A consumer warpgroup with no rows in the tile still converts its share of every stage,
+// then releases it (the other consumer's MMAs read the whole tile).
+template <class Stage>
+__device__ __forceinline__ void convert_only_tile(StageRing& ring, MxScaleRing& scales,
+                                                  int& it, int k_blocks, int tile, bool leader,
+                                                  const Stage& mx, uint64_t timeout_ns,
+                                                  int* report) {
+  for (int kb = 0; kb < k_blocks; ++kb, ++it) {
+    const int stage = it % kGemmStages;
+    mbar_wait(&ring.full[stage], (it / kGemmStages) & 1, timeout_ns, kWaitMma, tile, stage,
+              report);
+    mx.convert(ring.b[stage], scales.codes[stage]);
+    if (leader) mbar_arrive(&ring.empty[stage]);
   }
 }
 

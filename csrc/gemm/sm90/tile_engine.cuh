@@ -38,7 +38,6 @@ enum WaitRole : int {
   kWaitStaging = 8,   // megakernel epilogue: a staging slot to write / a handoff to store
   kWaitDgradDone = 9, // backward megakernel: FC2-dgrad tiles (dh) of an m-block
   kWaitHTile = 10,    // backward megakernel consumer: its prefetched h tile
-  kWaitMxCodes = 11,  // MXFP8 weight converter: a stage's codes (gemm/sm90/mx_weight_stage.cuh)
 };
 constexpr int kReportInts = 4;  // {role, block, tile, stage}
 
@@ -164,18 +163,15 @@ __device__ __forceinline__ void init_ring(StageRing& ring) {
 // Producer side of one tile: for each k-block, wait for a free stage and issue
 // `load(stage, k0)`, which must start TMA loads of exactly `stage_bytes` onto ring.full[stage].
 // `it` counts k-blocks over the whole launch (stage = it % stages, parity flips per wrap).
-// `loaded` (default ring.full): the barriers the loads complete on - another stage of work
-// (mx_weight_stage.cuh's converter) may stand between them and ring.full.
 template <class Load>
 __device__ __forceinline__ void produce_tile(StageRing& ring, int& it, int k_blocks, int tile,
                                              uint64_t timeout_ns, int* report, Load load,
-                                             uint32_t stage_bytes = kStageBytes,
-                                             uint64_t* loaded = nullptr) {
+                                             uint32_t stage_bytes = kStageBytes) {
   for (int kb = 0; kb < k_blocks; ++kb, ++it) {
     const int stage = it % kGemmStages;
     const uint32_t parity = (it / kGemmStages) & 1;
     mbar_wait(&ring.empty[stage], parity ^ 1, timeout_ns, kWaitProducer, tile, stage, report);
-    mbar_arrive_expect_tx(loaded != nullptr ? &loaded[stage] : &ring.full[stage], stage_bytes);
+    mbar_arrive_expect_tx(&ring.full[stage], stage_bytes);
     load(stage, kb * kGemmBlockK);
   }
 }
