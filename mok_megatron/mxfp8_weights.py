@@ -47,7 +47,7 @@ register_optimizer_step_post_hook(lambda *_: weights_changed())
 @dataclass
 class MxWeight:
     codes: torch.Tensor  # float8_e4m3fn [E, N, K], rows padded to 16 bytes
-    scales: torch.Tensor  # uint8 E8M0 [E, N, ceil(K / 32)]
+    scales: torch.Tensor  # uint8 E8M0 [E, ceil(K / 32), halves, N / halves padded to 16]
 
 
 @dataclass

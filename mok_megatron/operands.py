@@ -94,5 +94,5 @@ class Mxfp8Operands(Bf16Operands):
                             _rows(sched, plan.w1.shape[2], dh))
 
     def wgrad(self, sched, dout, act, dh, rows):
-        q = lambda x: ops.mx_round_segments(x, sched.offsets)  # noqa: E731
-        return super().wgrad(sched, q(dout), q(act), q(dh), q(rows))
+        return super().wgrad(sched, *(ops.mx_round_segments(x, sched.offsets)
+                                      for x in (dout, act, dh, rows)))

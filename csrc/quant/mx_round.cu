@@ -138,6 +138,33 @@ __global__ void mx_round_columns_kernel(const __nv_bfloat16* __restrict__ x, int
   }
 }
 
+// A block along rows of 8 columns: `len` rows of one 16-byte vector each, `stride` vectors
+// apart from `first`. Per column the scale exponent of its finite values' amax, and whether
+// all of them are finite (a NaN or an Inf makes the column's block NaN).
+struct ColumnBlock {
+  int e[8];
+  bool finite[8];
+
+  __device__ ColumnBlock(const int4* first, int64_t stride, int len) {
+    float amax[8] = {0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f};
+#pragma unroll
+    for (int j = 0; j < 8; ++j) finite[j] = true;
+    for (int i = 0; i < len; ++i) {
+      Bf16x8 row;
+      row.raw = first[i * stride];
+#pragma unroll
+      for (int j = 0; j < 8; ++j) {
+        const float f = __bfloat162float(row.v[j]);
+        const bool ok = isfinite(f);
+        finite[j] &= ok;
+        if (ok) amax[j] = fmaxf(amax[j], fabsf(f));
+      }
+    }
+#pragma unroll
+    for (int j = 0; j < 8; ++j) e[j] = mx_scale_exponent(amax[j]);
+  }
+};
+
 // Segment e: rows [offsets[e], offsets[e+1]), or [e * segment_rows, (e+1) * segment_rows)
 // when offsets is null. Row blocks are numbered segment by segment; a CTA keeps the first
 // row block of every segment in shared memory and walks the blocks given to it. A thread
@@ -176,29 +203,15 @@ __global__ void mx_round_segments_kernel(const __nv_bfloat16* __restrict__ x, in
     const int64_t seg_end = offsets != nullptr ? offsets[lo + 1] : (lo + 1) * segment_rows;
     const int64_t r0 = seg_begin + (b - first_block[lo]) * kBlock;
     const int len = static_cast<int>(min(static_cast<int64_t>(kBlock), seg_end - r0));
-    float amax[8] = {0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f};
-    bool finite[8] = {true, true, true, true, true, true, true, true};
-    for (int i = 0; i < len; ++i) {
-      Bf16x8 row;
-      row.raw = in[(r0 + i) * vecs + v];
-#pragma unroll
-      for (int j = 0; j < 8; ++j) {
-        const float f = __bfloat162float(row.v[j]);
-        const bool ok = isfinite(f);
-        finite[j] &= ok;
-        if (ok) amax[j] = fmaxf(amax[j], fabsf(f));
-      }
-    }
-    int e[8];
-#pragma unroll
-    for (int j = 0; j < 8; ++j) e[j] = mx_scale_exponent(amax[j]);
+    const ColumnBlock block(in + r0 * vecs + v, vecs, len);
     for (int i = 0; i < len; ++i) {
       Bf16x8 row, r;
       row.raw = in[(r0 + i) * vecs + v];
 #pragma unroll
       for (int j = 0; j < 8; ++j) {
-        r.v[j] = finite[j] ? __float2bfloat16_rn(mx_round(__bfloat162float(row.v[j]), e[j]))
-                           : bf16_nan();
+        r.v[j] = block.finite[j]
+                     ? __float2bfloat16_rn(mx_round(__bfloat162float(row.v[j]), block.e[j]))
+                     : bf16_nan();
       }
       o[(r0 + i) * vecs + v] = r.raw;
     }
@@ -297,22 +310,7 @@ __global__ void mx_quantize_rows_t_kernel(const __nv_bfloat16* __restrict__ w, i
     const int64_t e = eb / blocks, b = eb % blocks, r0 = b * kBlock;
     const int len = static_cast<int>(min(static_cast<int64_t>(kBlock), r - r0));
     const int4* src = in + (e * r + r0) * vecs + v;
-    float amax[8] = {0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f};
-    bool finite[8] = {true, true, true, true, true, true, true, true};
-    for (int i = 0; i < len; ++i) {
-      Bf16x8 row;
-      row.raw = src[i * vecs];
-#pragma unroll
-      for (int j = 0; j < 8; ++j) {
-        const float f = __bfloat162float(row.v[j]);
-        const bool ok = isfinite(f);
-        finite[j] &= ok;
-        if (ok) amax[j] = fmaxf(amax[j], fabsf(f));
-      }
-    }
-    int ex[8];
-#pragma unroll
-    for (int j = 0; j < 8; ++j) ex[j] = mx_scale_exponent(amax[j]);
+    const ColumnBlock block(src, vecs, len);
     for (int i0 = 0; i0 < len; i0 += 16) {
       uint32_t q[8][4];  // column j's 16 codes, 4 per word
 #pragma unroll
@@ -324,7 +322,7 @@ __global__ void mx_quantize_rows_t_kernel(const __nv_bfloat16* __restrict__ w, i
 #pragma unroll
         for (int j = 0; j < 8; ++j) {
           const uint32_t code =
-              finite[j] ? mx_code(__bfloat162float(row.v[j]), ex[j]) : kE4m3Nan;
+              block.finite[j] ? mx_code(__bfloat162float(row.v[j]), block.e[j]) : kE4m3Nan;
           q[j][i / 4] |= code << (8 * (i % 4));
         }
       }
@@ -344,7 +342,7 @@ __global__ void mx_quantize_rows_t_kernel(const __nv_bfloat16* __restrict__ w, i
 #pragma unroll
     for (int j = 0; j < 8; ++j) {
       layout.scales[layout.at(e * c + 8 * v + j, static_cast<int>(b))] =
-          finite[j] ? static_cast<uint8_t>(ex[j] + kE8m0Bias) : kE8m0Nan;
+          block.finite[j] ? static_cast<uint8_t>(block.e[j] + kE8m0Bias) : kE8m0Nan;
     }
   }
 }

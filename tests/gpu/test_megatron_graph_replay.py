@@ -343,12 +343,12 @@ def _fused_against_unfused(fused: dict, unfused: dict) -> str:
     return f"fused main_grads vs unfused: expert rel-L2 <= {worst:.1e}, the rest bit-identical"
 
 
-def run_case(name: str) -> None:
-    """One case in this process; raises on the first difference."""
-    case = CASES[name]
+def init_one_gpu_megatron(recipe_path: str, **seed_kwargs) -> None:
+    """This process as a one-GPU Megatron job with mok registered and `recipe_path` as its
+    recipe (MOK_RECIPE); seed_kwargs go to model_parallel_cuda_manual_seed."""
     for key, value in NO_MULTICAST.items():
         os.environ.setdefault(key, value)
-    os.environ["MOK_RECIPE"] = _write_recipe(case["knobs"])
+    os.environ["MOK_RECIPE"] = recipe_path
 
     import torch
     import torch.distributed as dist
@@ -365,8 +365,17 @@ def run_case(name: str) -> None:
 
     register()
     parallel_state.initialize_model_parallel()
+    model_parallel_cuda_manual_seed(1234, **seed_kwargs)
+
+
+def run_case(name: str) -> None:
+    """One case in this process; raises on the first difference."""
+    case = CASES[name]
     # CudaGraphManager needs a graph-safe RNG tracker (without Transformer Engine: this one).
-    model_parallel_cuda_manual_seed(1234, use_cudagraphable_rng=True, force_reset_rng=True)
+    init_one_gpu_megatron(_write_recipe(case["knobs"]), use_cudagraphable_rng=True,
+                          force_reset_rng=True)
+    import torch
+
     counters = Counters()
 
     # The eager models first: building the first CudaGraphManager moves this thread to a side

@@ -19,7 +19,6 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import os
-import socket
 import subprocess
 import sys
 import traceback
@@ -55,12 +54,6 @@ CASES = {
 }
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def _rel_l2(have: torch.Tensor, want: torch.Tensor) -> float:
     have, want = have.double(), want.double()
     norm = want.norm()
@@ -69,30 +62,14 @@ def _rel_l2(have: torch.Tensor, want: torch.Tensor) -> float:
 
 def run_case(name: str) -> None:
     case = CASES[name]
-    for key, value in model_setup.NO_MULTICAST.items():
-        os.environ.setdefault(key, value)
     recipe_path = model_setup._write_recipe(case["knobs"])
     if case["precision"] != "bf16":
         with open(recipe_path, "a") as f:
             f.write(f"precision: {case['precision']}\n")
-    os.environ["MOK_RECIPE"] = recipe_path
-
-    import torch.distributed as dist
-
-    torch._dynamo.config.disable = True
-    torch.cuda.set_device(0)
-    dist.init_process_group("nccl", init_method=f"tcp://127.0.0.1:{_free_port()}", rank=0,
-                            world_size=1)
-    from megatron.core import parallel_state
-    from megatron.core.tensor_parallel.random import model_parallel_cuda_manual_seed
+    model_setup.init_one_gpu_megatron(recipe_path)
 
     from mok_megatron import ops
     from mok_megatron.config import load_recipe
-    from mok_megatron.megatron import register
-
-    register()
-    parallel_state.initialize_model_parallel()
-    model_parallel_cuda_manual_seed(1234)
 
     # Launches of the kernel the case is about (the reference backend launches none of them).
     launches = {"count": 0}

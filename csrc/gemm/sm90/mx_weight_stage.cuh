@@ -7,8 +7,9 @@
 // fp32 accumulation while HBM moves one byte per weight.
 //
 // Scales are laid out for TMA: [E, blocks along K, halves, N / halves padded to 16], so a
-// stage's are kMxScaleRows rows of contiguous bytes per half. kScaleBlock: K elements per
-// scale (32 for MXFP8; a 1x128 / 128x128 blockwise recipe's 128 fits the same stage).
+// stage's are mx_scale_rows() rows of contiguous bytes per half. kScaleBlock: K elements per
+// scale; the stage code takes it as a parameter (a 1x128 blockwise recipe's 128 included), the
+// quantizers and the scales' tensor map use kMxBlock (32) today.
 #pragma once
 
 #include <cuda_fp8.h>
