@@ -428,11 +428,38 @@ def run_case(name: str) -> None:
     print(PASSED)
 
 
-def run_case_in_subprocess(name: str) -> subprocess.CompletedProcess:
+def run_script_case(script: str, name: str) -> subprocess.CompletedProcess:
+    """`python script --case name` in a fresh interpreter (Megatron's state, mok's workspace
+    and the process group are per process)."""
     env = {**NO_MULTICAST, **os.environ}
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), env.get("PYTHONPATH")]))
-    return subprocess.run([sys.executable, __file__, "--case", name], capture_output=True,
+    return subprocess.run([sys.executable, script, "--case", name], capture_output=True,
                           text=True, timeout=900, env=env, cwd=REPO)
+
+
+def assert_case_passed(proc: subprocess.CompletedProcess, passed: str) -> None:
+    print(proc.stdout)
+    assert proc.returncode == 0 and passed in proc.stdout, (
+        f"exit {proc.returncode}\n--- stdout ---\n{proc.stdout[-8000:]}\n"
+        f"--- stderr ---\n{proc.stderr[-8000:]}")
+
+
+def exit_after_case(run, name: str):
+    """Runs one case here, prints what failed, and leaves without interpreter and NCCL
+    teardown (not under test): the exit status is the verdict."""
+    status = 0
+    try:
+        run(name)
+    except BaseException:
+        traceback.print_exc()
+        status = 1
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(status)
+
+
+def run_case_in_subprocess(name: str) -> subprocess.CompletedProcess:
+    return run_script_case(__file__, name)
 
 
 # Refused by the support matrix where PyTorch lacks what its capture needs (the CPU tests check
@@ -447,11 +474,7 @@ FULL_ITERATION_CAPTURABLE = hasattr(torch.autograd.graph, "set_override_stale_ca
                "mok refuses it on this PyTorch"))
     for name in CASES])
 def test_graph_replay_is_bit_identical_to_eager(case):
-    proc = run_case_in_subprocess(case)
-    print(proc.stdout)
-    assert proc.returncode == 0 and PASSED in proc.stdout, (
-        f"exit {proc.returncode}\n--- stdout ---\n{proc.stdout[-8000:]}\n"
-        f"--- stderr ---\n{proc.stderr[-8000:]}")
+    assert_case_passed(run_case_in_subprocess(case), PASSED)
 
 
 def main() -> int:
@@ -466,16 +489,7 @@ def main() -> int:
         print("skipped: needs a CUDA GPU")
         return 0
     if opts.case:
-        status = 0
-        try:
-            run_case(opts.case)
-        except BaseException:
-            traceback.print_exc()
-            status = 1
-        # The verdict is printed; leave without interpreter and NCCL teardown (not under test).
-        sys.stdout.flush()
-        sys.stderr.flush()
-        os._exit(status)
+        exit_after_case(run_case, opts.case)
     failed = []
     for name in CASES:
         proc = run_case_in_subprocess(name)

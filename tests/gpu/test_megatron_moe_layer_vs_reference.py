@@ -18,10 +18,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import os
-import subprocess
 import sys
-import traceback
 from pathlib import Path
 
 import pytest
@@ -31,7 +28,6 @@ pytest.importorskip("megatron.core")
 
 pytestmark = pytest.mark.gpu
 
-REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import test_megatron_graph_replay as model_setup  # noqa: E402
 
@@ -125,36 +121,16 @@ def run_case(name: str) -> None:
     print(PASSED)
 
 
-def run_case_in_subprocess(name: str) -> subprocess.CompletedProcess:
-    env = {**model_setup.NO_MULTICAST, **os.environ}
-    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), env.get("PYTHONPATH")]))
-    return subprocess.run([sys.executable, __file__, "--case", name], capture_output=True,
-                          text=True, timeout=900, env=env, cwd=REPO)
-
-
 @pytest.mark.parametrize("case", list(CASES))
 def test_moe_layer_matches_reference_backend(case):
-    proc = run_case_in_subprocess(case)
-    print(proc.stdout)
-    assert proc.returncode == 0 and PASSED in proc.stdout, (
-        f"exit {proc.returncode}\n--- stdout ---\n{proc.stdout[-8000:]}\n"
-        f"--- stderr ---\n{proc.stderr[-8000:]}")
+    model_setup.assert_case_passed(model_setup.run_script_case(__file__, case), PASSED)
 
 
-def main() -> int:
+def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--case", choices=list(CASES), required=True)
-    opts = parser.parse_args()
-    status = 0
-    try:
-        run_case(opts.case)
-    except BaseException:
-        traceback.print_exc()
-        status = 1
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(status)
+    model_setup.exit_after_case(run_case, parser.parse_args().case)
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    main()
