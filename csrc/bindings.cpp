@@ -29,6 +29,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("mx_round_segments", &mok::mx_round_segments);
   m.def("mx_quantize_columns", &mok::mx_quantize_columns);
   m.def("mx_quantize_rows_transposed", &mok::mx_quantize_rows_transposed);
+  m.def("fp8_quantize_weight_blocks", &mok::fp8_quantize_weight_blocks);
+  m.def("fp8_grouped_gemm", &mok::fp8_grouped_gemm);
 
   // grouped GEMM tile engine
   m.def("grouped_gemm", &mok::grouped_gemm);

@@ -53,14 +53,27 @@ void gather_slot_values(const at::Tensor& values, const at::Tensor& ids, at::Ten
 void mx_round_columns(const at::Tensor& x, const c10::optional<at::Tensor>& num_rows,
                       at::Tensor& out);
 void mx_round_segments(const at::Tensor& x, const c10::optional<at::Tensor>& offsets,
-                       int64_t segment_rows, at::Tensor& out);
+                       int64_t segment_rows, int64_t block, at::Tensor& out);
 // The same blocks as E4M3 codes and E8M0 scale codes in the MXFP8 GEMMs' layout
 // (gemm/sm90/mx_weight_stage.cuh: [E, blocks, halves, rows of a half padded]): along columns,
 // x's rows as matrices of matrix_rows rows in `halves` halves, codes [rows, cols] (rows
 // 16-byte aligned); along the rows of each matrix of w [E, r, c], codes [E, c, r] transposed.
 void mx_quantize_columns(const at::Tensor& x, at::Tensor& codes, at::Tensor& scales,
-                         int64_t matrix_rows, int64_t halves);
+                         int64_t matrix_rows, int64_t halves, int64_t block);
 void mx_quantize_rows_transposed(const at::Tensor& w, at::Tensor& codes, at::Tensor& scales);
+
+// quant/block_quantize.cu: a stacked weight w [E, N, K] as E4M3 codes with one E8M0 scale
+// code per 128 x 128 block, scales [E, ceil(N / 128), ceil(K / 128)] (the blockwise recipe).
+void fp8_quantize_weight_blocks(const at::Tensor& w, at::Tensor& codes, at::Tensor& scales);
+
+// gemm/fp8_grouped_gemm.cu (blockwise FP8 engine): A codes [rows, K] with E8M0 scale codes
+// [ceil(K / 128), >= rows] per 1 x 128, W codes [E, N, K] with E8M0 codes per 128 x 128
+// block; epilogue and arguments as grouped_gemm's.
+void fp8_grouped_gemm(const at::Tensor& a, const at::Tensor& a_scales, const at::Tensor& w,
+                      const at::Tensor& w_scales, const at::Tensor& offsets,
+                      const c10::optional<at::Tensor>& row_prob, int64_t activation,
+                      at::Tensor& out, const c10::optional<at::Tensor>& h_out,
+                      int64_t timeout_ns, int64_t rank);
 
 // gemm/grouped_gemm.cu (sm90 tile engine). activation: -1 = plain store, else ActivationId
 // with row_prob folded in; h_out (optional) receives the bf16 pre-activation. rank: the EP

@@ -17,6 +17,7 @@ from . import stall_watch
 # Mirrors csrc/config/kernel_config.cuh.
 MAX_RANKS = 8
 MX_BLOCK = 32  # csrc/config/kernel_config.cuh kMxBlock (mxfp8.BLOCK)
+FP8_BLOCK = 128  # kFp8ScaleBlock (fp8_blockwise.BLOCK)
 NUM_BARRIER_CHANNELS = 4
 MAX_LOCAL_EXPERTS = 1024  # kGemmMaxExperts: local experts one launch can schedule
 
@@ -145,13 +146,14 @@ def mx_round_columns(x: torch.Tensor, num_rows: Optional[torch.Tensor] = None) -
 
 
 def mx_round_segments(x: torch.Tensor, offsets: Optional[torch.Tensor] = None,
-                      segment_rows: int = 0) -> torch.Tensor:
+                      segment_rows: int = 0, block: int = MX_BLOCK) -> torch.Tensor:
     """x [rows, cols] bf16 rounded to MXFP8 with blocks along the rows of each segment, from
     its first row (an expert's rows: ``offsets`` int32 [E + 1] on the device; or every
-    ``segment_rows`` rows), dequantized; rows outside every segment are not written."""
+    ``segment_rows`` rows), dequantized; rows outside every segment are not written.
+    ``block``: 32 (MXFP8) or 128 (the blockwise recipe's 128 x 1 blocks, the same scale rule)."""
     _cuda("x", x, torch.bfloat16)
     out = torch.empty_like(x)
-    extension().mx_round_segments(x, offsets, segment_rows, out)
+    extension().mx_round_segments(x, offsets, segment_rows, block, out)
     return out
 
 
@@ -162,17 +164,72 @@ def _codes(codes: torch.Tensor) -> None:
 
 
 def mx_quantize_columns(x: torch.Tensor, codes: torch.Tensor, scales: torch.Tensor, *,
-                        matrix_rows: int, halves: int = 1) -> None:
+                        matrix_rows: int, halves: int = 1, block: int = MX_BLOCK) -> None:
     """x [rows, cols] bf16 as MXFP8 with blocks along each row's columns, as
     ``mxfp8.quantize(x, dim=1)`` gives them (codes inside a NaN block may differ: every value
     of it dequantizes to NaN either way): E4M3 codes into ``codes`` (float8_e4m3fn
     [rows, cols] or [E, rows / E, cols], rows 16-byte aligned) and E8M0 codes into ``scales``
     (uint8 [rows / matrix_rows, ceil(cols / 32), halves, >= matrix_rows / halves]: the layout
-    the MXFP8 grouped GEMMs read, csrc/gemm/sm90/mx_weight_stage.cuh)."""
+    the MXFP8 grouped GEMMs read, csrc/gemm/sm90/mx_weight_stage.cuh). ``block`` 128: the
+    blockwise recipe's 1 x 128 blocks (the same scale rule, ``fp8_blockwise.quantize_rows``)."""
     _cuda("x", x, torch.bfloat16)
     _codes(codes)
     _cuda("scales", scales, torch.uint8)
-    extension().mx_quantize_columns(x, codes, scales, matrix_rows, halves)
+    extension().mx_quantize_columns(x, codes, scales, matrix_rows, halves, block)
+
+
+def fp8_quantize_rows(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """x [rows, K] bf16 as the blockwise FP8 engine's A operand: E4M3 codes [rows, K] (K
+    padded to 16 in the row stride) and E8M0 scale codes per 1 x 128 of each row, stored
+    transposed as [ceil(K / 128), rows padded to 16] (``fp8_blockwise.quantize_rows`` values)."""
+    _cuda("x", x, torch.bfloat16)
+    rows, k = x.shape
+    codes = torch.empty(rows, -(-k // 16) * 16, dtype=torch.float8_e4m3fn,
+                        device=x.device)[:, :k]
+    padded = -(-rows // 16) * 16
+    scales = torch.empty(1, -(-k // FP8_BLOCK), 1, padded, dtype=torch.uint8, device=x.device)
+    extension().mx_quantize_columns(x.contiguous(), codes, scales, rows, 1, FP8_BLOCK)
+    return codes, scales.view(-1, padded)
+
+
+def fp8_quantize_weight_blocks(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """w [E, N, K] bf16 as E4M3 codes [E, N, K] with E8M0 scale codes per 128 x 128 block
+    [E, ceil(N / 128), ceil(K / 128)] (``fp8_blockwise.quantize_weight`` values)."""
+    _cuda("w", w, torch.bfloat16)
+    E, n, k = w.shape
+    codes = torch.empty(E, n, k, dtype=torch.float8_e4m3fn, device=w.device)
+    scales = torch.empty(E, -(-n // FP8_BLOCK), -(-k // FP8_BLOCK), dtype=torch.uint8,
+                         device=w.device)
+    extension().fp8_quantize_weight_blocks(w.contiguous(), codes, scales)
+    return codes, scales
+
+
+def fp8_grouped_gemm(a: torch.Tensor, a_scales: torch.Tensor, w: torch.Tensor,
+                     w_scales: torch.Tensor, offsets: torch.Tensor, out: torch.Tensor, *,
+                     activation: Optional[str] = None, row_prob: Optional[torch.Tensor] = None,
+                     h_out: Optional[torch.Tensor] = None, timeout_ns: int = 10**10,
+                     rank: int = 0) -> None:
+    """The blockwise FP8 grouped GEMM (csrc/gemm/fp8_grouped_gemm.cu): ``grouped_gemm``'s
+    contract with ``a`` and ``w`` as E4M3 codes and their E8M0 scales as
+    ``fp8_quantize_rows`` / ``fp8_quantize_weight_blocks`` give them; the products of the
+    dequantized values summed in fp32, promoted once per 128 of K."""
+    for name, t in (("a", a), ("w", w)):
+        _check(t.is_cuda and t.dtype == torch.float8_e4m3fn,
+               f"{name} must be float8_e4m3fn codes on the GPU, got {t.dtype} on {t.device}")
+    _cuda("a_scales", a_scales, torch.uint8)
+    _cuda("w_scales", w_scales, torch.uint8)
+    _cuda("out", out, torch.bfloat16)
+    _cuda("offsets", offsets, torch.int32)
+    _check(activation is None or activation in ACTIVATION_IDS,
+           f"activation must be None or one of {sorted(ACTIVATION_IDS)}, got {activation!r}")
+    if activation is not None:
+        _check(row_prob is not None, "an activation epilogue needs row_prob")
+        _cuda("row_prob", row_prob, torch.float32)
+    _check(0 <= rank < MAX_RANKS, f"rank {rank} outside [0, {MAX_RANKS})")
+    act_id = -1 if activation is None else ACTIVATION_IDS[activation]
+    stall_watch.install()
+    extension().fp8_grouped_gemm(a, a_scales, w, w_scales, offsets, row_prob, act_id, out,
+                                 h_out, timeout_ns, rank)
 
 
 def mx_quantize_rows_transposed(w: torch.Tensor, codes: torch.Tensor,

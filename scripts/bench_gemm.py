@@ -8,7 +8,8 @@ followed by v1's activation kernel. FC2: ours (plain) vs torch._grouped_mm. Ever
 also compared for results (rel-L2; the run stops above the tests' tolerance). With --mxfp8,
 also the engine on MXFP8 weights (codes dequantized in shared memory, mxfp8_weights.py; the
 same operands' result bit for bit as on the rounded bf16 weights, which is checked) and the
-once-per-step weight quantization. JSON to --out.
+once-per-step weight quantization. With --fp8-blockwise, the blockwise FP8 engine
+(run_fp8_blockwise) next to torch._scaled_mm. JSON to --out.
 
     python scripts/bench_gemm.py --out benchmarks/results/h200_gemm/gemm_engine.json
 """
@@ -142,6 +143,84 @@ def run_case(model, local: int, tokens: int, iters: int, warmup: int, seed: int,
     }
 
 
+def e8m0_values(codes):
+    """2^(code - 127) in fp32, built from the bits (exact; codes 1..254 here)."""
+    return (codes.to(torch.int32) << 23).view(torch.float32)
+
+
+def dequantized(codes, scales, rows_scales: bool):
+    """bf16 values (exact) of the blockwise FP8 engine's operands, a few matrices at a time."""
+    B = ops.FP8_BLOCK
+    if rows_scales:  # [k_blocks, >= rows] transposed
+        s = e8m0_values(scales[:, :codes.shape[0]]).t().repeat_interleave(B, 1)
+        return (codes.float() * s[:, :codes.shape[1]]).bfloat16()
+    out = torch.empty(codes.shape, dtype=torch.bfloat16, device=codes.device)
+    for e in range(0, codes.shape[0], 8):  # [E, row_blocks, k_blocks]
+        s = e8m0_values(scales[e:e + 8]).repeat_interleave(B, 1).repeat_interleave(B, 2)
+        out[e:e + 8] = codes[e:e + 8].float() * s[:, :codes.shape[1], :codes.shape[2]]
+    return out
+
+
+def run_fp8_blockwise(model, local: int, tokens: int, iters: int, warmup: int,
+                      seed: int) -> dict:
+    """The blockwise FP8 engine on one GPU's expert work: FC1 (SwiGLU x prob, h written) and
+    FC2 on E4M3 codes with 1 x 128 / 128 x 128 power-of-two scales, the per-call row
+    quantization, and torch._scaled_mm (cuBLAS FP8, row-wise scales) on one dense GEMM of the
+    same rows x N x K for the tensor cores' FP8 rate. Checked against the BF16 engine on the
+    dequantized operands (exact in bf16: only the summation order differs)."""
+    H, F, K = model.hidden_size, model.moe_ffn_hidden_size, model.topk
+    rows = tokens * K
+    counts, offsets, x, w1, w2, prob = grouped_problem(model, local, tokens, seed)
+    act = torch.empty(rows, F, device="cuda", dtype=torch.bfloat16)
+    h = torch.empty(rows, 2 * F, device="cuda", dtype=torch.bfloat16)
+    y = torch.empty(rows, H, device="cuda", dtype=torch.bfloat16)
+    x_q = ops.fp8_quantize_rows(x)
+    w1_q, w2_q = ops.fp8_quantize_weight_blocks(w1), ops.fp8_quantize_weight_blocks(w2)
+
+    def fc1_fp8():
+        ops.fp8_grouped_gemm(*x_q, *w1_q, offsets, act, activation="swiglu", row_prob=prob,
+                             h_out=h)
+
+    fc1_fp8()
+    act_q = ops.fp8_quantize_rows(act)
+
+    def fc2_fp8():
+        ops.fp8_grouped_gemm(*act_q, *w2_q, offsets, y)
+
+    fc2_fp8()
+    act_ref, y_ref = torch.empty_like(act), torch.empty_like(y)
+    ops.grouped_gemm(dequantized(*x_q, True), dequantized(*w1_q, False), offsets, act_ref,
+                     activation="swiglu", row_prob=prob)
+    ops.grouped_gemm(dequantized(*act_q, True), dequantized(*w2_q, False), offsets, y_ref)
+    torch.cuda.empty_cache()
+    errors = {"fp8_act": rel_l2(act, act_ref), "fp8_fc2": rel_l2(y, y_ref)}
+    bad = {k: v for k, v in errors.items() if not v <= MAX_REL_L2}
+    if bad:
+        raise RuntimeError(f"FP8 engine and BF16 engine disagree (rel-L2 > {MAX_REL_L2}): {bad}")
+
+    def dense_fp8(n, k):
+        a = torch.randn(rows, k, device="cuda").to(torch.float8_e4m3fn)
+        b = torch.randn(n, k, device="cuda").to(torch.float8_e4m3fn)
+        sa = torch.ones(rows, 1, device="cuda")
+        sb = torch.ones(1, n, device="cuda")
+        return lambda: torch._scaled_mm(a, b.t(), scale_a=sa, scale_b=sb,
+                                        out_dtype=torch.bfloat16)
+
+    timed = [("fc1_fp8", fc1_fp8), ("fc2_fp8", fc2_fp8),
+             ("quantize_x", lambda: ops.fp8_quantize_rows(x)),
+             ("quantize_act", lambda: ops.fp8_quantize_rows(act)),
+             ("scaled_mm_fc1", dense_fp8(2 * F, H)), ("scaled_mm_fc2", dense_fp8(H, F)),
+             ("quantize_weights", lambda: (ops.fp8_quantize_weight_blocks(w1),
+                                           ops.fp8_quantize_weight_blocks(w2)))]
+    t = {name: median_ms(fn, iters, warmup) for name, fn in timed}
+    flops1, flops2 = 2 * rows * H * 2 * F, 2 * rows * F * H
+    return {"errors": errors, "ms": t,
+            "tflops": {"fc1_fp8": flops1 / t["fc1_fp8"] / 1e9,
+                       "fc2_fp8": flops2 / t["fc2_fp8"] / 1e9,
+                       "scaled_mm_fc1": flops1 / t["scaled_mm_fc1"] / 1e9,
+                       "scaled_mm_fc2": flops2 / t["scaled_mm_fc2"] / 1e9}}
+
+
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--models", nargs="+",
@@ -153,6 +232,8 @@ def main(argv=None):
     p.add_argument("--warmup", type=int, default=3)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--mxfp8", action="store_true", help="also the engine on MXFP8 weights")
+    p.add_argument("--fp8-blockwise", action="store_true",
+                   help="also the blockwise FP8 engine and torch._scaled_mm")
     p.add_argument("--out", type=Path, default=None)
     args = p.parse_args(argv)
 
@@ -179,6 +260,19 @@ def main(argv=None):
                           f"(x{r['speedup']['fc1_mx_vs_torch']:.2f} vs torch bf16) FC2 "
                           f"{m['fc2_mx']:7.3f} ms (x{r['speedup']['fc2_mx_vs_torch']:.2f}); "
                           f"weights quantized {m['quantize_weights']:.2f} ms", flush=True)
+                if args.fp8_blockwise:
+                    r["fp8_blockwise"] = b = run_fp8_blockwise(model, local, tokens, args.iters,
+                                                               args.warmup, args.seed)
+                    m, tf = b["ms"], b["tflops"]
+                    print(f"{'':31s} FP8 blockwise: FC1 {m['fc1_fp8']:7.3f} ms "
+                          f"({tf['fc1_fp8']:5.0f} TF, x{r['ms']['fc1_ours'] / m['fc1_fp8']:.2f} "
+                          f"vs our bf16) FC2 {m['fc2_fp8']:7.3f} ms ({tf['fc2_fp8']:5.0f} TF, "
+                          f"x{r['ms']['fc2_ours'] / m['fc2_fp8']:.2f}) | quantize x "
+                          f"{m['quantize_x']:.3f} act {m['quantize_act']:.3f} ms | "
+                          f"_scaled_mm dense {tf['scaled_mm_fc1']:5.0f} / "
+                          f"{tf['scaled_mm_fc2']:5.0f} TF | weights {m['quantize_weights']:.2f}"
+                          f" ms | err {b['errors']['fp8_act']:.1e} {b['errors']['fp8_fc2']:.1e}",
+                          flush=True)
                 torch.cuda.empty_cache()
                 if args.out:
                     args.out.parent.mkdir(parents=True, exist_ok=True)

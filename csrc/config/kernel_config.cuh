@@ -56,6 +56,23 @@ constexpr int kGemmConsumerRegs = 232;
 constexpr int kGemmMaxExperts = 1024;  // local experts one launch can schedule
 constexpr int kMaxDynamicSmemBytes = 227 * 1024;  // sm_90: per block, opted in
 
+// FP8 grouped GEMM (gemm/fp8_grouped_gemm.cu, blockwise recipe): E4M3 x E4M3 wgmma m64n128k32
+// with fp32 partial sums promoted once per kFp8ScaleBlock of K into the accumulators on the
+// CUDA cores (row scale x weight-block scale). A tile is kGemmBlockM x kFp8BlockN: a consumer
+// holds 64 accumulators and 64 partial sums (n256 would need 256 registers). A stage is one
+// 128-byte swizzle row of K (128 codes) per operand row, so a stage is one scale block.
+constexpr int kFp8BlockN = 128;
+constexpr int kFp8BlockK = 128;
+constexpr int kFp8ScaleBlock = 128;  // 1 x 128 activation blocks, 128 x 128 weight blocks
+constexpr int kFp8Stages = 5;
+// A TMA box starts 16-byte aligned in its innermost dimension while an expert's rows start
+// anywhere, so a stage's row scales ([k-block][row] E8M0 codes) come as a box of
+// kFp8RowScaleBox codes from the 16-aligned row at or below the tile's first row.
+constexpr int kFp8RowScaleAlign = 16;
+constexpr int kFp8RowScaleBox = kGemmBlockM + kFp8RowScaleAlign;
+static_assert(kFp8ScaleBlock == kFp8BlockK && kFp8BlockN == kFp8ScaleBlock,
+              "a stage is one scale block along K, a tile one weight block along N");
+
 // Forward megakernel's row-pulling blocks: token rows go peer/local global -> shared -> row
 // buffer as 1-D bulk copies, through a ring of whole-row slots carved from the GEMM stage
 // memory the pulling block does not use (at most kPullMaxSlots, at least kPullMinSlots rows).

@@ -230,6 +230,12 @@ void check_operand(const at::Tensor& x, const at::Tensor& out, const char* what)
                  what, ": out must be a contiguous bf16 tensor of x's shape on x's device");
 }
 
+// Scale-block lengths the quantizers are built for: MXFP8's 32 and the blockwise recipe's 128.
+void check_block(int64_t block, const char* what) {
+  MOK_HOST_CHECK(block == kMxBlock || block == kFp8ScaleBlock, what, ": block must be ",
+                 kMxBlock, " (MXFP8) or ", kFp8ScaleBlock, " (blockwise FP8), got ", block);
+}
+
 }  // namespace
 
 void mx_round_columns(const at::Tensor& x, const c10::optional<at::Tensor>& num_rows,
@@ -253,8 +259,9 @@ void mx_round_columns(const at::Tensor& x, const c10::optional<at::Tensor>& num_
 }
 
 void mx_round_segments(const at::Tensor& x, const c10::optional<at::Tensor>& offsets,
-                       int64_t segment_rows, at::Tensor& out) {
+                       int64_t segment_rows, int64_t block, at::Tensor& out) {
   check_operand(x, out, "mx_round_segments");
+  check_block(block, "mx_round_segments");
   int64_t segments;
   if (offsets.has_value()) {
     MOK_HOST_CHECK(offsets->scalar_type() == at::kInt && offsets->dim() == 1 &&
@@ -271,8 +278,8 @@ void mx_round_segments(const at::Tensor& x, const c10::optional<at::Tensor>& off
   MOK_HOST_CHECK(segments <= kGemmMaxExperts, "mx_round_segments: ", segments,
                  " segments exceed ", kGemmMaxExperts);
   if (x.numel() == 0) return;
-  // Row blocks: at most one per kMxBlock rows plus one short one per segment.
-  const int64_t worst = x.size(0) / kMxBlock + segments;
+  // Row blocks: at most one per `block` rows plus one short one per segment.
+  const int64_t worst = x.size(0) / block + segments;
   const int col_blocks =
       static_cast<int>((x.size(1) / 8 + kMxRoundThreads - 1) / kMxRoundThreads);
   const int64_t wanted = static_cast<int64_t>(
@@ -280,8 +287,9 @@ void mx_round_segments(const at::Tensor& x, const c10::optional<at::Tensor>& off
   const dim3 grid(col_blocks, static_cast<unsigned>(
       std::max<int64_t>(1, std::min<int64_t>({worst, (wanted + col_blocks - 1) / col_blocks,
                                               65535}))));
-  mx_round_segments_kernel<kMxBlock><<<grid, kMxRoundThreads, 0,
-                                       at::cuda::getCurrentCUDAStream()>>>(
+  auto kernel = block == kMxBlock ? mx_round_segments_kernel<kMxBlock>
+                                  : mx_round_segments_kernel<kFp8ScaleBlock>;
+  kernel<<<grid, kMxRoundThreads, 0, at::cuda::getCurrentCUDAStream()>>>(
       reinterpret_cast<const __nv_bfloat16*>(x.data_ptr()), static_cast<int>(x.size(1)),
       offsets.has_value() ? offsets->data_ptr<int32_t>() : nullptr, static_cast<int>(segments),
       segment_rows, reinterpret_cast<__nv_bfloat16*>(out.data_ptr()));
@@ -380,21 +388,23 @@ void check_codes(const at::Tensor& codes, const at::Tensor& x, int64_t rows, int
 }  // namespace
 
 void mx_quantize_columns(const at::Tensor& x, at::Tensor& codes, at::Tensor& scales,
-                         int64_t matrix_rows, int64_t halves) {
+                         int64_t matrix_rows, int64_t halves, int64_t block) {
+  check_block(block, "mx_quantize_columns");
   MOK_HOST_CHECK(x.is_cuda() && x.dim() == 2 && x.scalar_type() == at::kBFloat16 &&
                      x.is_contiguous() && x.size(1) % 8 == 0 &&
                      reinterpret_cast<uintptr_t>(x.data_ptr()) % 16 == 0,
                  "mx_quantize_columns: x must be contiguous 2-D bf16 on the GPU with a "
                  "multiple of 8 columns, got ", x.sizes());
-  const int64_t rows = x.size(0), cols = x.size(1), blocks = (cols + kMxBlock - 1) / kMxBlock;
+  const int64_t rows = x.size(0), cols = x.size(1), blocks = (cols + block - 1) / block;
   check_codes(codes, x, rows, cols, "mx_quantize_columns");
   const ScaleLayout layout =
       scale_layout(scales, x, rows, matrix_rows, halves, blocks, "mx_quantize_columns");
   if (x.numel() == 0) return;
   const int blocks_grid =
       at::cuda::getCurrentDeviceProperties()->multiProcessorCount * kBlocksPerSm;
-  mx_round_columns_kernel<kMxBlock, true>
-      <<<blocks_grid, kMxRoundThreads, 0, at::cuda::getCurrentCUDAStream()>>>(
+  auto kernel = block == kMxBlock ? mx_round_columns_kernel<kMxBlock, true>
+                                  : mx_round_columns_kernel<kFp8ScaleBlock, true>;
+  kernel<<<blocks_grid, kMxRoundThreads, 0, at::cuda::getCurrentCUDAStream()>>>(
           reinterpret_cast<const __nv_bfloat16*>(x.data_ptr()), rows, nullptr,
           static_cast<int>(cols),
           ColumnsOut{nullptr, reinterpret_cast<uint8_t*>(codes.data_ptr()), codes.stride(-2),

@@ -117,4 +117,25 @@ CUtensorMap expert_weight_scales_map(const void* base, uint64_t experts, uint64_
                    CU_TENSOR_MAP_SWIZZLE_NONE);
 }
 
+CUtensorMap fp8_row_tile_map(const void* base, uint64_t rows, uint64_t k, uint64_t row_stride) {
+  return encode_4d(CU_TENSOR_MAP_DATA_TYPE_UINT8, base, {k, rows, 1, 1},
+                   {row_stride, rows * row_stride, rows * row_stride},
+                   {kFp8BlockK, kGemmBlockM, 1, 1}, CU_TENSOR_MAP_SWIZZLE_128B);
+}
+
+CUtensorMap fp8_expert_weight_map(const void* base, uint64_t experts, uint64_t rows, uint64_t k,
+                                  uint64_t expert_stride, uint64_t row_stride, int halves) {
+  const uint64_t n = rows / halves;
+  return encode_4d(CU_TENSOR_MAP_DATA_TYPE_UINT8, base, {k, n, uint64_t(halves), experts},
+                   {row_stride, row_stride * n, expert_stride},
+                   {kFp8BlockK, uint32_t(kFp8BlockN / halves), 1, 1}, CU_TENSOR_MAP_SWIZZLE_128B);
+}
+
+CUtensorMap fp8_row_scales_map(const void* base, uint64_t k_blocks, uint64_t rows,
+                               uint64_t row_stride) {
+  return encode_4d(CU_TENSOR_MAP_DATA_TYPE_UINT8, base, {rows, k_blocks, 1, 1},
+                   {row_stride, row_stride * k_blocks, row_stride * k_blocks},
+                   {kFp8RowScaleBox, 1, 1, 1}, CU_TENSOR_MAP_SWIZZLE_NONE);
+}
+
 }  // namespace mok::sm90

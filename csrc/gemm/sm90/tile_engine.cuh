@@ -47,10 +47,10 @@ constexpr bool gated_epilogue() {
   else return is_gated(kAct);
 }
 
-// Output columns one tile produces.
-template <int kAct>
+// Output columns one tile of kTileN accumulator columns produces.
+template <int kAct, int kTileN = kGemmBlockN>
 constexpr int tile_cols() {
-  return gated_epilogue<kAct>() ? kGemmBlockN / 2 : kGemmBlockN;
+  return gated_epilogue<kAct>() ? kTileN / 2 : kTileN;
 }
 
 struct StageRing {

@@ -65,12 +65,14 @@ __device__ __forceinline__ float activate(float h) {
 }
 
 // The epilogue's value for accumulator pair (8-column chunk j, row half i) with row prob p:
-// output columns 8j + 2(lane % 4) + {0, 1} of the thread's row 16 warp + lane / 4 + 8i.
-template <int kAct>
-__device__ __forceinline__ __nv_bfloat162 output_pair(const float (&d)[kAccRegs], int j, int i,
+// output columns 8j + 2(lane % 4) + {0, 1} of the thread's row 16 warp + lane / 4 + 8i, in a
+// tile of kTileN accumulator columns (the first kTileN / 2 registers of d).
+template <int kAct, int kTileN = kGemmBlockN, int kRegs>
+__device__ __forceinline__ __nv_bfloat162 output_pair(const float (&d)[kRegs], int j, int i,
                                                       float p) {
+  static_assert(kRegs >= kTileN / 2, "accumulators of the whole tile");
   constexpr bool kGated = gated_epilogue<kAct>();
-  constexpr int kCols = tile_cols<kAct>();
+  constexpr int kCols = tile_cols<kAct, kTileN>();
   float v[2];
 #pragma unroll
   for (int c = 0; c < 2; ++c) {
@@ -195,16 +197,16 @@ __device__ __forceinline__ void load_row_probs(const float* __restrict__ row_pro
 // rows' probs (load_row_probs); `full` says all 64 rows belong to the tile (decided by the
 // caller with its own comparison: when ptxas derived the branch from `rows_valid == 64` after
 // a min/max, partial blocks took the TMA path).
-template <int kAct>
-__device__ __forceinline__ void store_rows_staged(const float (&d)[kAccRegs], uint8_t* buf,
+template <int kAct, int kTileN = kGemmBlockN, int kRegs>
+__device__ __forceinline__ void store_rows_staged(const float (&d)[kRegs], uint8_t* buf,
                                                   const EpilogueTensor& out,
                                                   const EpilogueTensor& h, int row0, bool full,
                                                   int rows_valid, int col0, int n_out,
                                                   const float (&p)[2], int consumer,
                                                   bool leader) {
-  constexpr int kCols = tile_cols<kAct>();
+  constexpr int kCols = tile_cols<kAct, kTileN>();
   store_round<kCols>(buf, out, 0, row0, full, rows_valid, col0, n_out, consumer, leader,
-                     [&](int j, int i) { return output_pair<kAct>(d, j, i, p[i]); });
+                     [&](int j, int i) { return output_pair<kAct, kTileN>(d, j, i, p[i]); });
   if constexpr (kAct != kPlain) {
     if (h.base != nullptr) {
       store_round<kCols>(buf, h, 0, row0, full, rows_valid, col0, n_out, consumer, leader,

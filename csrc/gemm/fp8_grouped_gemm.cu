@@ -1,0 +1,243 @@
+// FP8 grouped GEMM (blockwise recipe): out[rows of expert e] = epilogue(deq(A)[rows of e] @
+// deq(W[e])^T), all local experts in one persistent launch, at the FP8 tensor-core rate.
+// A: E4M3 codes [rows, K] with E8M0 scale codes per 1 x 128 of each row, stored transposed
+// [ceil(K / 128), rows padded to 16] so a stage's 128 rows are one TMA box; W: E4M3 codes
+// [E, N, K] with E8M0 codes per 128 x 128 block [E, ceil(N / 128), ceil(K / 128)]. The
+// products of the dequantized values are summed in fp32: per block of K by the tensor cores,
+// across blocks on the CUDA cores (gemm/sm90/fp8_mainloop.cuh).
+//
+// Tiles, schedule and epilogue are the bf16 engine's (grouped_gemm.cu) with kFp8BlockN
+// columns: tiles expert-major from the device-side offsets, each output element computed by
+// one tile in a fixed K order (deterministic); FC1's activation x prob and h for backward in
+// the epilogue (gemm/sm90/tile_epilogue.cuh).
+#include <c10/cuda/CUDAGuard.h>
+#include <cuda_bf16.h>
+#include <torch/extension.h>
+
+#include "common/error.cuh"
+#include "gemm/persistent_launch.cuh"
+#include "gemm/sm90/fp8_mainloop.cuh"
+#include "gemm/sm90/tensor_map.h"
+#include "gemm/sm90/tile_engine.cuh"
+#include "gemm/sm90/tile_epilogue.cuh"
+#include "gemm/timeout_report.h"
+#include "ops.h"
+
+namespace mok {
+namespace {
+
+using namespace sm90;
+
+// A consumer's staging buffer holds kFp8BlockN bf16 columns of its 64 rows (swizzled boxes).
+constexpr int kFp8StagedBytes = (kFp8BlockN / 64) * kStagedBoxBytes;
+
+struct Fp8SharedStorage {
+  uint8_t staged[kGemmConsumers][kFp8StagedBytes];  // first: 1024-aligned for TMA
+  Fp8StageRing ring;
+  int32_t row_begin[kGemmMaxExperts + 1];
+  int32_t mblock_begin[kGemmMaxExperts + 1];
+};
+constexpr size_t kFp8SharedBytes = aligned_smem_bytes<Fp8SharedStorage>();
+static_assert(kFp8SharedBytes <= kMaxDynamicSmemBytes, "shared memory of one block per SM");
+
+struct Fp8Weights {
+  const uint8_t* scales;  // [E, row_blocks, k_blocks] E8M0
+  int row_blocks, half_rows;
+};
+
+template <int kAct>
+__global__ void __launch_bounds__(kGemmThreads, 1)
+    fp8_grouped_gemm_kernel(const __grid_constant__ CUtensorMap a_map,
+                            const __grid_constant__ CUtensorMap a_scales_map,
+                            const __grid_constant__ CUtensorMap w_map,
+                            const __grid_constant__ CUtensorMap out_map,
+                            const __grid_constant__ CUtensorMap h_map, Fp8Weights w,
+                            const int32_t* __restrict__ offsets, int num_experts, int n_out,
+                            int k_dim, const float* __restrict__ row_prob,
+                            __nv_bfloat16* __restrict__ out, int64_t out_stride,
+                            __nv_bfloat16* __restrict__ h_out, int64_t h_stride,
+                            uint64_t timeout_ns, int* report) {
+  constexpr bool kGated = gated_epilogue<kAct>();
+  constexpr int kTileN = tile_cols<kAct, kFp8BlockN>();
+  extern __shared__ uint8_t smem_raw[];
+  Fp8SharedStorage& s = aligned_smem<Fp8SharedStorage>(smem_raw);
+
+  const int warpgroup = threadIdx.x / 128;
+  const int n_blocks = (n_out + kTileN - 1) / kTileN;
+  const int k_blocks = (k_dim + kFp8BlockK - 1) / kFp8BlockK;
+
+  if (threadIdx.x < 32) build_mblock_table(offsets, num_experts, s.row_begin, s.mblock_begin);
+  if (threadIdx.x == 32) init_fp8_ring(s.ring);
+  __syncthreads();
+  const int num_tiles = s.mblock_begin[num_experts] * n_blocks;
+
+  if (warpgroup == 0) {
+    // Producer: one thread streams A, its scales and W through the stage ring.
+    warpgroup_reg_dealloc<kGemmProducerRegs>();
+    if (threadIdx.x != 0) return;
+    prefetch_tensor_map(&a_map);
+    prefetch_tensor_map(&a_scales_map);
+    prefetch_tensor_map(&w_map);
+    int it = 0;
+    for (int tile = blockIdx.x; tile < num_tiles; tile += gridDim.x) {
+      const TileCoord tc = decode_tile(s.mblock_begin, num_experts, n_blocks, tile);
+      const int row0 = s.row_begin[tc.expert] + tc.m_block * kGemmBlockM;
+      produce_fp8_tile<kGated>(s.ring, it, k_blocks, tile, &a_map, &a_scales_map, &w_map, row0,
+                               tc.n_block * kTileN, tc.expert, timeout_ns, report);
+    }
+    return;
+  }
+
+  // Consumers: warpgroup c owns rows 64(c-1) .. 64c of every tile.
+  warpgroup_reg_alloc<kGemmConsumerRegs>();
+  const int consumer = warpgroup - 1;
+  const bool leader = threadIdx.x % 128 == 0;
+  float acc[kFp8AccRegs];
+  int it = 0;
+  for (int tile = blockIdx.x; tile < num_tiles; tile += gridDim.x) {
+    const TileCoord tc = decode_tile(s.mblock_begin, num_experts, n_blocks, tile);
+    const int m_row0 = tc.m_block * kGemmBlockM;
+    const int rows_left = s.row_begin[tc.expert + 1] - s.row_begin[tc.expert] - m_row0;
+    const int rows_valid = max(0, min(kStagedRows, rows_left - kStagedRows * consumer));
+    const int row0 = s.row_begin[tc.expert] + m_row0 + kStagedRows * consumer;
+    float p[2];
+    load_row_probs<kAct>(row_prob, row0, rows_valid, p);
+    if (rows_valid == 0) {
+      pass_fp8_tile(s.ring, it, k_blocks, tile, leader, kStagingBarrier + consumer, timeout_ns,
+                    report);
+      continue;
+    }
+    const WeightBlockScales<kGated> ws(w.scales, tc.expert, w.row_blocks, k_blocks,
+                                       w.half_rows, tc.n_block * kTileN);
+    consume_fp8_tile<kGated>(s.ring, it, k_blocks, tile, consumer, leader, ws,
+                             s.row_begin[tc.expert] + m_row0, acc, timeout_ns, report);
+    store_rows_staged<kAct, kFp8BlockN>(acc, s.staged[consumer],
+                                        EpilogueTensor{&out_map, out, out_stride},
+                                        EpilogueTensor{&h_map, h_out, h_stride}, row0,
+                                        rows_left >= kStagedRows * (consumer + 1), rows_valid,
+                                        tc.n_block * kTileN, n_out, p, consumer, leader);
+  }
+  if (leader) bulk_wait_read<0>();  // the last stores have read shared memory before exit
+}
+
+struct Fp8Launch {
+  CUtensorMap a_map, a_scales_map, w_map, out_map, h_map;
+  Fp8Weights w;
+  const int32_t* offsets;
+  int num_experts, n_out, k_dim;
+  const float* row_prob;
+  __nv_bfloat16* out;
+  int64_t out_stride;
+  __nv_bfloat16* h_out;
+  int64_t h_stride, timeout_ns, rank;
+};
+
+template <int kAct>
+void launch(const Fp8Launch& l) {
+  launch_persistent(fp8_grouped_gemm_kernel<kAct>, kFp8SharedBytes, l.a_map, l.a_scales_map,
+                    l.w_map, l.out_map, l.h_map, l.w, l.offsets, l.num_experts, l.n_out,
+                    l.k_dim, l.row_prob, l.out, l.out_stride, l.h_out, l.h_stride,
+                    static_cast<uint64_t>(l.timeout_ns),
+                    timeout_report_device(kReportGroupedGemm, l.rank, l.timeout_ns));
+}
+
+}  // namespace
+
+void fp8_grouped_gemm(const at::Tensor& a, const at::Tensor& a_scales, const at::Tensor& w,
+                      const at::Tensor& w_scales, const at::Tensor& offsets,
+                      const c10::optional<at::Tensor>& row_prob, int64_t activation,
+                      at::Tensor& out, const c10::optional<at::Tensor>& h_out,
+                      int64_t timeout_ns, int64_t rank) {
+  const char* what = "fp8_grouped_gemm";
+  MOK_HOST_CHECK(a.is_cuda() && w.is_cuda() && offsets.is_cuda() && out.is_cuda() &&
+                     a_scales.device() == a.device() && w_scales.device() == w.device(),
+                 what, ": all tensors must be on the GPU");
+  MOK_HOST_CHECK(a.scalar_type() == at::kFloat8_e4m3fn && w.scalar_type() == at::kFloat8_e4m3fn &&
+                     out.scalar_type() == at::kBFloat16,
+                 what, ": A and W must be float8_e4m3fn codes, out bf16");
+  MOK_HOST_CHECK(a.dim() == 2 && w.dim() == 3 && out.dim() == 2,
+                 what, ": A [rows, K], W [E, N, K], out [rows, N_out]");
+  MOK_HOST_CHECK(offsets.scalar_type() == at::kInt && offsets.dim() == 1 &&
+                     offsets.is_contiguous(),
+                 what, ": offsets must be a contiguous int32 vector");
+  const int64_t num_experts = w.size(0), k_dim = a.size(1), rows = a.size(0);
+  MOK_HOST_CHECK(offsets.numel() == num_experts + 1, what, ": offsets needs E + 1 = ",
+                 num_experts + 1, " entries, got ", offsets.numel());
+  MOK_HOST_CHECK(num_experts >= 1 && num_experts <= kGemmMaxExperts,
+                 what, ": 1..", kGemmMaxExperts, " experts per launch, got ", num_experts);
+  MOK_HOST_CHECK(w.size(2) == k_dim, what, ": W's K (", w.size(2), ") != A's K (", k_dim, ")");
+  MOK_HOST_CHECK(a.stride(1) == 1 && w.stride(2) == 1 && out.stride(1) == 1 &&
+                     a.stride(0) % 16 == 0 && w.stride(1) % 16 == 0 && w.stride(0) % 16 == 0 &&
+                     reinterpret_cast<uintptr_t>(a.data_ptr()) % 16 == 0 &&
+                     reinterpret_cast<uintptr_t>(w.data_ptr()) % 16 == 0,
+                 what, ": rows of A and W must be contiguous and 16-byte aligned (K a multiple "
+                 "of 16)");
+  const bool gated = activation != kPlain && is_gated(static_cast<int>(activation));
+  const int64_t n_rows = w.size(1), n_out = gated ? n_rows / 2 : n_rows;
+  const int halves = gated ? 2 : 1;
+  MOK_HOST_CHECK(!gated || n_out % 64 == 0,
+                 what, ": a gated W's halves must be whole 64-row pieces of 128-row scale "
+                 "blocks (F a multiple of 64), got F = ", n_out);
+  MOK_HOST_CHECK(n_out % 8 == 0, what, ": N_out must be a multiple of 8");
+  const int64_t k_blocks = (k_dim + kFp8ScaleBlock - 1) / kFp8ScaleBlock;
+  const int64_t row_blocks = (n_rows + kFp8ScaleBlock - 1) / kFp8ScaleBlock;
+  MOK_HOST_CHECK(a_scales.scalar_type() == at::kByte && a_scales.dim() == 2 &&
+                     a_scales.size(0) == k_blocks && a_scales.size(1) >= rows &&
+                     a_scales.stride(1) == 1 && a_scales.stride(0) % 16 == 0,
+                 what, ": a_scales must be uint8 E8M0 [", k_blocks, ", >= ", rows,
+                 "] with rows padded to 16, got ", a_scales.sizes());
+  MOK_HOST_CHECK(w_scales.scalar_type() == at::kByte && w_scales.is_contiguous() &&
+                     w_scales.dim() == 3 && w_scales.size(0) == num_experts &&
+                     w_scales.size(1) == row_blocks && w_scales.size(2) == k_blocks,
+                 what, ": w_scales must be contiguous uint8 E8M0 [", num_experts, ", ",
+                 row_blocks, ", ", k_blocks, "], got ", w_scales.sizes());
+  MOK_HOST_CHECK(out.size(0) >= rows && out.size(1) == n_out && out.stride(0) % 8 == 0,
+                 what, ": out must be [>= rows, ", n_out, "] with rows 16-byte aligned");
+  MOK_HOST_CHECK(activation == kPlain || (row_prob && row_prob->is_cuda() &&
+                                          row_prob->scalar_type() == at::kFloat &&
+                                          row_prob->is_contiguous() && row_prob->numel() >= rows),
+                 what, ": an activation epilogue needs row_prob (fp32, one per row)");
+  __nv_bfloat16* h_ptr = nullptr;
+  int64_t h_stride = 0;
+  if (h_out) {
+    MOK_HOST_CHECK(activation != kPlain, what, ": h_out only with an activation");
+    MOK_HOST_CHECK(h_out->is_cuda() && h_out->scalar_type() == at::kBFloat16 &&
+                       h_out->dim() == 2 && h_out->stride(1) == 1 && h_out->stride(0) % 8 == 0 &&
+                       h_out->size(0) >= rows && h_out->size(1) == n_rows,
+                   what, ": h_out must be bf16 [>= rows, N] with 16-byte aligned rows");
+    h_ptr = reinterpret_cast<__nv_bfloat16*>(h_out->data_ptr());
+    h_stride = h_out->stride(0);
+  }
+  if (rows == 0) return;
+  c10::cuda::CUDAGuard guard(a.device());
+
+  Fp8Launch l;
+  l.a_map = sm90::fp8_row_tile_map(a.data_ptr(), rows, k_dim, a.stride(0));
+  l.a_scales_map = sm90::fp8_row_scales_map(a_scales.data_ptr(), k_blocks, rows,
+                                            a_scales.stride(0));
+  l.w_map = sm90::fp8_expert_weight_map(w.data_ptr(), num_experts, n_rows, k_dim, w.stride(0),
+                                        w.stride(1), halves);
+  l.out_map = sm90::staged_rows_map(out.data_ptr(), out.size(0), n_out, 1, out.stride(0));
+  l.h_map = h_out ? sm90::staged_rows_map(h_ptr, h_out->size(0), n_out, halves, h_stride)
+                  : CUtensorMap{};
+  l.w = Fp8Weights{w_scales.data_ptr<uint8_t>(), static_cast<int>(row_blocks),
+                   static_cast<int>(n_out)};
+  l.offsets = offsets.data_ptr<int32_t>();
+  l.num_experts = static_cast<int>(num_experts);
+  l.n_out = static_cast<int>(n_out);
+  l.k_dim = static_cast<int>(k_dim);
+  l.row_prob = activation == kPlain ? nullptr : row_prob->data_ptr<float>();
+  l.out = reinterpret_cast<__nv_bfloat16*>(out.data_ptr());
+  l.out_stride = out.stride(0);
+  l.h_out = h_ptr;
+  l.h_stride = h_stride;
+  l.timeout_ns = timeout_ns;
+  l.rank = rank;
+  if (activation == kPlain) {
+    launch<kPlain>(l);
+  } else {
+    MOK_DISPATCH_ACTIVATION(activation, KACT, launch<KACT>(l));
+  }
+}
+
+}  // namespace mok

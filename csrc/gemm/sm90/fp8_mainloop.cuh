@@ -1,0 +1,169 @@
+// The FP8 tile engine's stage ring and k-loops (gemm/fp8_grouped_gemm.cu): E4M3 operands with
+// power-of-two scales, one per 1 x kFp8ScaleBlock of an activation row and one per
+// kFp8ScaleBlock x kFp8ScaleBlock block of a weight (E8M0 codes, quant/mx_format.cuh).
+//
+// A stage is one scale block of K: the A tile (kGemmBlockM rows x 128 codes), the B tile
+// (kFp8BlockN weight rows x 128 codes), both 128-byte swizzled by TMA, and the A rows' scale
+// codes for that block. A consumer warpgroup multiplies its 64 rows with four k32 wgmmas
+// into fresh partial sums, and adds them to its accumulators times (row scale x weight block
+// scale) on the CUDA cores: the tensor cores' own accumulation never spans more than one
+// block, and the promotion of one warpgroup overlaps the other's MMAs.
+#pragma once
+
+#include <cstdint>
+
+#include "config/kernel_config.cuh"
+#include "gemm/sm90/tile_engine.cuh"
+#include "gemm/sm90/tma.cuh"
+#include "gemm/sm90/wgmma.cuh"
+#include "quant/mx_format.cuh"
+
+namespace mok::sm90 {
+
+constexpr int kFp8ATileBytes = kGemmBlockM * kFp8BlockK;  // one byte per code
+constexpr int kFp8BTileBytes = kFp8BlockN * kFp8BlockK;
+constexpr int kFp8AccRegs = kFp8BlockN / 2;  // m64 x n128 fp32 over 128 threads
+constexpr uint32_t kFp8StageTxBytes = kFp8ATileBytes + kFp8BTileBytes + kFp8RowScaleBox;
+constexpr int kRowScaleStageBytes = (kFp8RowScaleBox + 127) / 128 * 128;  // TMA: 128-aligned
+static_assert(kFp8BlockK == 128, "a stage's rows are one 128-byte swizzle row of codes");
+
+struct Fp8StageRing {
+  uint8_t a[kFp8Stages][kFp8ATileBytes];  // each 1024-aligned: the swizzle atom
+  uint8_t b[kFp8Stages][kFp8BTileBytes];
+  alignas(128) uint8_t a_scales[kFp8Stages][kRowScaleStageBytes];  // E8M0 (kFp8RowScaleBox)
+  uint64_t full[kFp8Stages];
+  uint64_t empty[kFp8Stages];
+};
+
+__device__ __forceinline__ void init_fp8_ring(Fp8StageRing& ring) {
+  for (int i = 0; i < kFp8Stages; ++i) {
+    mbar_init(&ring.full[i], 1);
+    mbar_init(&ring.empty[i], kGemmConsumers);
+  }
+  fence_barrier_init();
+}
+
+// 2^(code - 127) for an E8M0 code; NaN for the NaN code (a block with a NaN or an Inf).
+__device__ __forceinline__ float e8m0_value(uint8_t code) {
+  return code == kE8m0Nan ? __uint_as_float(0x7FC00000u) : exact_exp2(int(code) - kE8m0Bias);
+}
+
+// Producer side of one tile (tile_engine.cuh: produce_tile, over the FP8 ring): A codes at
+// (k0, row0), the A rows' scale codes of block kb, and the weight rows' codes of expert e.
+template <bool kGatedWeights>
+__device__ __forceinline__ void produce_fp8_tile(Fp8StageRing& ring, int& it, int k_blocks,
+                                                 int tile, const CUtensorMap* a_map,
+                                                 const CUtensorMap* a_scales_map,
+                                                 const CUtensorMap* w_map, int row0, int n0,
+                                                 int expert, uint64_t timeout_ns, int* report) {
+  for (int kb = 0; kb < k_blocks; ++kb, ++it) {
+    const int stage = it % kFp8Stages;
+    mbar_wait(&ring.empty[stage], ((it / kFp8Stages) & 1) ^ 1, timeout_ns, kWaitProducer, tile,
+              stage, report);
+    uint64_t* full = &ring.full[stage];
+    mbar_arrive_expect_tx(full, kFp8StageTxBytes);
+    const int k0 = kb * kFp8BlockK;
+    tma_load_4d(ring.a[stage], a_map, full, k0, row0, 0, 0);
+    tma_load_4d(ring.a_scales[stage], a_scales_map, full,
+                row0 / kFp8RowScaleAlign * kFp8RowScaleAlign, kb, 0, 0);
+    tma_load_4d(ring.b[stage], w_map, full, k0, n0, 0, expert);
+    if constexpr (kGatedWeights) {
+      tma_load_4d(ring.b[stage] + kFp8BTileBytes / 2, w_map, full, k0, n0, 1, expert);
+    }
+  }
+}
+
+// A consumer warpgroup with none of its rows in the tile releases each stage (pass_tile).
+__device__ __forceinline__ void pass_fp8_tile(Fp8StageRing& ring, int& it, int k_blocks,
+                                              int tile, bool leader, int barrier_id,
+                                              uint64_t timeout_ns, int* report) {
+  if (leader) {
+    for (int kb = 0; kb < k_blocks; ++kb) {
+      const int stage = (it + kb) % kFp8Stages;
+      mbar_wait(&ring.full[stage], ((it + kb) / kFp8Stages) & 1, timeout_ns, kWaitMma, tile,
+                stage, report);
+      mbar_arrive(&ring.empty[stage]);
+    }
+  }
+  it += k_blocks;
+  named_barrier_sync(barrier_id, 128);
+}
+
+// The weight-block scales one consumer thread applies: for every k-block, the E8M0 codes of
+// the block holding the tile's first kFp8BlockN / halves rows of each half (w_scales
+// [E, ceil(rows / 128), k_blocks], rows = halves x the half's rows).
+template <bool kGatedWeights>
+struct WeightBlockScales {
+  const uint8_t* half0;
+  const uint8_t* half1;
+
+  __device__ WeightBlockScales(const uint8_t* w_scales, int expert, int row_blocks,
+                               int k_blocks, int half_rows, int n0) {
+    const uint8_t* e = w_scales + int64_t(expert) * row_blocks * k_blocks;
+    half0 = e + (n0 / kFp8ScaleBlock) * k_blocks;
+    half1 = kGatedWeights ? e + ((half_rows + n0) / kFp8ScaleBlock) * k_blocks : half0;
+  }
+};
+
+// Consumer side of one tile (first row tile_row0): acc = sum over k-blocks of scale_a[row] *
+// scale_w * (A_kb W_kb^T) for this warpgroup's 64 rows. Columns 8j + .. of chunk j < kFp8BlockN / 16 belong to the
+// first half (gate rows of a gated tile), the rest to the second.
+template <bool kGatedWeights>
+__device__ __forceinline__ void consume_fp8_tile(Fp8StageRing& ring, int& it, int k_blocks,
+                                                 int tile, int consumer, bool leader,
+                                                 const WeightBlockScales<kGatedWeights>& ws,
+                                                 int tile_row0, float (&acc)[kFp8AccRegs],
+                                                 uint64_t timeout_ns, int* report) {
+  const int t = threadIdx.x % 128;
+  // This thread's rows r, r + 8 in the stage's scale codes (produce_fp8_tile).
+  const int r = tile_row0 % kFp8RowScaleAlign + consumer * kGemmWarpgroupRows + 16 * (t / 32) +
+                (t % 32) / 4;
+  float partial[kFp8AccRegs];
+  uint8_t w_next[2] = {__ldg(ws.half0), __ldg(ws.half1)};
+  for (int kb = 0; kb < k_blocks; ++kb, ++it) {
+    const int stage = it % kFp8Stages;
+    mbar_wait(&ring.full[stage], (it / kFp8Stages) & 1, timeout_ns, kWaitMma, tile, stage,
+              report);
+    // The scales are read (and used) before this warp issues its MMAs, so they are in
+    // registers before the stage can be released and overwritten.
+    const float w_scale[2] = {e8m0_value(w_next[0]), e8m0_value(w_next[1])};
+    float s[2][2];
+#pragma unroll
+    for (int i = 0; i < 2; ++i) {
+      const float a_scale = e8m0_value(ring.a_scales[stage][r + 8 * i]);
+#pragma unroll
+      for (int h = 0; h < 2; ++h) s[i][h] = a_scale * w_scale[h];
+    }
+    const uint64_t desc_a =
+        smem_desc_k_major_sw128(ring.a[stage] + consumer * (kFp8ATileBytes / kGemmConsumers));
+    const uint64_t desc_b = smem_desc_k_major_sw128(ring.b[stage]);
+    wgmma_fence();
+#pragma unroll
+    for (int k = 0; k < kFp8BlockK / 32; ++k) {
+      wgmma_m64n128k32_e4m3(partial, desc_advance_k16(desc_a, k), desc_advance_k16(desc_b, k),
+                            k > 0);
+    }
+    wgmma_commit();
+    if (kb + 1 < k_blocks) {  // the next block's weight scales, while the MMAs run
+      w_next[0] = __ldg(ws.half0 + kb + 1);
+      w_next[1] = __ldg(ws.half1 + kb + 1);
+    }
+    wgmma_wait<0>();
+    fence_accumulators(partial);
+    if (leader) mbar_arrive(&ring.empty[stage]);
+#pragma unroll
+    for (int j = 0; j < kFp8AccRegs / 4; ++j) {
+      const int h = j < kFp8AccRegs / 8 ? 0 : 1;
+#pragma unroll
+      for (int i = 0; i < 2; ++i) {
+#pragma unroll
+        for (int c = 0; c < 2; ++c) {
+          const int x = 4 * j + 2 * i + c;
+          acc[x] = kb == 0 ? partial[x] * s[i][h] : __fmaf_rn(partial[x], s[i][h], acc[x]);
+        }
+      }
+    }
+  }
+}
+
+}  // namespace mok::sm90
