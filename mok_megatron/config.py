@@ -2,7 +2,8 @@
 
 Three kinds of YAML file, each mapped onto a frozen dataclass by one generic validator:
   - ``configs/recipes/<name>.yaml`` -> :class:`Recipe` (precision, backend, kernel knobs, and the
-    Megatron flags the precision implies for every dispatcher);
+    Megatron flags the precision implies for every dispatcher, with and without Transformer
+    Engine);
   - ``configs/dispatchers/<name>.yaml`` -> :class:`DispatcherConfig` (what the dispatcher turns
     into on a Megatron command line, and what it needs installed);
   - ``configs/models/<name>.yaml`` -> :class:`ModelConfig` (layer shapes and benchmark sizes).
@@ -19,7 +20,9 @@ Every problem in a file raises :class:`ConfigError` naming the file and the dott
 keys whose dataclass field has a default may be left out; the others are required.
 
 Command line: ``python -m mok_megatron.config --recipe bf16 --dispatcher mok --model tiny``
-prints the Megatron arguments those resolve to; ``--list`` lists the available configs.
+prints the Megatron arguments those resolve to on this machine (and on stderr which of the
+recipe's flag sets it took: with or without Transformer Engine); ``--list`` lists the available
+configs.
 """
 
 from __future__ import annotations
@@ -28,6 +31,7 @@ import argparse
 import dataclasses
 import difflib
 import importlib
+import importlib.util
 import re
 import shlex
 import sys
@@ -109,15 +113,24 @@ class KernelKnobs:
     check_inputs: bool = False
 
 
+# Precisions whose expert GEMMs read FP8 operands (mxfp8.py, fp8_blockwise.py).
+FP8_PRECISIONS = ("mxfp8", "fp8_blockwise")
+# Precisions the cuda backend has kernels for; the others run on the reference backend only.
+CUDA_PRECISIONS = ("bf16", "mxfp8", "fp8_blockwise")
+
+
 @dataclass(frozen=True)
 class Recipe:
     # What load_recipe accepts to load it again: the file's stem or its absolute path.
     name: str = "bf16"
-    precision: Literal["bf16", "mxfp8"] = "bf16"
+    precision: Literal["bf16", "mxfp8", "fp8_blockwise"] = "bf16"
     backend: Literal["auto", "cuda", "reference"] = "auto"
     kernel: KernelKnobs = field(default_factory=KernelKnobs)
     # Flags the precision implies for every dispatcher (e.g. --bf16).
     megatron_args: MegatronArgs = MegatronArgs(())
+    # The flags instead of megatron_args where Transformer Engine is installed, for a precision
+    # the rest of the model can follow only through TE (None: megatron_args either way).
+    megatron_args_with_te: Optional[MegatronArgs] = None
 
 
 @dataclass(frozen=True)
@@ -355,11 +368,17 @@ def _model_problems(m: ModelConfig) -> Iterator[tuple[str, str]]:
 
 def recipe_problems(r: Recipe) -> Iterator[tuple[str, str]]:
     """What a recipe's precision needs of its kernels (also checked at a cuda call)."""
-    if r.precision == "mxfp8":
+    if r.precision in FP8_PRECISIONS:
         for name in ("forward_kernel", "backward_kernel"):
             if getattr(r.kernel, name) != "separate":
-                yield (f"kernel.{name}", "precision mxfp8 runs on the separate kernels so far "
-                                         "(the megakernels are BF16): set it to separate")
+                yield (f"kernel.{name}", f"precision {r.precision} runs on the separate kernels "
+                                         "so far (the megakernels are BF16): set it to separate")
+
+
+def no_cuda_kernels(r: Recipe) -> str:
+    """Why the cuda backend cannot run recipe r (its precision not in CUDA_PRECISIONS)."""
+    return (f"recipe {r.name!r}: precision {r.precision} has no CUDA kernels yet; run it on the "
+            f"PyTorch reference with backend: reference in the recipe (any device)")
 
 
 _PROBLEMS: dict[type, Callable[[Any], Iterator[tuple[str, str]]]] = {
@@ -475,12 +494,32 @@ def list_configs(kind: Kind) -> list[str]:
     return sorted(p.stem for p in (CONFIG_DIR / kind).glob("*.yaml"))
 
 
+def transformer_engine_installed() -> bool:
+    return importlib.util.find_spec("transformer_engine") is not None
+
+
+def recipe_megatron_args(recipe: Recipe, have_te: Optional[bool] = None
+                         ) -> tuple[MegatronArgs, str]:
+    """The recipe's Megatron flags for a run with Transformer Engine (have_te; None: whether it
+    is installed here) or without, and a line saying which set that is."""
+    if recipe.megatron_args_with_te is None:
+        return recipe.megatron_args, f"recipe {recipe.name!r}: megatron_args"
+    if have_te is None:
+        have_te = transformer_engine_installed()
+    if have_te:
+        return (recipe.megatron_args_with_te,
+                f"recipe {recipe.name!r}: with Transformer Engine: megatron_args_with_te")
+    return (recipe.megatron_args,
+            f"recipe {recipe.name!r}: without Transformer Engine: megatron_args")
+
+
 def resolve_megatron_args(recipe: Recipe, dispatcher: DispatcherConfig,
-                          model: ModelConfig) -> list[str]:
-    """Megatron command-line arguments for a model run through a dispatcher under a recipe.
-    A flag set by two of them is an error rather than a silent last-one-wins."""
+                          model: ModelConfig, have_te: Optional[bool] = None) -> list[str]:
+    """Megatron command-line arguments for a model run through a dispatcher under a recipe,
+    with or without Transformer Engine (recipe_megatron_args). A flag set by two of them is
+    an error rather than a silent last-one-wins."""
     parts = {f"model {model.name!r}": model.megatron_args(),
-             f"recipe {recipe.name!r}": list(recipe.megatron_args),
+             f"recipe {recipe.name!r}": list(recipe_megatron_args(recipe, have_te)[0]),
              f"dispatcher {dispatcher.name!r}": dispatcher.args_for(recipe)}
     owner: dict[str, str] = {}
     for source, args in parts.items():
@@ -507,11 +546,13 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     if not (opts.recipe and opts.dispatcher and opts.model):
         parser.error("--recipe, --dispatcher and --model are required (or --list)")
     try:
-        args = resolve_megatron_args(load_recipe(opts.recipe), load_dispatcher(opts.dispatcher),
+        recipe = load_recipe(opts.recipe)
+        args = resolve_megatron_args(recipe, load_dispatcher(opts.dispatcher),
                                      load_model(opts.model))
     except ConfigError as e:
         print(f"error: {e}", file=sys.stderr)
         return 1
+    print(recipe_megatron_args(recipe)[1], file=sys.stderr)
     print(shlex.join(args))
     return 0
 

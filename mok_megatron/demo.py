@@ -21,12 +21,12 @@ from typing import Optional, Sequence
 
 import torch
 
-from .config import Recipe, load_model, load_recipe
+from .config import FP8_PRECISIONS, Recipe, load_model, load_recipe
 from .functional import moe_experts, resolve_backend
 from .testing import ROUTINGS, ProblemSpec, compare, concat_ranks, run_layer, run_ranks
 
 MAX_GPUS = 4
-MXFP8_TOLERANCE = 0.1  # issue 17: sum|d| / sum|ref| against the BF16 reference
+FP8_TOLERANCE = 0.1  # issue 17: sum|d| / sum|ref| against the BF16 reference
 
 
 def _run_rank(rank, world_size, group, spec: ProblemSpec, recipe: Recipe, device_type: str):
@@ -96,12 +96,12 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     per_rank = run_ranks(_run_rank, world, spec, recipe, device_type,
                          backend="nccl" if gpus else "gloo")
     outputs, oracle = concat_ranks(per_rank), problem.oracle()
-    if recipe.precision == "mxfp8":
-        # MXFP8 rounds every GEMM operand to 3 mantissa bits: measured as the issue's
+    if recipe.precision in FP8_PRECISIONS:
+        # The FP8 recipes round every GEMM operand to 3 mantissa bits: measured as the issue's
         # sum|d| / sum|ref| against the unquantized float64 loop.
         errors = {n: float((outputs[n].double() - oracle[n].double()).abs().sum()
                            / oracle[n].double().abs().sum()) for n in oracle}
-        metric, tolerance = "sum|d|/sum|ref|", MXFP8_TOLERANCE
+        metric, tolerance = "sum|d|/sum|ref|", FP8_TOLERANCE
     else:
         errors = compare(outputs, oracle)
         metric, tolerance = "rel-L2 error", spec.tolerance

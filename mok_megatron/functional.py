@@ -7,8 +7,9 @@ which Megatron computes itself). The backend comes from ``recipe.backend``:
   - ``reference``: plain PyTorch, any device, any torch.distributed backend;
   - ``cuda``: the compiled kernels over symmetric memory (GPU tensors, NCCL group);
   - ``auto``: ``cuda`` for GPU tensors and ``reference`` for CPU tensors. A GPU tensor never
-    falls back to the (much slower) reference silently: if the extension is missing, the
-    call fails and says how to build it or to choose ``backend: reference`` explicitly.
+    falls back to the (much slower) reference silently: if the extension is missing, or the
+    recipe's precision has no CUDA kernels yet (config.CUDA_PRECISIONS), the call fails and
+    says how to build it or to choose ``backend: reference`` explicitly.
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ from typing import Optional
 import torch
 import torch.distributed as dist
 
-from .config import Recipe
+from .config import CUDA_PRECISIONS, Recipe, no_cuda_kernels
 from .inputs import Weights, check_call, check_routing_values
 from .reference import reference_forward
 
@@ -29,6 +30,8 @@ def resolve_backend(recipe: Recipe, device: torch.device) -> str:
         backend = "cuda" if device.type == "cuda" else "reference"
     if backend == "cuda" and device.type != "cuda":
         raise ValueError(f"backend 'cuda' needs CUDA tensors, got tensors on {device}")
+    if backend == "cuda" and recipe.precision not in CUDA_PRECISIONS:
+        raise NotImplementedError(no_cuda_kernels(recipe))
     return backend
 
 

@@ -27,7 +27,7 @@ from typing import Optional
 import torch
 import torch.distributed as dist
 
-from . import mxfp8
+from . import fp8_blockwise, mxfp8
 from .activations import get_activation
 from .inputs import MoECall, Weights, check_call, check_routing_values
 
@@ -60,7 +60,8 @@ def expert_mlp(
 
 
 # The routed experts' MLP per recipe precision.
-_ROUTED_MLP = {"bf16": expert_mlp, "mxfp8": mxfp8.expert_mlp}
+_ROUTED_MLP = {"bf16": expert_mlp, "mxfp8": mxfp8.expert_mlp,
+               "fp8_blockwise": fp8_blockwise.expert_mlp}
 
 
 def sum_slots(slots: torch.Tensor, out_dtype: torch.dtype) -> torch.Tensor:
@@ -139,8 +140,9 @@ def reference_forward(call: MoECall, group: Optional[dist.ProcessGroup],
                       shared: Optional[tuple[torch.Tensor, torch.Tensor]] = None,
                       precision: str = "bf16") -> torch.Tensor:
     """moe_reference on a checked call (inputs.check_call, values included). `precision`:
-    the recipe's; "mxfp8" runs the routed experts as mxfp8.expert_mlp documents (the
-    dispatch, combine and shared expert stay in x's dtype)."""
+    the recipe's; "mxfp8" and "fp8_blockwise" run the routed experts as mxfp8.expert_mlp and
+    fp8_blockwise.expert_mlp document (the dispatch, combine and shared expert stay in x's
+    dtype)."""
     routed_mlp = _ROUTED_MLP[precision]
     x, ids, probs, activation = call.x, call.ids, call.probs, call.activation
     world, num_local = call.world, call.num_local

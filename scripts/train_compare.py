@@ -36,6 +36,7 @@ from mok_megatron.config import (  # noqa: E402
     load_dispatcher,
     load_model,
     load_recipe,
+    recipe_megatron_args,
     resolve_megatron_args,
 )
 
@@ -84,8 +85,12 @@ def recipe_with_backend(recipe: str, backend: Optional[str], out: Path) -> str:
 
 def run(dispatcher: str, opts, recipe: str, name: str) -> list[float]:
     load_dispatcher(dispatcher).check_available()
-    args = resolve_megatron_args(load_recipe(recipe), load_dispatcher(dispatcher),
-                                 load_model(opts.model))
+    # WHEEL_FLAGS run Megatron's local layers, without Transformer Engine: the recipe's flags
+    # for a run without it, wherever TE is installed.
+    loaded = load_recipe(recipe)
+    print(f"[{name}] {recipe_megatron_args(loaded, have_te=False)[1]}", flush=True)
+    args = resolve_megatron_args(loaded, load_dispatcher(dispatcher), load_model(opts.model),
+                                 have_te=False)
     args += training_args(opts.steps, opts.nproc, opts.seed) + WHEEL_FLAGS
     command = [sys.executable, "-m", "torch.distributed.run", "--standalone",
                "--nproc-per-node", str(opts.nproc),

@@ -164,8 +164,9 @@ def patch_arguments() -> None:
             RECIPE_FLAG,
             default=None,
             metavar="NAME_OR_PATH",
-            help=f"Recipe of the mok dispatcher: a name under configs/recipes (bf16, mxfp8) or "
-                 f"a YAML path. Default: ${RECIPE_ENV}, else bf16 with backend auto.",
+            help=f"Recipe of the mok dispatcher: a name under configs/recipes (bf16, mxfp8, "
+                 f"fp8_blockwise) or a YAML path. Default: ${RECIPE_ENV}, else bf16 with backend "
+                 f"auto.",
         )
         return parser
 

@@ -19,7 +19,7 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
-from ..config import Recipe
+from ..config import CUDA_PRECISIONS, FP8_PRECISIONS, Recipe, no_cuda_kernels
 
 MOK = "mok"
 _ALTERNATIVE = "or use --moe-token-dispatcher-type alltoall (or flex)"
@@ -201,11 +201,20 @@ def _precision_problems(config, recipe: Recipe) -> Iterator[str]:
         )
     # The routed experts' precision comes from the mok recipe, Megatron's fp8 flags reach the
     # rest of the model: they must agree, or switching from alltoall would change the experts.
-    if config.fp8 and recipe.precision != "mxfp8":
+    if config.fp8 and recipe.precision not in FP8_PRECISIONS:
         yield (
             f"fp8={config.fp8!r} (--fp8-format) with the {recipe.name!r} mok recipe would run the "
-            f"routed experts in {recipe.precision}; pass --mok-recipe mxfp8, or drop --fp8-format"
+            f"routed experts in {recipe.precision}; pass --mok-recipe mxfp8 (or fp8_blockwise "
+            f"with --fp8-recipe blockwise), or drop --fp8-format"
         )
+    if config.fp8 and recipe.precision == "fp8_blockwise" and config.fp8_recipe != "blockwise":
+        yield (
+            f"fp8_recipe={config.fp8_recipe!r} (--fp8-recipe) with the {recipe.name!r} mok recipe, "
+            f"whose routed experts run blockwise FP8: pass --fp8-recipe blockwise, or drop "
+            f"--fp8-format"
+        )
+    if _may_use_kernels(recipe) and recipe.precision not in CUDA_PRECISIONS:
+        yield no_cuda_kernels(recipe)
 
 
 def _activation_problems(config) -> Iterator[str]:

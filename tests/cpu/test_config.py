@@ -32,13 +32,13 @@ def test_every_shipped_config_loads(path: Path) -> None:
 
 
 def test_all_expected_configs_ship() -> None:
-    assert list_configs("recipes") == ["bf16", "mxfp8"]
+    assert list_configs("recipes") == ["bf16", "fp8_blockwise", "mxfp8"]
     assert list_configs("dispatchers") == ["alltoall", "hybridep", "mok"]
     assert list_configs("models") == ["deepseek_v3_like", "mok_bench", "qwen3_30b_a3b_like",
                                       "tiny"]
 
 
-@pytest.mark.parametrize("name", ["bf16", "mxfp8"])
+@pytest.mark.parametrize("name", ["bf16", "mxfp8", "fp8_blockwise"])
 def test_recipes_state_every_knob(name: str) -> None:
     raw = yaml.safe_load((CONFIG_DIR / "recipes" / f"{name}.yaml").read_text())
     assert list(raw["kernel"]) == [f.name for f in dataclasses.fields(KernelKnobs)]
@@ -51,6 +51,12 @@ def test_recipe_megatron_args() -> None:
     # Hopper: TE's MXFP8 (--fp8-recipe mxfp8) needs Blackwell, so the rest of the model
     # stays BF16 and no fp8 flag is emitted.
     assert load_recipe("mxfp8").megatron_args == ("--bf16",)
+    assert load_recipe("mxfp8").megatron_args_with_te is None
+    # TE's blockwise FP8 runs on Hopper: with TE the rest of the model follows the experts.
+    blockwise = load_recipe("fp8_blockwise")
+    assert blockwise.megatron_args == ("--bf16",)
+    assert blockwise.megatron_args_with_te == ("--bf16", "--fp8-format", "e4m3", "--fp8-recipe",
+                                               "blockwise")
 
 
 @pytest.mark.parametrize("name, hidden, ffn, experts, topk, shared, ep64", [
@@ -105,7 +111,8 @@ BROKEN = [
      "expected bool, got int 1"),
     ("recipes", "bf16", "kernel.schedule_capacity", 0, "kernel.schedule_capacity",
      "must be > 0.0, got 0.0"),
-    ("recipes", "bf16", "precision", "fp4", "precision", "expected one of 'bf16', 'mxfp8'"),
+    ("recipes", "bf16", "precision", "fp4", "precision",
+     "expected one of 'bf16', 'mxfp8', 'fp8_blockwise'"),
     ("recipes", "bf16", "kernel.comm_sms_forward", 133, "kernel.comm_sms_forward",
      "must be <= 131, got 133"),
     ("recipes", "bf16", "kernel.comm_sms_backward", 0, "kernel.comm_sms_backward",
@@ -269,14 +276,15 @@ def megatron_parsers() -> dict[bool, argparse.ArgumentParser]:
     return parsers
 
 
-@pytest.mark.parametrize("recipe", ["bf16", "mxfp8"])
+@pytest.mark.parametrize("recipe", ["bf16", "mxfp8", "fp8_blockwise"])
 @pytest.mark.parametrize("model", ["tiny", "mok_bench", "deepseek_v3_like", "qwen3_30b_a3b_like"])
 @pytest.mark.parametrize("dispatcher", ["mok", "alltoall", "hybridep"])
 def test_megatron_parser_accepts_every_flag(megatron_parsers: dict[bool, argparse.ArgumentParser],
                                             recipe: str, model: str, dispatcher: str) -> None:
     r, d, m = load_recipe(recipe), load_dispatcher(dispatcher), load_model(model)
     # Only the mok dispatcher needs the adapter's additions; the baselines use stock Megatron.
-    args = megatron_parsers[dispatcher == "mok"].parse_args(resolve_megatron_args(r, d, m))
+    args = megatron_parsers[dispatcher == "mok"].parse_args(
+        resolve_megatron_args(r, d, m, have_te=False))
     assert (args.num_layers, args.hidden_size, args.ffn_hidden_size, args.num_attention_heads,
             args.seq_length, args.max_position_embeddings) == (
         m.num_layers, m.hidden_size, m.ffn_hidden_size, m.num_attention_heads, m.seq_length,
@@ -286,7 +294,22 @@ def test_megatron_parser_accepts_every_flag(megatron_parsers: dict[bool, argpars
         m.num_experts, m.moe_ffn_hidden_size, m.topk, m.shared_expert_intermediate_size)
     assert args.swiglu and not args.add_bias_linear and args.bf16
     assert args.moe_token_dispatcher_type == d.megatron_args[1]
-    assert args.fp8 is None  # both recipes leave the rest of the model in BF16 on Hopper
+    assert args.fp8 is None  # without TE every recipe leaves the rest of the model in BF16
+
+
+@pytest.mark.parametrize("dispatcher", ["mok", "alltoall"])
+def test_fp8_blockwise_with_te_runs_tes_blockwise_recipe(
+        megatron_parsers: dict[bool, argparse.ArgumentParser], dispatcher: str) -> None:
+    """With Transformer Engine the rest of the model (and alltoall's experts) run TE's
+    blockwise FP8; the bf16 and mxfp8 recipes emit the same flags either way."""
+    r, d, m = load_recipe("fp8_blockwise"), load_dispatcher(dispatcher), load_model("tiny")
+    args = megatron_parsers[dispatcher == "mok"].parse_args(
+        resolve_megatron_args(r, d, m, have_te=True))
+    assert (args.fp8, args.fp8_recipe, args.bf16) == ("e4m3", "blockwise", True)
+    for name in ("bf16", "mxfp8"):
+        recipe = load_recipe(name)
+        assert (resolve_megatron_args(recipe, d, m, have_te=True)
+                == resolve_megatron_args(recipe, d, m, have_te=False))
 
 
 # ---- command line -------------------------------------------------------------------------
@@ -301,9 +324,11 @@ def test_cli_prints_resolved_args(capsys: pytest.CaptureFixture[str]) -> None:
 def test_cli_list_and_errors(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["--list"]) == 0
     out = capsys.readouterr().out
-    assert "recipes: bf16 mxfp8" in out and "dispatchers: alltoall hybridep mok" in out
+    assert "recipes: bf16 fp8_blockwise mxfp8" in out
+    assert "dispatchers: alltoall hybridep mok" in out
     assert main(["--recipe", "nope", "--dispatcher", "mok", "--model", "tiny"]) == 1
-    assert "no such file; available recipes: bf16, mxfp8" in capsys.readouterr().err
+    assert ("no such file; available recipes: bf16, fp8_blockwise, mxfp8"
+            in capsys.readouterr().err)
     with pytest.raises(SystemExit):
         main(["--recipe", "bf16"])
 

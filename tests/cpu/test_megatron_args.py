@@ -268,3 +268,31 @@ def test_unknown_recipe_fails_when_the_config_is_built(monkeypatch):
     monkeypatch.setenv("MOK_RECIPE", "no_such_recipe")
     with pytest.raises(ConfigError, match="no_such_recipe"):
         TransformerConfig(**VALID)
+
+
+def test_fp8_blockwise_recipe_takes_tes_blockwise_recipe_or_none(monkeypatch):
+    """Under --mok-recipe fp8_blockwise the rest of the model runs TE's blockwise FP8 or stays
+    BF16; another --fp8-recipe would make mok's experts differ from alltoall's."""
+    from megatron.core.transformer import transformer_config
+
+    monkeypatch.setenv("MOK_RECIPE", "fp8_blockwise")
+    assert TransformerConfig(**VALID, bf16=True).moe_token_dispatcher_type == "mok"
+    # Megatron refuses MoE FP8 without Transformer Engine, which this machine may not have.
+    monkeypatch.setattr(transformer_config, "is_te_min_version", lambda *args, **kwargs: True)
+    config = TransformerConfig(**VALID, bf16=True, fp8="e4m3", fp8_recipe="blockwise")
+    assert config.fp8_recipe == "blockwise"
+    with pytest.raises(MokConfigError) as error:
+        TransformerConfig(**VALID, bf16=True, fp8="e4m3", fp8_recipe="delayed")
+    assert "fp8_recipe='delayed' (--fp8-recipe)" in str(error.value)
+    assert "pass --fp8-recipe blockwise" in str(error.value)
+
+
+def test_fp8_blockwise_recipe_on_the_cuda_backend_is_refused(monkeypatch, tmp_path):
+    """Where mok's CUDA kernels would run it, before they exist: refused when the config is
+    built, naming the recipe and the way out."""
+    monkeypatch.setenv("MOK_RECIPE", recipe_file(tmp_path, precision="fp8_blockwise",
+                                                 backend="cuda"))
+    with pytest.raises(MokConfigError) as error:
+        TransformerConfig(**VALID, bf16=True)
+    assert "precision fp8_blockwise has no CUDA kernels yet" in str(error.value)
+    assert "backend: reference" in str(error.value)
