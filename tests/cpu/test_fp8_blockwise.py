@@ -345,9 +345,13 @@ def test_recipe_with_a_megakernel_is_refused(tmp_path, knob):
         load_recipe(str(path))
 
 
-def test_the_cuda_backend_refuses_it_until_its_kernels_exist():
-    """Named, before any kernel runs - never run as another precision; the reference backend
-    takes it on any device."""
+def test_the_cuda_backend_refuses_it_without_kernels(monkeypatch):
+    """Where config.CUDA_PRECISIONS does not list it (before its kernels land), a call that
+    would reach the kernels is refused, naming the recipe - never run as another precision;
+    the reference backend takes it on any device."""
+    from mok_megatron import functional
+
+    monkeypatch.setattr(functional, "CUDA_PRECISIONS", ("bf16", "mxfp8"))
     recipe = load_recipe("fp8_blockwise")
     with pytest.raises(NotImplementedError, match="recipe 'fp8_blockwise': precision "
                                                   "fp8_blockwise has no CUDA kernels yet"):

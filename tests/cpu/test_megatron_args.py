@@ -288,8 +288,12 @@ def test_fp8_blockwise_recipe_takes_tes_blockwise_recipe_or_none(monkeypatch):
 
 
 def test_fp8_blockwise_recipe_on_the_cuda_backend_is_refused(monkeypatch, tmp_path):
-    """Where mok's CUDA kernels would run it, before they exist: refused when the config is
-    built, naming the recipe and the way out."""
+    """Where mok's CUDA kernels would run it while config.CUDA_PRECISIONS does not list it
+    (before its kernels land): refused when the config is built, naming the recipe and the
+    way out."""
+    from mok_megatron.megatron import validation
+
+    monkeypatch.setattr(validation, "CUDA_PRECISIONS", ("bf16", "mxfp8"))
     monkeypatch.setenv("MOK_RECIPE", recipe_file(tmp_path, precision="fp8_blockwise",
                                                  backend="cuda"))
     with pytest.raises(MokConfigError) as error:
