@@ -56,10 +56,11 @@ void mx_round_segments(const at::Tensor& x, const c10::optional<at::Tensor>& off
                        int64_t segment_rows, int64_t block, at::Tensor& out);
 // The same blocks as E4M3 codes and E8M0 scale codes in the MXFP8 GEMMs' layout
 // (gemm/sm90/mx_weight_stage.cuh: [E, blocks, halves, rows of a half padded]): along columns,
-// x's rows as matrices of matrix_rows rows in `halves` halves, codes [rows, cols] (rows
-// 16-byte aligned); along the rows of each matrix of w [E, r, c], codes [E, c, r] transposed.
-void mx_quantize_columns(const at::Tensor& x, at::Tensor& codes, at::Tensor& scales,
-                         int64_t matrix_rows, int64_t halves, int64_t block);
+// x's rows (the first *num_rows, or all) as matrices of matrix_rows rows in `halves` halves,
+// codes [rows, cols] (rows 16-byte aligned), blocks of `block` (32 or 128); along the rows of each matrix of w [E, r, c], codes [E, c, r] transposed.
+void mx_quantize_columns(const at::Tensor& x, const c10::optional<at::Tensor>& num_rows,
+                         at::Tensor& codes, at::Tensor& scales, int64_t matrix_rows,
+                         int64_t halves, int64_t block);
 void mx_quantize_rows_transposed(const at::Tensor& w, at::Tensor& codes, at::Tensor& scales);
 
 // quant/block_quantize.cu: a stacked weight w [E, N, K] as E4M3 codes with one E8M0 scale

@@ -23,6 +23,7 @@ step must.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Callable, Optional
 
 import torch
 from torch.optim.optimizer import register_optimizer_step_post_hook
@@ -95,18 +96,21 @@ def quantize_pair(w1: torch.Tensor, w2: torch.Tensor, gated: bool) -> Mxfp8Weigh
 
 
 def layer_weights(owner: torch.Tensor, w1: torch.Tensor, w2: torch.Tensor, version: int,
-                  gated: bool) -> Mxfp8Weights:
-    """The layer's MXFP8 weights, quantized again only when the module docstring says.
+                  gated: bool, quantize: Optional[Callable] = None):
+    """The layer's quantized weights (``quantize(w1, w2, gated)``: MXFP8's quantize_pair when
+    None, or fp8_block_weights.quantize_pair), quantized again only when the module docstring
+    says.
     `owner`: the tensor the cache entry lives and dies with (the layer's first weight);
     `version`: the sum of the version counters of every weight tensor the caller was given;
     `gated`: FC1 is [gate | up] (a gated activation)."""
+    quantize = quantize or quantize_pair
     if w1.is_cuda and torch.cuda.is_current_stream_capturing():
-        return quantize_pair(w1, w2, gated)
-    key = (_generation, version, gated, w1.data_ptr(), w2.data_ptr(), tuple(w1.shape),
-           tuple(w2.shape), w1.stride(), w2.stride(), w1.device)
+        return quantize(w1, w2, gated)
+    key = (_generation, quantize, version, gated, w1.data_ptr(), w2.data_ptr(),
+           tuple(w1.shape), tuple(w2.shape), w1.stride(), w2.stride(), w1.device)
     hit = _cache.get(owner)
     if hit is not None and hit[0] == key:
         return hit[1]
-    weights = quantize_pair(w1, w2, gated)
+    weights = quantize(w1, w2, gated)
     _cache[owner] = (key, weights)
     return weights

@@ -16,6 +16,12 @@ in shared memory, and the activation operand rounded by csrc/quant/mx_round.cu a
 over dequantized (exact in bf16); FC1's activation is the engine's epilogue. Wgrad rounds
 both operands along the expert's rows and runs torch._grouped_mm. What forward keeps for
 backward stays BF16.
+
+fp8_blockwise: the same table with 1 x 128 blocks along each row for the activation operands,
+128 x 128 blocks for the weights (fp8_block_weights.py) and 128 x 1 blocks along the expert's
+rows for wgrad (fp8_blockwise.py); forward and dgrad run on the FP8 grouped GEMM
+(csrc/gemm/fp8_grouped_gemm.cu: E4M3 tensor-core MMAs, fp32 promotion per 128 of K), the
+activation operand quantized per call to codes.
 """
 
 from __future__ import annotations
@@ -67,15 +73,19 @@ class Bf16Operands:
         return dw1, dw2
 
 
-class Mxfp8Operands(Bf16Operands):
-    def __init__(self, weights: "Mxfp8Weights"):
+class _QuantizedOperands(Bf16Operands):
+    """Forward and dgrad on one of our engines with the weights quantized once per optimizer
+    step (``weights``: both orientations) and the activation operand quantized per call by
+    ``_engine``; wgrad rounds both operands along the expert's rows in blocks of
+    ``segment_block`` and runs torch._grouped_mm on the (exact in bf16) values."""
+
+    segment_block: int
+
+    def __init__(self, weights):
         self.weights = weights
 
     def _engine(self, plan, sched, a, w, out, **epilogue):
-        ops.grouped_gemm(ops.mx_round_columns(a, sched.num_rows), w.codes, sched.offsets, out,
-                         w_scales=w.scales, timeout_ns=plan.ws.timeout_ns, rank=plan.ws.rank,
-                         **epilogue)
-        return out
+        raise NotImplementedError
 
     def fc1(self, plan, sched, rows):
         h = _rows(sched, plan.w1.shape[1], rows)
@@ -94,5 +104,31 @@ class Mxfp8Operands(Bf16Operands):
                             _rows(sched, plan.w1.shape[2], dh))
 
     def wgrad(self, sched, dout, act, dh, rows):
-        return super().wgrad(sched, *(ops.mx_round_segments(x, sched.offsets)
+        return super().wgrad(sched, *(ops.mx_round_segments(x, sched.offsets,
+                                                            block=self.segment_block)
                                       for x in (dout, act, dh, rows)))
+
+
+class Mxfp8Operands(_QuantizedOperands):
+    """The sm90 tile engine on MXFP8 weight codes, the activation operand rounded along K."""
+
+    segment_block = ops.MX_BLOCK
+
+    def _engine(self, plan, sched, a, w, out, **epilogue):
+        ops.grouped_gemm(ops.mx_round_columns(a, sched.num_rows), w.codes, sched.offsets, out,
+                         w_scales=w.scales, timeout_ns=plan.ws.timeout_ns, rank=plan.ws.rank,
+                         **epilogue)
+        return out
+
+
+class Fp8BlockwiseOperands(_QuantizedOperands):
+    """The blockwise FP8 engine: the activation operand as E4M3 codes per 1 x 128 of each row,
+    the weights per 128 x 128 block (fp8_block_weights.py)."""
+
+    segment_block = ops.FP8_BLOCK
+
+    def _engine(self, plan, sched, a, w, out, **epilogue):
+        codes, scales = ops.fp8_quantize_rows(a, sched.num_rows)
+        ops.fp8_grouped_gemm(codes, scales, w.codes, w.scales, sched.offsets, out,
+                             timeout_ns=plan.ws.timeout_ns, rank=plan.ws.rank, **epilogue)
+        return out

@@ -175,29 +175,33 @@ def mx_quantize_columns(x: torch.Tensor, codes: torch.Tensor, scales: torch.Tens
     _cuda("x", x, torch.bfloat16)
     _codes(codes)
     _cuda("scales", scales, torch.uint8)
-    extension().mx_quantize_columns(x, codes, scales, matrix_rows, halves, block)
+    extension().mx_quantize_columns(x, None, codes, scales, matrix_rows, halves, block)
 
 
-def fp8_quantize_rows(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+def fp8_quantize_rows(x: torch.Tensor, num_rows: Optional[torch.Tensor] = None
+                      ) -> tuple[torch.Tensor, torch.Tensor]:
     """x [rows, K] bf16 as the blockwise FP8 engine's A operand: E4M3 codes [rows, K] (K
     padded to 16 in the row stride) and E8M0 scale codes per 1 x 128 of each row, stored
-    transposed as [ceil(K / 128), rows padded to 16] (``fp8_blockwise.quantize_rows`` values)."""
+    transposed as [ceil(K / 128), rows padded to 16] (``fp8_blockwise.quantize_rows`` values);
+    only the first ``num_rows`` rows (int32 [1] on the device) when given."""
     _cuda("x", x, torch.bfloat16)
     rows, k = x.shape
     codes = torch.empty(rows, -(-k // 16) * 16, dtype=torch.float8_e4m3fn,
                         device=x.device)[:, :k]
     padded = -(-rows // 16) * 16
     scales = torch.empty(1, -(-k // FP8_BLOCK), 1, padded, dtype=torch.uint8, device=x.device)
-    extension().mx_quantize_columns(x.contiguous(), codes, scales, rows, 1, FP8_BLOCK)
+    extension().mx_quantize_columns(x.contiguous(), num_rows, codes, scales, rows, 1, FP8_BLOCK)
     return codes, scales.view(-1, padded)
 
 
 def fp8_quantize_weight_blocks(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """w [E, N, K] bf16 as E4M3 codes [E, N, K] with E8M0 scale codes per 128 x 128 block
-    [E, ceil(N / 128), ceil(K / 128)] (``fp8_blockwise.quantize_weight`` values)."""
+    """w [E, N, K] bf16 as E4M3 codes [E, N, K] (rows padded to 16 bytes: a view) with E8M0
+    scale codes per 128 x 128 block [E, ceil(N / 128), ceil(K / 128)]
+    (``fp8_blockwise.quantize_weight`` values)."""
     _cuda("w", w, torch.bfloat16)
     E, n, k = w.shape
-    codes = torch.empty(E, n, k, dtype=torch.float8_e4m3fn, device=w.device)
+    codes = torch.empty(E, n, -(-k // 16) * 16, dtype=torch.float8_e4m3fn,
+                        device=w.device)[..., :k]
     scales = torch.empty(E, -(-n // FP8_BLOCK), -(-k // FP8_BLOCK), dtype=torch.uint8,
                          device=w.device)
     extension().fp8_quantize_weight_blocks(w.contiguous(), codes, scales)

@@ -30,19 +30,26 @@ from typing import Optional
 import torch
 import torch.distributed as dist
 
-from . import megakernel_path, ops, separate_path
+from . import fp8_block_weights, megakernel_path, mxfp8_weights, ops, separate_path
 from .activations import get_activation
-from .config import Recipe, recipe_problems
+from .config import CUDA_PRECISIONS, Recipe, no_cuda_kernels, recipe_problems
 from .expert_weights import stack_expert_pair
 from .inputs import MoECall, check_call, check_routing_values
 from .main_grad import main_grad_targets, placeholder_grads
 from .mxfp8_weights import layer_weights
-from .operands import Bf16Operands, Mxfp8Operands
+from .operands import Bf16Operands, Fp8BlockwiseOperands, Mxfp8Operands
 from .plan import ExpertInputs, Plan, Schedule
 from .workspace import Workspace, WorkspaceLayout, get_workspace
 
 
 _positions: dict[tuple, torch.Tensor] = {}
+
+
+# The recipes whose expert GEMMs read quantized operands: their operands and weight quantizer.
+QUANTIZED_OPERANDS = {
+    "mxfp8": (Mxfp8Operands, mxfp8_weights.quantize_pair),
+    "fp8_blockwise": (Fp8BlockwiseOperands, fp8_block_weights.quantize_pair),
+}
 
 
 def _expert_position(order: list, device: torch.device) -> torch.Tensor:
@@ -159,6 +166,8 @@ def check_kernel_call(call: MoECall, recipe: Recipe) -> None:
     workspace is allocated, so a bad input never leaves peers waiting in a rendezvous."""
     if call.x.dtype != torch.bfloat16:
         raise ValueError(f"the cuda backend runs bf16 activations and weights; x is {call.x.dtype}")
+    if recipe.precision not in CUDA_PRECISIONS:
+        raise NotImplementedError(no_cuda_kernels(recipe))
     problem = next(recipe_problems(recipe), None)
     if problem is not None:
         raise ValueError(f"recipe {recipe.name!r}: {problem[0]}: {problem[1]}")
@@ -167,6 +176,11 @@ def check_kernel_call(call: MoECall, recipe: Recipe) -> None:
     if call.hidden % 8 or call.ffn % 8:
         raise ValueError(f"the cuda backend needs H and F to be multiples of 8; got "
                          f"H={call.hidden}, F={call.ffn}")
+    if (recipe.precision == "fp8_blockwise" and get_activation(call.activation).gated
+            and call.ffn % 64):
+        raise ValueError(f"recipe {recipe.name!r}: the blockwise FP8 GEMM reads a gated FC1's "
+                         f"gate and up rows as whole 64-row halves of 128-row scale blocks; "
+                         f"F={call.ffn} is not a multiple of 64")
     limit = recipe.kernel.max_tokens_per_rank
     if call.tokens > limit:
         raise ValueError(
@@ -221,12 +235,16 @@ def _run(ws: Workspace, call: MoECall, recipe: Recipe, accumulate_main_grad: boo
     ring_mblocks = (-(-knobs.macrobatch_tokens // ops.MEGAKERNEL_BLOCK_M)
                     if forward_megakernel and recompute else 0)
     position = _expert_position(order or list(range(call.num_local)), call.x.device)
-    if recipe.precision == "mxfp8":
+    if recipe.precision in QUANTIZED_OPERANDS:
         version = sum(w._version for w in w_inputs)
         gated = get_activation(call.activation).gated
-        operands = Mxfp8Operands(layer_weights(w_inputs[0], w1_stack, w2_stack, version, gated))
-    else:
+        operands_type, quantize = QUANTIZED_OPERANDS[recipe.precision]
+        operands = operands_type(layer_weights(w_inputs[0], w1_stack, w2_stack, version, gated,
+                                               quantize))
+    elif recipe.precision == "bf16":
         operands = Bf16Operands()
+    else:  # check_kernel_call refused it already; never run another precision as BF16
+        raise NotImplementedError(no_cuda_kernels(recipe))
     plan = Plan(ws, call.activation, call.topk, call.num_local, call.ffn, w1_stack, w2_stack,
                 order, position, forward_megakernel, backward_megakernel,
                 knobs.comm_sms_forward, knobs.comm_sms_backward, recompute, ring_mblocks,

@@ -40,7 +40,11 @@ sys.path.insert(0, str(REPO))
 from gpu_timing import mean_seconds, per_call_seconds  # noqa: E402
 from mok_megatron.config import KernelKnobs, Recipe, load_model  # noqa: E402
 from mok_megatron.functional import moe_experts  # noqa: E402
-from mok_megatron.mxfp8_weights import quantize_pair  # noqa: E402
+from mok_megatron import fp8_block_weights, mxfp8_weights  # noqa: E402
+
+# The quantized recipes' paths: recipe precision and its once-per-step weight quantizer.
+QUANTIZED_PATHS = {"mok_mxfp8": ("mxfp8", mxfp8_weights.quantize_pair),
+                   "mok_fp8_blockwise": ("fp8_blockwise", fp8_block_weights.quantize_pair)}
 
 
 def log0(*a):
@@ -309,12 +313,13 @@ def run_case(model, variant, tokens, peaks, args, group):
                                            args.backward_inputs, args.macrobatch_tokens,
                                            backward_kernel="megakernel",
                                            comm_sms_backward=args.comm_sms_backward)
-    if args.mxfp8:
-        # The MXFP8 recipe (operands.py: the separate kernels on MXFP8 operands, the weights as
-        # codes quantized once per optimizer step - timed apart below, as the bench steps no
-        # optimizer).
-        paths["mok_mxfp8"] = mok_path(group, tokens, backward_inputs=args.backward_inputs,
-                                      precision="mxfp8")
+    # The quantized recipes (operands.py: the separate kernels on quantized operands, the
+    # weights as codes quantized once per optimizer step - timed apart below, as the bench
+    # steps no optimizer).
+    for name, wanted in (("mok_mxfp8", args.mxfp8), ("mok_fp8_blockwise", args.fp8_blockwise)):
+        if wanted:
+            paths[name] = mok_path(group, tokens, backward_inputs=args.backward_inputs,
+                                   precision=QUANTIZED_PATHS[name][0])
     leaves = [x.requires_grad_(), probs.requires_grad_(), w1, w2]
 
     # Weight gradients are compared on the first experts only: full clones of both paths'
@@ -336,7 +341,7 @@ def run_case(model, variant, tokens, peaks, args, group):
     check = checks["mok"]
     # BF16 paths agree with alltoall to bf16 rounding; MXFP8 rounds every GEMM operand to 3
     # mantissa bits (rel-L2 6.8e-2 against alltoall in h200_mxfp8_separate/).
-    bound = {"mok_mxfp8": 0.15}
+    bound = {"mok_mxfp8": 0.15, "mok_fp8_blockwise": 0.15}
     worst = torch.tensor(max(max(c.values()) / bound.get(n, 2e-2) for n, c in checks.items()),
                          device="cuda")
     dist.all_reduce(worst, op=dist.ReduceOp.MAX)
@@ -373,8 +378,9 @@ def run_case(model, variant, tokens, peaks, args, group):
                                      lambda: fn(x, ids, probs, w1, w2))}
         for t in leaves:
             t.grad = None
-        if name == "mok_mxfp8":
+        if name in QUANTIZED_PATHS:
             entry = result["paths"][name]
+            quantize_pair = QUANTIZED_PATHS[name][1]
             entry["weight_quantize_s"] = timed(
                 lambda: quantize_pair(w1.detach(), w2.detach(), gated=True), args.iters,
                 args.warmup)
@@ -453,13 +459,16 @@ def print_row(r):
             f"{n} {p['fwd_graph_s']*1e3:.2f} / {p.get('both_graph_s', float('nan'))*1e3:.2f} ms "
             f"({p.get('roof_both_graph', float('nan'))*100:.0f}% roof)"
             for n, p in graphed.items()))
-    if "mok_mxfp8" in r["paths"]:
-        q, m = r["paths"]["mok_mxfp8"], r["paths"]["mok"]
-        log0(f"{'':<20} mxfp8 fwd {q['fwd_s']*1e3:7.2f} ms (x{m['fwd_s'] / q['fwd_s']:.2f} vs "
-             f"bf16) fwd+bwd {q['both_s']*1e3:7.2f} ms (x{m['both_s'] / q['both_s']:.2f} vs "
-             f"bf16), vs alltoall rel-L2 {max(r['check_rel_l2_mok_mxfp8'].values()):.1e}; "
-             f"weights quantized once per step {q['weight_quantize_s']*1e3:.2f} ms, "
-             f"{q['weight_cache_bytes'] / 2**30:.2f} GiB cached")
+    for name in QUANTIZED_PATHS:
+        if name not in r["paths"]:
+            continue
+        q, m = r["paths"][name], r["paths"]["mok"]
+        log0(f"{'':<20} {QUANTIZED_PATHS[name][0]} fwd {q['fwd_s']*1e3:7.2f} ms "
+             f"(x{m['fwd_s'] / q['fwd_s']:.2f} vs bf16) fwd+bwd {q['both_s']*1e3:7.2f} ms "
+             f"(x{m['both_s'] / q['both_s']:.2f} vs bf16), vs alltoall rel-L2 "
+             f"{max(r['check_rel_l2_' + name].values()):.1e}; weights quantized once per step "
+             f"{q['weight_quantize_s']*1e3:.2f} ms, {q['weight_cache_bytes'] / 2**30:.2f} GiB "
+             f"cached")
     log0(f"{'':<20} peak memory fwd+bwd beyond the gradients "
          f"({r['grad_bytes'] / 2**30:.2f} GiB): " + ", ".join(
              f"{n} {(p['peak_both_bytes'] - r['grad_bytes']) / 2**30:.2f} GiB"
@@ -479,10 +488,10 @@ def chart(results, path: Path):
     for ax, key, title in ((axes[0], "fwd_s", "forward"), (axes[1], "both_s", "forward+backward")):
         xs = range(len(results))
         names = [n for n in ("mok", "mok_megakernel_fwd_only", "mok_megakernel", "mok_mxfp8",
-                             "alltoall") if n in results[0]["paths"]]
+                             "mok_fp8_blockwise", "alltoall") if n in results[0]["paths"]]
         colors = {"mok": "tab:red", "mok_megakernel_fwd_only": "tab:orange",
                   "mok_megakernel": "tab:green", "mok_mxfp8": "tab:purple",
-                  "alltoall": "tab:blue"}
+                  "mok_fp8_blockwise": "tab:brown", "alltoall": "tab:blue"}
         width = 0.8 / len(names)
         for i, name in enumerate(names):
             ax.bar([x + (i - (len(names) - 1) / 2) * width for x in xs],
@@ -516,6 +525,9 @@ def main(argv=None):
                         "separate backward")
     p.add_argument("--mxfp8", action="store_true",
                    help="also time the mxfp8 recipe (path mok_mxfp8: the separate kernels)")
+    p.add_argument("--fp8-blockwise", action="store_true",
+                   help="also time the fp8_blockwise recipe (path mok_fp8_blockwise: the "
+                        "separate kernels on the FP8 grouped GEMM)")
     p.add_argument("--comm-sms", type=int, default=16,
                    help="row-pulling blocks of the forward megakernel (kernel.comm_sms_forward)")
     p.add_argument("--comm-sms-backward", type=int, default=KernelKnobs.comm_sms_backward,

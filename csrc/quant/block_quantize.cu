@@ -6,6 +6,7 @@
 // an Inf, whose codes are all NaN). A block's scale does not depend on the orientation, so
 // the transposed weight (dgrad) is the transposed codes with the transposed scales.
 //
+// Codes rows are 16-byte aligned (K padded to 16 in the row stride: TMA's stride unit).
 // One CTA per block: thread t holds rows t / 16 + 16 i (i < 8) and columns 8 (t % 16) .. + 7
 // as 16-byte vectors (a row's 256 bytes are 16 consecutive threads), takes the block's amax
 // with the others, then writes its 64 codes.
@@ -30,7 +31,8 @@ constexpr int kPasses = kBlock / kRowsPerPass;
 
 __global__ void __launch_bounds__(kThreads)
     quantize_weight_blocks_kernel(const __nv_bfloat16* __restrict__ w, int n, int k,
-                                  uint8_t* __restrict__ codes, uint8_t* __restrict__ scales) {
+                                  uint8_t* __restrict__ codes, int64_t code_row,
+                                  uint8_t* __restrict__ scales) {
   const int kb = blockIdx.x, nb = blockIdx.y, e = blockIdx.z;
   const int v = threadIdx.x % kVecsPerRow, r0 = threadIdx.x / kVecsPerRow;
   const int col = kb * kBlock + 8 * v;
@@ -87,7 +89,7 @@ __global__ void __launch_bounds__(kThreads)
     uint8_t q[8];
 #pragma unroll
     for (int j = 0; j < 8; ++j) q[j] = ok ? mx_code(__bfloat162float(x[i].v[j]), ex) : kE4m3Nan;
-    *reinterpret_cast<uint2*>(codes + matrix + int64_t(row) * k + col) =
+    *reinterpret_cast<uint2*>(codes + (int64_t(e) * n + row) * code_row + col) =
         *reinterpret_cast<const uint2*>(q);
   }
 }
@@ -103,8 +105,11 @@ void fp8_quantize_weight_blocks(const at::Tensor& w, at::Tensor& codes, at::Tens
   const int64_t E = w.size(0), n = w.size(1), k = w.size(2);
   const int64_t row_blocks = (n + kBlock - 1) / kBlock, k_blocks = (k + kBlock - 1) / kBlock;
   MOK_HOST_CHECK(codes.device() == w.device() && codes.scalar_type() == at::kFloat8_e4m3fn &&
-                     codes.is_contiguous() && codes.sizes() == w.sizes(),
-                 what, ": codes must be contiguous float8_e4m3fn of w's shape on w's device");
+                     codes.sizes() == w.sizes() && codes.stride(2) == 1 &&
+                     codes.stride(1) % 16 == 0 && codes.stride(0) == codes.stride(1) * n &&
+                     reinterpret_cast<uintptr_t>(codes.data_ptr()) % 16 == 0,
+                 what, ": codes must be float8_e4m3fn of w's shape on w's device, rows "
+                 "16-byte aligned (K padded to 16) and evenly strided");
   MOK_HOST_CHECK(scales.device() == w.device() && scales.scalar_type() == at::kByte &&
                      scales.is_contiguous() && scales.dim() == 3 && scales.size(0) == E &&
                      scales.size(1) == row_blocks && scales.size(2) == k_blocks,
@@ -115,7 +120,7 @@ void fp8_quantize_weight_blocks(const at::Tensor& w, at::Tensor& codes, at::Tens
   quantize_weight_blocks_kernel<<<dim3(k_blocks, row_blocks, E), kThreads, 0,
                                   at::cuda::getCurrentCUDAStream()>>>(
       reinterpret_cast<const __nv_bfloat16*>(w.data_ptr()), static_cast<int>(n),
-      static_cast<int>(k), reinterpret_cast<uint8_t*>(codes.data_ptr()),
+      static_cast<int>(k), reinterpret_cast<uint8_t*>(codes.data_ptr()), codes.stride(1),
       scales.data_ptr<uint8_t>());
   MOK_LAUNCH_CHECK();
 }

@@ -387,9 +387,15 @@ void check_codes(const at::Tensor& codes, const at::Tensor& x, int64_t rows, int
 
 }  // namespace
 
-void mx_quantize_columns(const at::Tensor& x, at::Tensor& codes, at::Tensor& scales,
-                         int64_t matrix_rows, int64_t halves, int64_t block) {
+void mx_quantize_columns(const at::Tensor& x, const c10::optional<at::Tensor>& num_rows,
+                         at::Tensor& codes, at::Tensor& scales, int64_t matrix_rows,
+                         int64_t halves, int64_t block) {
   check_block(block, "mx_quantize_columns");
+  if (num_rows.has_value()) {
+    MOK_HOST_CHECK(num_rows->scalar_type() == at::kInt && num_rows->numel() == 1 &&
+                       num_rows->device() == x.device(),
+                   "mx_quantize_columns: num_rows must be one int32 on x's device");
+  }
   MOK_HOST_CHECK(x.is_cuda() && x.dim() == 2 && x.scalar_type() == at::kBFloat16 &&
                      x.is_contiguous() && x.size(1) % 8 == 0 &&
                      reinterpret_cast<uintptr_t>(x.data_ptr()) % 16 == 0,
@@ -405,8 +411,8 @@ void mx_quantize_columns(const at::Tensor& x, at::Tensor& codes, at::Tensor& sca
   auto kernel = block == kMxBlock ? mx_round_columns_kernel<kMxBlock, true>
                                   : mx_round_columns_kernel<kFp8ScaleBlock, true>;
   kernel<<<blocks_grid, kMxRoundThreads, 0, at::cuda::getCurrentCUDAStream()>>>(
-          reinterpret_cast<const __nv_bfloat16*>(x.data_ptr()), rows, nullptr,
-          static_cast<int>(cols),
+          reinterpret_cast<const __nv_bfloat16*>(x.data_ptr()), rows,
+          num_rows.has_value() ? num_rows->data_ptr<int32_t>() : nullptr, static_cast<int>(cols),
           ColumnsOut{nullptr, reinterpret_cast<uint8_t*>(codes.data_ptr()), codes.stride(-2),
                      layout});
   MOK_LAUNCH_CHECK();

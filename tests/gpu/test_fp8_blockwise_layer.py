@@ -1,0 +1,104 @@
+"""The blockwise FP8 recipe on the CUDA backend (the separate kernels on the FP8 grouped GEMM,
+operands.py Fp8BlockwiseOperands) on one GPU: the MoE layer against the blockwise reference
+(fp8_blockwise.py; rel-L2 <= 1e-2 for y, dx, dprobs, dW1, dW2 - gpu_checks.py says why not the
+issue's 5e-3) and against the BF16 reference
+(sum|d|/sum|ref| <= 0.1, gradient cosine >= 0.996), bit-identical over runs, saved vs
+recomputed, CUDA-graph replay, EP=1 and emulated EP=2/4, the weight cache, and the clear
+error for a gated F the GEMM cannot split."""
+
+import pytest
+import torch
+
+import gpu_checks
+from mok_megatron import fp8_blockwise, fp8_block_weights, mxfp8_weights, ops
+from mok_megatron.functional import moe_experts
+from test_backward_megakernel import ODD_SPECS
+from test_symm_moe import SPECS
+
+pytestmark = pytest.mark.gpu
+
+FP8 = {"precision": "fp8_blockwise"}
+# ODD_SPECS' gated ones have F = 104 and 136 (not whole 64-row halves); odd_relu is plain.
+LAYER_SPECS = SPECS + [s for s in ODD_SPECS if s.name == "odd_relu"]
+
+
+@pytest.mark.parametrize("spec", LAYER_SPECS, ids=lambda s: s.name)
+def test_layer_matches_blockwise_reference_and_is_deterministic(spec):
+    errors = gpu_checks.check_against_reference(spec, 0, None, **FP8)
+    print(spec.name, {k: f"{v:.2e}" for k, v in errors.items()})
+
+
+@pytest.mark.parametrize("spec", SPECS[:3], ids=lambda s: s.name)
+def test_layer_against_bf16_reference(spec):
+    problem = spec.build()
+    max_tokens = max(spec.tokens_per_rank)
+    kernel = gpu_checks.run_cuda(problem, 0, None, max_tokens, **FP8)
+    bf16 = gpu_checks.run_cuda(problem, 0, None, max_tokens, backend="reference")
+    for name in gpu_checks.NAMES:
+        got, want = kernel[name].double().flatten(), bf16[name].double().flatten()
+        ratio = float((got - want).abs().sum() / want.abs().sum())
+        assert ratio <= 0.1, (name, ratio)
+        if name != "y":
+            cosine = float(got @ want / (got.norm() * want.norm()))
+            assert cosine >= 0.996, (name, cosine)
+        print(spec.name, name, f"sum|d|/sum|ref| {ratio:.2e}")
+
+
+def test_recomputed_equals_saved():
+    gpu_checks.check_recomputed_backward(SPECS[1], 0, None, **FP8)
+
+
+def test_cuda_graph_replay():
+    gpu_checks.check_cuda_graph(SPECS[1], 0, None, **FP8)
+
+
+NAMES = [s.name for s in gpu_checks.ep_specs(2)]
+
+
+@pytest.mark.parametrize("index", range(len(NAMES)), ids=NAMES)
+@pytest.mark.parametrize("world", [2, 4])
+def test_emulated_group_matches_reference(world, index):
+    spec = gpu_checks.ep_specs(world)[index]
+    errors = gpu_checks.check_emulated_against_reference(spec, **FP8)
+    print(f"EP={world}", spec.name, {k: f"{v:.2e}" for k, v in errors.items()})
+
+
+@pytest.mark.parametrize("world", [2, 4])
+def test_emulated_group_bit_identical_to_one_rank(world):
+    gpu_checks.check_emulated_settings(gpu_checks.ep_specs(world)[3], [FP8])
+
+
+def test_weight_cache_and_orientations():
+    """The cached weights are the reference's codes in both orientations (the transposed ones
+    one quantization's transpose), and the cache hands them back until the weights change."""
+    g = torch.Generator(device="cuda").manual_seed(3)
+    w1 = torch.randn(3, 384, 200, device="cuda", generator=g).bfloat16()
+    w2 = torch.randn(3, 200, 192, device="cuda", generator=g).bfloat16()
+    q = fp8_block_weights.quantize_pair(w1, w2, gated=True)
+    for w, got, got_t in ((w1, q.w1, q.w1_t), (w2, q.w2, q.w2_t)):
+        codes, scales = fp8_blockwise.quantize_weight(w.float().cpu())
+        assert torch.equal(got.codes.cpu().view(torch.uint8), codes.view(torch.uint8))
+        assert torch.equal(got_t.codes.cpu().view(torch.uint8),
+                           codes.transpose(1, 2).contiguous().view(torch.uint8))
+        assert got_t.codes.stride(1) % 16 == 0  # rows padded for TMA
+        assert torch.equal(torch.exp2(got.scales.cpu().float() - 127), scales)
+        assert torch.equal(got_t.scales.cpu(), got.scales.cpu().transpose(1, 2))
+
+    def get():
+        return mxfp8_weights.layer_weights(w1, w1, w2, w1._version + w2._version, True,
+                                           fp8_block_weights.quantize_pair)
+
+    first = get()
+    assert get() is first
+    with torch.no_grad():
+        w1.mul_(2)
+    assert get() is not first
+
+
+def test_gated_ffn_not_a_multiple_of_64_is_refused():
+    spec = next(s for s in ODD_SPECS if s.name == "odd_sizes")  # SwiGLU, F = 104
+    inputs = spec.build().local(0, torch.device("cuda"))
+    with pytest.raises(ValueError, match="multiple of 64"):
+        moe_experts(inputs["x"], inputs["ids"], inputs["probs"], inputs["w1"], inputs["w2"],
+                    recipe=gpu_checks.recipe(1024, precision="fp8_blockwise"))
+    assert ops.FP8_BLOCK == fp8_blockwise.BLOCK
