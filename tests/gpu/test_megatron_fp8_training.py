@@ -1,8 +1,9 @@
 """Megatron's own training loop on one GPU, 100 steps of a tiny GPT-MoE through
-scripts/pretrain_mok_gpt.py with ``mok`` under the bf16 and the mxfp8 recipe (same seed, CUDA
-kernels): the mxfp8 loss stays within 2% of bf16's at every logged step and both learn.
+scripts/pretrain_mok_gpt.py with ``mok`` under the bf16 recipe and an FP8 one (mxfp8,
+fp8_blockwise; same seed, CUDA kernels): the FP8 loss stays within 2% of bf16's at every
+logged step and both learn.
 
-    python -m pytest tests/gpu/test_megatron_mxfp8_training.py -q -s
+    python -m pytest tests/gpu/test_megatron_fp8_training.py -q -s
 """
 
 from __future__ import annotations
@@ -23,13 +24,14 @@ SCRIPTS = Path(__file__).resolve().parents[2] / "scripts"
 STEPS = 100
 
 
-def test_mxfp8_trains_like_bf16():
-    out = Path(tempfile.mkdtemp(prefix="mok_mxfp8_training_"))
+@pytest.mark.parametrize("recipe", ["mxfp8", "fp8_blockwise"])
+def test_fp8_recipe_trains_like_bf16(recipe):
+    out = Path(tempfile.mkdtemp(prefix=f"mok_{recipe}_training_"))
     sys.path.insert(0, str(SCRIPTS))
     import train_compare
 
     status = train_compare.main(["--nproc", "1", "--steps", str(STEPS), "--dispatchers", "mok",
-                                 "--recipe", "bf16", "mxfp8", "--backend", "cuda",
+                                 "--recipe", "bf16", recipe, "--backend", "cuda",
                                  "--rtol", "0.02", "--out", str(out)])
     summary = json.loads((out / "summary.json").read_text())
     for name, curve in summary["curves"].items():
