@@ -51,3 +51,16 @@ def get_activation(name: str) -> Activation:
         raise ValueError(
             f"unknown activation {name!r}; choose one of {sorted(ACTIVATIONS)}"
         ) from None
+
+
+def weighted_activation_backward(activation: str, h: torch.Tensor, probs: torch.Tensor,
+                                 grad_a: torch.Tensor, acc: torch.dtype):
+    """(dh, dprobs) of a = act(h) * p for the gradient grad_a, as the BF16 recipe's autograd
+    computes them: `acc` (fp32 or fp64) math from the rounded grad_a, dh in h's dtype, dprobs
+    in the probs' dtype. The quantized recipes' reference MLPs share it."""
+    act = get_activation(activation)
+    with torch.enable_grad():
+        hh = h.detach().requires_grad_()
+        pp = probs.detach().requires_grad_()
+        a = act(hh.to(acc)) * pp.to(acc).unsqueeze(-1)
+        return torch.autograd.grad(a, (hh, pp), grad_a.to(acc))

@@ -41,7 +41,7 @@ from typing import Sequence
 import torch
 import torch.nn.functional as F
 
-from .activations import get_activation
+from .activations import get_activation, weighted_activation_backward
 from .mxfp8 import E4M3_MAX, scale_exponent
 
 BLOCK = 128
@@ -176,17 +176,10 @@ class _ExpertMLP(torch.autograd.Function):
     def backward(ctx, grad_o):
         x, w1, w2, probs, h, a = ctx.saved_tensors
         dt = x.dtype
-        acc = _accumulation(dt)
-        act = get_activation(ctx.activation)
         grad_o = grad_o.to(dt)
         d_a = _matmul(fake_quantize_rows(grad_o), fake_quantize_weight(w2), dt)
-        # The activation backward as the BF16 recipe's autograd does it: fp32 math from the
-        # rounded dA, dh rounded to x's dtype, dp in the probs' dtype.
-        with torch.enable_grad():
-            hh = h.detach().requires_grad_()
-            pp = probs.detach().requires_grad_()
-            a_full = act(hh.to(acc)) * pp.to(acc).unsqueeze(-1)
-            d_h, d_p = torch.autograd.grad(a_full, (hh, pp), d_a.to(acc))
+        d_h, d_p = weighted_activation_backward(ctx.activation, h, probs, d_a,
+                                                _accumulation(dt))
         d_x = _matmul(fake_quantize_rows(d_h), fake_quantize_weight(w1), dt)
         # All rows are this expert's: one segment, blocks of 128 rows from the first.
         d_w2 = _matmul(fake_quantize_rows(grad_o, 0).t(), fake_quantize_rows(a, 0), dt)

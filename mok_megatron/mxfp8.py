@@ -139,21 +139,14 @@ class _ExpertMLP(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, grad_o):
-        from .activations import get_activation
+        from .activations import weighted_activation_backward
 
         x, w1, w2, probs, h, a = ctx.saved_tensors
         dt = x.dtype
-        acc = _accumulation(dt)
-        act = get_activation(ctx.activation)
         grad_o = grad_o.to(dt)
         d_a = _qmm(grad_o, w2, 1, 0, dt)
-        # The activation backward as the BF16 recipe's autograd does it: fp32 math from the
-        # rounded dA, dh rounded to x's dtype, dp in the probs' dtype.
-        with torch.enable_grad():
-            hh = h.detach().requires_grad_()
-            pp = probs.detach().requires_grad_()
-            a_full = act(hh.to(acc)) * pp.to(acc).unsqueeze(-1)
-            d_h, d_p = torch.autograd.grad(a_full, (hh, pp), d_a.to(acc))
+        d_h, d_p = weighted_activation_backward(ctx.activation, h, probs, d_a,
+                                                _accumulation(dt))
         d_x = _qmm(d_h, w1, 1, 0, dt)
         d_w2 = _qmm(grad_o.t(), a, 1, 0, dt)
         d_w1 = _qmm(d_h.t(), x, 1, 0, dt)

@@ -271,6 +271,25 @@ def check_against_reference(spec: ProblemSpec, rank: int,
     return errors
 
 
+def check_against_bf16_reference(spec: ProblemSpec, **knobs) -> dict[str, float]:
+    """What a quantized recipe (knobs: precision=...) costs in accuracy on one GPU: the issues'
+    bounds against the BF16 reference, sum|d|/sum|ref| <= 0.1 for every output and gradient
+    cosine >= 0.996. Returns the ratios."""
+    problem = spec.build()
+    max_tokens = max(spec.tokens_per_rank)
+    kernel = run_cuda(problem, 0, None, max_tokens, **knobs)
+    bf16 = run_cuda(problem, 0, None, max_tokens, backend="reference")
+    ratios = {}
+    for name in NAMES:
+        got, want = kernel[name].double().flatten(), bf16[name].double().flatten()
+        ratios[name] = float((got - want).abs().sum() / want.abs().sum())
+        assert ratios[name] <= 0.1, (name, ratios[name])
+        if name != "y":
+            cosine = float(got @ want / (got.norm() * want.norm()))
+            assert cosine >= 0.996, (name, cosine)
+    return ratios
+
+
 def per_expert(w: torch.Tensor, layout: str) -> list[torch.Tensor]:
     """Stacked [E, r, c] -> one differentiable tensor per expert, laid out as Megatron may:
     views of one storage in expert order ("views") or in reverse order ("reversed_views", as a

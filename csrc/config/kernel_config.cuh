@@ -70,8 +70,10 @@ constexpr int kFp8Stages = 5;
 // kFp8RowScaleBox codes from the 16-aligned row at or below the tile's first row.
 constexpr int kFp8RowScaleAlign = 16;
 constexpr int kFp8RowScaleBox = kGemmBlockM + kFp8RowScaleAlign;
+// A plain tile's weight rows are one 128-row scale block; a gated tile's two 64-row halves lie
+// inside one block each when F is a multiple of 64 (checked at the call).
 static_assert(kFp8ScaleBlock == kFp8BlockK && kFp8BlockN == kFp8ScaleBlock,
-              "a stage is one scale block along K, a tile one weight block along N");
+              "a stage is one scale block along K, a tile's weight rows one block along N");
 
 // Forward megakernel's row-pulling blocks: token rows go peer/local global -> shared -> row
 // buffer as 1-D bulk copies, through a ring of whole-row slots carved from the GEMM stage

@@ -73,7 +73,7 @@ def test_row_quantizer_matches_reference(k):
     finite = ~ref_scales.isnan()
     bad = finite & (got_scales != ref_scales)
     assert not bad.any(), (torch.nonzero(bad)[:4].tolist(), got_scales[bad][:4],
-                           ref_scales[bad][:4], x.float().cpu()[torch.nonzero(bad)[:1, 0]].abs().max())
+                           ref_scales[bad][:4])
     # Codes inside a NaN block may differ (every value of it dequantizes to NaN either way).
     ok = finite.repeat_interleave(128, dim=1)[:, :k]
     got_codes = codes.cpu().view(torch.uint8)

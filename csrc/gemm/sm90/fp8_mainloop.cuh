@@ -106,8 +106,8 @@ struct WeightBlockScales {
 };
 
 // Consumer side of one tile (first row tile_row0): acc = sum over k-blocks of scale_a[row] *
-// scale_w * (A_kb W_kb^T) for this warpgroup's 64 rows. Columns 8j + .. of chunk j < kFp8BlockN / 16 belong to the
-// first half (gate rows of a gated tile), the rest to the second.
+// scale_w * (A_kb W_kb^T) for this warpgroup's 64 rows. The columns of chunks j < kFp8BlockN /
+// 16 belong to the first half (a gated tile's gate rows), the rest to the second.
 template <bool kGatedWeights>
 __device__ __forceinline__ void consume_fp8_tile(Fp8StageRing& ring, int& it, int k_blocks,
                                                  int tile, int consumer, bool leader,
