@@ -115,6 +115,39 @@ def fake_quantize_weight(w: torch.Tensor) -> torch.Tensor:
     return dequantize_weight(*quantize_weight(w))
 
 
+
+# ------------------------------------------------ the kernels' layouts (ops.fp8_quantize_*)
+#
+# The CUDA kernels keep each power-of-two scale as its E8M0 code (e + 127; 255 for NaN):
+# activation rows' scales transposed [ceil(K / 128), rows padded to 16], weights' as
+# [E, ceil(N / 128), ceil(K / 128)]. These turn them back into values, for tests and benches.
+
+def e8m0_values(codes: torch.Tensor) -> torch.Tensor:
+    """fp32 2^(code - 127) built from the bits (exact, 2^-127 included), NaN for code 255."""
+    c = codes.to(torch.int32)
+    v = torch.where(c == 0, torch.full_like(c, 0x400000), c << 23).view(torch.float32)
+    return torch.where(c == 255, torch.full_like(v, float("nan")), v)
+
+
+def engine_row_values(codes: torch.Tensor, scales_t: torch.Tensor,
+                      dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    """Values of ops.fp8_quantize_rows' (codes [rows, K], scale codes [k_blocks, >= rows])."""
+    rows, k = codes.shape
+    s = e8m0_values(scales_t[:, :rows]).t().repeat_interleave(BLOCK, 1)[:, :k]
+    return (codes.to(torch.float32) * s).to(dtype)
+
+
+def engine_weight_values(codes: torch.Tensor, scales: torch.Tensor,
+                         dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    """Values of ops.fp8_quantize_weight_blocks' (codes [E, N, K], scale codes per block), a
+    few matrices at a time (a full DeepSeek layer's fp32 copy would not fit beside it)."""
+    E, n, k = codes.shape
+    out = torch.empty(codes.shape, dtype=dtype, device=codes.device)
+    for e in range(0, E, 8):
+        s = e8m0_values(scales[e:e + 8]).repeat_interleave(BLOCK, 1).repeat_interleave(BLOCK, 2)
+        out[e:e + 8] = codes[e:e + 8].to(torch.float32) * s[:, :n, :k]
+    return out
+
 def fake_quantize_segments(x: torch.Tensor, offsets: torch.Tensor) -> torch.Tensor:
     """wgrad's operand x [rows, C] rounded to 128x1-block FP8 along its rows, each expert's
     segment rows offsets[e]:offsets[e + 1] on its own (offsets: int prefix sums [E + 1] from 0

@@ -26,6 +26,8 @@ activation operand quantized per call to codes.
 
 from __future__ import annotations
 
+import abc
+
 from typing import TYPE_CHECKING
 
 import torch
@@ -73,7 +75,7 @@ class Bf16Operands:
         return dw1, dw2
 
 
-class _QuantizedOperands(Bf16Operands):
+class _QuantizedOperands(Bf16Operands, abc.ABC):
     """Forward and dgrad on one of our engines with the weights quantized once per optimizer
     step (``weights``: both orientations) and the activation operand quantized per call by
     ``_engine``; wgrad rounds both operands along the expert's rows in blocks of
@@ -84,8 +86,9 @@ class _QuantizedOperands(Bf16Operands):
     def __init__(self, weights):
         self.weights = weights
 
+    @abc.abstractmethod
     def _engine(self, plan, sched, a, w, out, **epilogue):
-        raise NotImplementedError
+        """out = epilogue(Q(a) w^T) on the recipe's engine, a quantized per call."""
 
     def fc1(self, plan, sched, rows):
         h = _rows(sched, plan.w1.shape[1], rows)

@@ -178,6 +178,19 @@ def mx_quantize_columns(x: torch.Tensor, codes: torch.Tensor, scales: torch.Tens
     extension().mx_quantize_columns(x, None, codes, scales, matrix_rows, halves, block)
 
 
+def _epilogue_id(activation: Optional[str], row_prob: Optional[torch.Tensor], rank: int) -> int:
+    """The grouped GEMMs' epilogue (-1: plain store), checked with what it needs; installs the
+    stall watch their bounded waits report through."""
+    _check(activation is None or activation in ACTIVATION_IDS,
+           f"activation must be None or one of {sorted(ACTIVATION_IDS)}, got {activation!r}")
+    if activation is not None:
+        _check(row_prob is not None, "an activation epilogue needs row_prob")
+        _cuda("row_prob", row_prob, torch.float32)
+    _check(0 <= rank < MAX_RANKS, f"rank {rank} outside [0, {MAX_RANKS})")
+    stall_watch.install()
+    return -1 if activation is None else ACTIVATION_IDS[activation]
+
+
 def fp8_quantize_rows(x: torch.Tensor, num_rows: Optional[torch.Tensor] = None
                       ) -> tuple[torch.Tensor, torch.Tensor]:
     """x [rows, K] bf16 as the blockwise FP8 engine's A operand: E4M3 codes [rows, K] (K
@@ -224,14 +237,7 @@ def fp8_grouped_gemm(a: torch.Tensor, a_scales: torch.Tensor, w: torch.Tensor,
     _cuda("w_scales", w_scales, torch.uint8)
     _cuda("out", out, torch.bfloat16)
     _cuda("offsets", offsets, torch.int32)
-    _check(activation is None or activation in ACTIVATION_IDS,
-           f"activation must be None or one of {sorted(ACTIVATION_IDS)}, got {activation!r}")
-    if activation is not None:
-        _check(row_prob is not None, "an activation epilogue needs row_prob")
-        _cuda("row_prob", row_prob, torch.float32)
-    _check(0 <= rank < MAX_RANKS, f"rank {rank} outside [0, {MAX_RANKS})")
-    act_id = -1 if activation is None else ACTIVATION_IDS[activation]
-    stall_watch.install()
+    act_id = _epilogue_id(activation, row_prob, rank)
     extension().fp8_grouped_gemm(a, a_scales, w, w_scales, offsets, row_prob, act_id, out,
                                  h_out, timeout_ns, rank)
 
@@ -284,14 +290,7 @@ def grouped_gemm(a: torch.Tensor, w: torch.Tensor, offsets: torch.Tensor, out: t
                            ("out", out, torch.bfloat16)):
         _check(t.dtype == dtype, f"{name} must be {dtype}, got {t.dtype}")
     _cuda("offsets", offsets, torch.int32)
-    _check(activation is None or activation in ACTIVATION_IDS,
-           f"activation must be None or one of {sorted(ACTIVATION_IDS)}, got {activation!r}")
-    if activation is not None:
-        _check(row_prob is not None, "an activation epilogue needs row_prob")
-        _cuda("row_prob", row_prob, torch.float32)
-    _check(0 <= rank < MAX_RANKS, f"rank {rank} outside [0, {MAX_RANKS})")
-    act_id = -1 if activation is None else ACTIVATION_IDS[activation]
-    stall_watch.install()
+    act_id = _epilogue_id(activation, row_prob, rank)
     extension().grouped_gemm(a, w, offsets, row_prob, act_id, out, h_out, w_scales, timeout_ns,
                              rank)
 

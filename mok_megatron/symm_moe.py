@@ -235,16 +235,14 @@ def _run(ws: Workspace, call: MoECall, recipe: Recipe, accumulate_main_grad: boo
     ring_mblocks = (-(-knobs.macrobatch_tokens // ops.MEGAKERNEL_BLOCK_M)
                     if forward_megakernel and recompute else 0)
     position = _expert_position(order or list(range(call.num_local)), call.x.device)
-    if recipe.precision in QUANTIZED_OPERANDS:
+    if recipe.precision == "bf16":
+        operands = Bf16Operands()
+    else:  # check_kernel_call let through only the precisions with kernels
+        operands_type, quantize = QUANTIZED_OPERANDS[recipe.precision]
         version = sum(w._version for w in w_inputs)
         gated = get_activation(call.activation).gated
-        operands_type, quantize = QUANTIZED_OPERANDS[recipe.precision]
         operands = operands_type(layer_weights(w_inputs[0], w1_stack, w2_stack, version, gated,
                                                quantize))
-    elif recipe.precision == "bf16":
-        operands = Bf16Operands()
-    else:  # check_kernel_call refused it already; never run another precision as BF16
-        raise NotImplementedError(no_cuda_kernels(recipe))
     plan = Plan(ws, call.activation, call.topk, call.num_local, call.ffn, w1_stack, w2_stack,
                 order, position, forward_megakernel, backward_megakernel,
                 knobs.comm_sms_forward, knobs.comm_sms_backward, recompute, ring_mblocks,

@@ -28,6 +28,7 @@ import torch
 from gpu_timing import median_ms
 from mok_megatron import ops
 from mok_megatron.config import load_model
+from mok_megatron.fp8_blockwise import engine_row_values, engine_weight_values
 from mok_megatron.mxfp8_weights import quantize_pair, quantize_weight
 
 
@@ -143,24 +144,6 @@ def run_case(model, local: int, tokens: int, iters: int, warmup: int, seed: int,
     }
 
 
-def e8m0_values(codes):
-    """2^(code - 127) in fp32, built from the bits (exact; codes 1..254 here)."""
-    return (codes.to(torch.int32) << 23).view(torch.float32)
-
-
-def dequantized(codes, scales, rows_scales: bool):
-    """bf16 values (exact) of the blockwise FP8 engine's operands, a few matrices at a time."""
-    B = ops.FP8_BLOCK
-    if rows_scales:  # [k_blocks, >= rows] transposed
-        s = e8m0_values(scales[:, :codes.shape[0]]).t().repeat_interleave(B, 1)
-        return (codes.float() * s[:, :codes.shape[1]]).bfloat16()
-    out = torch.empty(codes.shape, dtype=torch.bfloat16, device=codes.device)
-    for e in range(0, codes.shape[0], 8):  # [E, row_blocks, k_blocks]
-        s = e8m0_values(scales[e:e + 8]).repeat_interleave(B, 1).repeat_interleave(B, 2)
-        out[e:e + 8] = codes[e:e + 8].float() * s[:, :codes.shape[1], :codes.shape[2]]
-    return out
-
-
 def run_fp8_blockwise(model, local: int, tokens: int, iters: int, warmup: int,
                       seed: int) -> dict:
     """The blockwise FP8 engine on one GPU's expert work: FC1 (SwiGLU x prob, h written) and
@@ -189,9 +172,11 @@ def run_fp8_blockwise(model, local: int, tokens: int, iters: int, warmup: int,
 
     fc2_fp8()
     act_ref, y_ref = torch.empty_like(act), torch.empty_like(y)
-    ops.grouped_gemm(dequantized(*x_q, True), dequantized(*w1_q, False), offsets, act_ref,
-                     activation="swiglu", row_prob=prob)
-    ops.grouped_gemm(dequantized(*act_q, True), dequantized(*w2_q, False), offsets, y_ref)
+    bf16 = torch.bfloat16
+    ops.grouped_gemm(engine_row_values(*x_q, bf16), engine_weight_values(*w1_q, bf16), offsets,
+                     act_ref, activation="swiglu", row_prob=prob)
+    ops.grouped_gemm(engine_row_values(*act_q, bf16), engine_weight_values(*w2_q, bf16),
+                     offsets, y_ref)
     torch.cuda.empty_cache()
     errors = {"fp8_act": rel_l2(act, act_ref), "fp8_fc2": rel_l2(y, y_ref)}
     bad = {k: v for k, v in errors.items() if not v <= MAX_REL_L2}

@@ -338,3 +338,12 @@ def test_cli_runs_as_module() -> None:
                           "--dispatcher", "hybridep", "--model", "qwen3_30b_a3b_like"],
                          capture_output=True, text=True, check=True, cwd=CONFIG_DIR.parent)
     assert "--moe-flex-dispatcher-backend hybridep" in run.stdout
+
+
+def test_cuda_precisions_are_the_ones_the_cuda_backend_builds_operands_for():
+    """config.CUDA_PRECISIONS (what the backend accepts) and symm_moe's operand table (what it
+    runs) name the same precisions: one cannot grow without the other."""
+    from mok_megatron import symm_moe
+    from mok_megatron.config import CUDA_PRECISIONS
+
+    assert set(CUDA_PRECISIONS) == {"bf16", *symm_moe.QUANTIZED_OPERANDS}

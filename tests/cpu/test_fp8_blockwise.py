@@ -380,3 +380,13 @@ def test_demo_runs_the_recipe_on_cpu(capsys, monkeypatch):
     assert demo.main(["--recipe", "fp8_blockwise"]) == 0
     out = capsys.readouterr().out
     assert "PASS" in out and "fp8_blockwise experts" in out and "sum|d|/sum|ref|" in out
+
+
+def test_e8m0_values_are_exact_powers_of_two():
+    """The kernels' scale codes back to values: 2^(c - 127) for every code (2^-127 is an fp32
+    subnormal), NaN for 255."""
+    codes = torch.arange(256, dtype=torch.int32).to(torch.uint8)
+    got = fb.e8m0_values(codes)
+    want = torch.tensor([2.0 ** (c - 127) for c in range(255)], dtype=torch.float64)
+    assert torch.equal(got[:255].double(), want)
+    assert got[255].isnan()

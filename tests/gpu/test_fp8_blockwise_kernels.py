@@ -15,6 +15,7 @@ import pytest
 import torch
 
 from mok_megatron import fp8_blockwise, ops
+from mok_megatron.fp8_blockwise import e8m0_values, engine_row_values, engine_weight_values
 from mok_megatron.activations import get_activation
 
 pytestmark = pytest.mark.gpu
@@ -22,27 +23,6 @@ if not torch.cuda.is_available():
     pytest.skip("needs a CUDA GPU", allow_module_level=True)
 
 MAX_REL_L2 = 2e-3
-
-
-def e8m0_values(codes: torch.Tensor) -> torch.Tensor:
-    """fp32 2^(code - 127), NaN for code 255, on codes' device (built from the bits: exact)."""
-    c = codes.to(torch.int32)
-    bits = torch.where(c == 0, torch.full_like(c, 0x400000), c << 23)
-    v = bits.view(torch.float32)
-    return torch.where(c == 255, torch.full_like(v, float("nan")), v)
-
-
-def engine_rows(codes: torch.Tensor, scales_t: torch.Tensor) -> torch.Tensor:
-    """fp32 values of fp8_quantize_rows' outputs."""
-    rows, k = codes.shape
-    s = e8m0_values(scales_t[:, :rows]).t().repeat_interleave(128, dim=1)[:, :k]
-    return codes.float() * s
-
-
-def engine_weight(codes: torch.Tensor, scales: torch.Tensor) -> torch.Tensor:
-    E, n, k = codes.shape
-    s = e8m0_values(scales).repeat_interleave(128, dim=1).repeat_interleave(128, dim=2)
-    return codes.float() * s[:, :n, :k]
 
 
 def rel_l2(a, b) -> float:
@@ -147,7 +127,7 @@ def test_fp8_grouped_gemm_matches_reference(activation, case):
             assert torch.equal(bits(h), bits(results[0][1]))
     out, h = results[0]
     assert out[rows:].isnan().all()  # rows outside the experts untouched
-    av, wv = engine_rows(a_codes, a_scales), engine_weight(w_codes, w_scales)
+    av, wv = engine_row_values(a_codes, a_scales), engine_weight_values(w_codes, w_scales)
     ref = torch.cat([av[o0:o1] @ wv[e].t() for e, (o0, o1) in
                      enumerate(zip(offsets[:-1].tolist(), offsets[1:].tolist()))])
     if activation is None:
@@ -171,8 +151,8 @@ def test_fp8_grouped_gemm_agrees_with_bf16_engine_on_dequantized_operands():
     ops.fp8_grouped_gemm(a_codes, a_scales, w_codes, w_scales, offsets, out,
                          activation="swiglu", row_prob=prob)
     ref = torch.empty_like(out)
-    ops.grouped_gemm(engine_rows(a_codes, a_scales).bfloat16(),
-                     engine_weight(w_codes, w_scales).bfloat16(), offsets, ref,
+    ops.grouped_gemm(engine_row_values(a_codes, a_scales).bfloat16(),
+                     engine_weight_values(w_codes, w_scales).bfloat16(), offsets, ref,
                      activation="swiglu", row_prob=prob)
     assert rel_l2(out, ref) <= MAX_REL_L2
 
