@@ -102,24 +102,28 @@ void moe_forward_megakernel(const at::Tensor& peer_bases, int64_t tokens_offset,
                             int64_t rank, int64_t profile_skip,
                             const c10::optional<at::Tensor>& trace);
 
-// megakernel/moe_backward.cu: pull dY + FC2-dgrad/activation backward + dW2 + FC1-dgrad with
-// dX rows and dprobs pushed to their slots + dW1 in one persistent launch. rows, h, act: what
-// forward computed, at schedule positions. dout, dh, dprob_part: the launch's own buffers.
-// Each weight gradient is bf16 (dw1 / dw2, stacked) or added into fp32 tensors whose
-// addresses dw1_fp32 / dw2_fp32 list per expert. counters: int32 zeros
-// (ops.backward_megakernel_counters sizes them).
+// megakernel/moe_backward.cu: pull dY (and x, recomputing) + FC1 again (recomputing) +
+// FC2-dgrad/activation backward + dW2 + FC1-dgrad with dX rows and dprobs pushed to their
+// slots + dW1 in one persistent launch. ring_mblocks == 0: rows, h, act are what forward kept,
+// at schedule positions; > 0: the inputs are recomputed and every row buffer (rows, h, act,
+// dout, dh, dprob_part) is a ring of ring_slots macrobatches of ring_mblocks m-blocks
+// (megakernel/macrobatch_ring.cuh), with carry (fp32) holding weight-gradient tiles between
+// macrobatches. Each weight gradient is bf16 (dw1 / dw2, stacked) or added into fp32 tensors
+// whose addresses dw1_fp32 / dw2_fp32 list per expert. counters: int32 zeros
+// (ops.backward_megakernel_counters sizes them, and ops.backward_carry the carry).
 void moe_backward_megakernel(const at::Tensor& peer_bases, int64_t tokens_offset,
-                             int64_t slots_offset, int64_t values_offset,
+                             int64_t inputs_offset, int64_t slots_offset, int64_t values_offset,
                              const at::Tensor& offsets, const at::Tensor& row_slot,
                              const at::Tensor& row_prob, int64_t max_tokens, int64_t topk,
                              const at::Tensor& w1, const at::Tensor& w2, int64_t activation,
-                             const at::Tensor& rows, const at::Tensor& h, const at::Tensor& act,
-                             at::Tensor& dout, at::Tensor& dh, at::Tensor& dprob_part,
+                             at::Tensor& rows, at::Tensor& h, at::Tensor& act, at::Tensor& dout,
+                             at::Tensor& dh, at::Tensor& dprob_part,
                              const c10::optional<at::Tensor>& dw1,
                              const c10::optional<at::Tensor>& dw2,
                              const c10::optional<at::Tensor>& dw1_fp32,
-                             const c10::optional<at::Tensor>& dw2_fp32, at::Tensor& counters,
-                             int64_t comm_blocks, int64_t minibatch_rows, int64_t timeout_ns,
-                             int64_t rank);
+                             const c10::optional<at::Tensor>& dw2_fp32,
+                             const c10::optional<at::Tensor>& carry, at::Tensor& counters,
+                             int64_t comm_blocks, int64_t minibatch_rows, int64_t ring_mblocks,
+                             int64_t ring_slots, int64_t timeout_ns, int64_t rank);
 
 }  // namespace mok

@@ -77,10 +77,12 @@ class KernelKnobs:
     # Overlap unit of the megakernel: rows (token copies routed here) its pull copies and
     # publishes together; an FC1 tile starts once its 128-row m-block's rows are published.
     minibatch_tokens: int = _bounded(128, min=1)
-    # Rows (token copies routed here) per macrobatch of the megakernel's ring, which bounds its
-    # pulled rows and activations (3 macrobatches resident) whatever the routing. Used with
-    # forward_kernel: megakernel and backward_inputs: recomputed (otherwise forward keeps every
-    # row for backward anyway); rounded up to 128-row m-blocks.
+    # Rows (token copies routed here) per macrobatch of the megakernels' rings, which bound
+    # their row buffers (3 macrobatches resident) whatever the routing: forward's pulled rows
+    # and activations, backward's pulled x and dY rows, recomputed h and act, dh. Used by
+    # either megakernel with backward_inputs: recomputed (otherwise forward keeps every row
+    # for backward anyway); rounded up to 128-row m-blocks. A launch walks at most 256
+    # macrobatches of the schedule's worst case (EP · max_tokens_per_rank · topk rows).
     macrobatch_tokens: int = _bounded(16384, min=1)
     # Rows a rank's schedule and forward buffers hold, as a fraction of the worst case (every
     # slot of every rank routed to this rank: EP · max_tokens_per_rank · topk rows). 1.0 can
@@ -93,7 +95,8 @@ class KernelKnobs:
     forward_kernel: Literal["separate", "megakernel"] = "separate"
     # Backward kernels: "separate" (v1) or "megakernel" (one persistent launch: dgrad with
     # the activation backward, dX and dprob pushes and both weight gradients;
-    # comm_sms_backward blocks pull dY rows). With backward_inputs: saved the megakernel also
+    # comm_sms_backward blocks pull dY rows, and x rows with backward_inputs: recomputed, which
+    # it reruns FC1 on inside the launch). With backward_inputs: saved the megakernel also
     # keeps forward's act (F more bf16 per row).
     backward_kernel: Literal["separate", "megakernel"] = "separate"
     # What backward starts from. "recomputed" (the default: what a many-layer model can hold):
@@ -320,8 +323,9 @@ _CONDITIONAL_KNOBS = (
      lambda k: k.forward_kernel == "megakernel" or k.backward_kernel == "megakernel",
      "only the megakernels read it"),
     ("macrobatch_tokens",
-     lambda k: k.forward_kernel == "megakernel" and k.backward_inputs == "recomputed",
-     "only forward_kernel: megakernel with backward_inputs: recomputed reads it"),
+     lambda k: ("megakernel" in (k.forward_kernel, k.backward_kernel)
+                and k.backward_inputs == "recomputed"),
+     "only a megakernel with backward_inputs: recomputed reads it"),
 )
 
 

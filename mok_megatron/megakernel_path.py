@@ -2,14 +2,19 @@
 
 forward   csrc/megakernel/moe_forward.cu: pull x rows | FC1 + act * p | FC2 | push result
           rows to their (source rank, token, k) slots
-recompute pull x rows again | FC1 + act * p by the same tile engine (bit-identical h, act)
-backward  csrc/megakernel/moe_backward.cu: pull dY rows | FC2-dgrad + act backward | dW2 |
-          FC1-dgrad, dX rows and dprobs pushed to the source slots | dW1
+recompute pull x rows again | FC1 + act * p by the same tile engine (bit-identical h, act):
+          for the separate backward; the backward megakernel recomputes inside its launch
+backward  csrc/megakernel/moe_backward.cu: pull dY rows (and x, recomputing) | FC1 again
+          (recomputing) | FC2-dgrad + act backward | dW2 | FC1-dgrad, dX rows and dprobs
+          pushed to the source slots | dW1; recomputing, macrobatch by macrobatch through a
+          ring, so its buffers do not grow with the routing
 
 symm_moe.py runs the publish, barriers and fixed-order reductions around these calls.
 """
 
 from __future__ import annotations
+
+from typing import Optional
 
 import torch
 
@@ -53,16 +58,25 @@ def recompute(plan: Plan, sched: Schedule) -> ExpertInputs:
     return ExpertInputs(rows, h, act)
 
 
-def backward(plan: Plan, sched: Schedule, kept: ExpertInputs):
+def backward(plan: Plan, sched: Schedule, kept: Optional[ExpertInputs]):
     """dX rows and dprobs pushed to the source slots in one launch; returns the stacked bf16
     dW1, dW2, or (None, None) where the weight gradients were added into Megatron's fp32
-    main_grads (plan.main_grads)."""
+    main_grads (plan.main_grads). `kept`: forward's rows, h and act (saved backward inputs),
+    or None: the launch recomputes them through the ring (plan.ring_mblocks), pulling the x
+    rows published in the workspace's inputs."""
     ws = plan.ws
     cap, device = sched.capacity, sched.row_slot.device
-    dout = torch.empty(cap, ws.layout.hidden, dtype=torch.bfloat16, device=device)
-    dh = torch.empty_like(kept.h)
-    dprob_part = torch.empty(ops.dprob_part_size(cap, plan.ffn), dtype=torch.float32,
-                             device=device)
+    hidden, f1, ffn = ws.layout.hidden, plan.w1.shape[1], plan.ffn
+    ring_mblocks = plan.ring_mblocks if kept is None else 0
+    n = ops.macrobatch_ring_rows(cap, plan.num_local, ring_mblocks) if ring_mblocks else cap
+
+    def rows_buffer(width):
+        return torch.empty(n, width, dtype=torch.bfloat16, device=device)
+
+    if kept is None:
+        kept = ExpertInputs(rows_buffer(hidden), rows_buffer(f1), rows_buffer(ffn))
+    dout, dh = rows_buffer(hidden), rows_buffer(f1)
+    dprob_part = torch.empty(ops.dprob_part_size(n, ffn), dtype=torch.float32, device=device)
     if plan.main_grads is None:
         dw1 = torch.empty(plan.w1.shape, dtype=torch.bfloat16, device=device)
         dw2 = torch.empty(plan.w2.shape, dtype=torch.bfloat16, device=device)
@@ -70,12 +84,17 @@ def backward(plan: Plan, sched: Schedule, kept: ExpertInputs):
     else:
         dw1 = dw2 = None
         into = dict(dw1_fp32=plan.main_grads.dw1, dw2_fp32=plan.main_grads.dw2)
-    counters = ops.backward_megakernel_counters(cap, plan.num_local, device)
-    ops.moe_backward_megakernel(ws.peer_bases, ws.offsets["tokens"], ws.offsets["slots"],
+    wgrad_tiles = ops.backward_wgrad_tiles(hidden, ffn, f1)
+    counters = ops.backward_megakernel_counters(cap, plan.num_local, device, ring_mblocks,
+                                                wgrad_tiles)
+    carry = ops.backward_carry(cap, plan.num_local, ring_mblocks, wgrad_tiles, device)
+    ops.moe_backward_megakernel(ws.peer_bases, ws.offsets["tokens"],
+                                ws.offsets["inputs"], ws.offsets["slots"],
                                 ws.offsets["slot_values"], sched.offsets, sched.row_slot,
                                 sched.row_prob, ws.layout.max_tokens, plan.topk, plan.w1,
                                 plan.w2, plan.activation, kept.rows, kept.h, kept.act, dout,
                                 dh, dprob_part, counters, plan.comm_blocks_backward,
-                                ws.timeout_ns, **into,
-                                minibatch_rows=plan.minibatch_rows, rank=ws.rank)
+                                ws.timeout_ns, **into, carry=carry,
+                                minibatch_rows=plan.minibatch_rows, ring_mblocks=ring_mblocks,
+                                rank=ws.rank)
     return dw1, dw2

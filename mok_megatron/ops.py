@@ -334,19 +334,25 @@ def moe_forward_megakernel(peer_bases, tokens_offset, slots_offset, offsets, row
                                        trace)
 
 
-def moe_backward_megakernel(peer_bases, tokens_offset: int, slots_offset: int,
-                            values_offset: int, offsets, row_slot, row_prob, max_tokens: int,
-                            topk: int, w1, w2, activation: str, rows, h, act, dout, dh,
-                            dprob_part, counters, comm_blocks: int, timeout_ns: int, *,
-                            dw1=None, dw2=None, dw1_fp32=None, dw2_fp32=None,
-                            minibatch_rows: int = MEGAKERNEL_BLOCK_M, rank: int = 0) -> None:
+def moe_backward_megakernel(peer_bases, tokens_offset: int, inputs_offset: int,
+                            slots_offset: int, values_offset: int, offsets, row_slot, row_prob,
+                            max_tokens: int, topk: int, w1, w2, activation: str, rows, h, act,
+                            dout, dh, dprob_part, counters, comm_blocks: int, timeout_ns: int,
+                            *, dw1=None, dw2=None, dw1_fp32=None, dw2_fp32=None, carry=None,
+                            minibatch_rows: int = MEGAKERNEL_BLOCK_M, ring_mblocks: int = 0,
+                            rank: int = 0) -> None:
     """Pull dY + FC2-dgrad with the activation backward + dW2 + FC1-dgrad (dX rows and dprobs
     pushed to their (token, k) slots) + dW1 in one persistent launch
-    (csrc/megakernel/moe_backward.cu). ``rows``, ``h``, ``act``: forward's token rows, FC1
-    output and activation at schedule positions ([cap, H], [cap, F1], [cap, F]). ``dout``,
-    ``dh`` ([cap, H], [cap, F1] bf16) and ``dprob_part`` (fp32, ``dprob_part_size``): the
-    launch's own buffers. Each weight gradient goes to ``dw`` (bf16, stacked like the weight)
-    or is added into fp32 tensors whose addresses ``dw_fp32`` lists (int64 [E], e.g.
+    (csrc/megakernel/moe_backward.cu). ``ring_mblocks`` == 0: ``rows``, ``h``, ``act`` are
+    forward's token rows, FC1 output and activation at schedule positions ([cap, H], [cap,
+    F1], [cap, F]). ``ring_mblocks`` > 0: the launch recomputes them - it pulls the x rows
+    published at ``inputs_offset`` along with dY and reruns FC1 - macrobatch by macrobatch
+    through a ring of MACROBATCH_RING_SLOTS macrobatches of that many m-blocks, and every row
+    buffer (``rows``, ``h``, ``act``, ``dout``, ``dh``: ``macrobatch_ring_rows`` rows;
+    ``dprob_part``) is the ring's; ``carry`` (``backward_carry``) holds weight-gradient tiles
+    between macrobatches. ``dout``, ``dh`` and ``dprob_part`` (fp32, ``dprob_part_size``) are
+    the launch's own buffers. Each weight gradient goes to ``dw`` (bf16, stacked like the
+    weight) or is added into fp32 tensors whose addresses ``dw_fp32`` lists (int64 [E], e.g.
     Megatron's main_grad). ``counters``: ``backward_megakernel_counters(...)``, zeroed before
     every launch."""
     _cuda("peer_bases", peer_bases, torch.int64)
@@ -355,6 +361,8 @@ def moe_backward_megakernel(peer_bases, tokens_offset: int, slots_offset: int,
     _cuda("row_prob", row_prob, torch.float32)
     _cuda("counters", counters, torch.int32)
     _cuda("dprob_part", dprob_part, torch.float32)
+    if carry is not None:
+        _cuda("carry", carry, torch.float32)
     for name, t in (("rows", rows), ("h", h), ("act", act), ("dout", dout), ("dh", dh),
                     ("dw1", dw1), ("dw2", dw2)):
         if t is not None:
@@ -367,14 +375,18 @@ def moe_backward_megakernel(peer_bases, tokens_offset: int, slots_offset: int,
     _check(w1.dtype == torch.bfloat16 and w2.dtype == torch.bfloat16, "weights must be bf16")
     _check(0 <= rank < MAX_RANKS, f"rank {rank} outside [0, {MAX_RANKS})")
     stall_watch.install()
-    extension().moe_backward_megakernel(peer_bases, tokens_offset, slots_offset, values_offset,
-                                        offsets, row_slot, row_prob, max_tokens, topk, w1, w2,
-                                        ACTIVATION_IDS[activation], rows, h, act, dout, dh,
-                                        dprob_part, dw1, dw2, dw1_fp32, dw2_fp32, counters,
-                                        comm_blocks, minibatch_rows, timeout_ns, rank)
+    extension().moe_backward_megakernel(peer_bases, tokens_offset, inputs_offset, slots_offset,
+                                        values_offset, offsets, row_slot, row_prob, max_tokens,
+                                        topk, w1, w2, ACTIVATION_IDS[activation], rows, h, act,
+                                        dout, dh, dprob_part, dw1, dw2, dw1_fp32, dw2_fp32,
+                                        carry, counters, comm_blocks, minibatch_rows,
+                                        ring_mblocks, MACROBATCH_RING_SLOTS, timeout_ns, rank)
 
 
 DGRAD2_COLS = 128  # csrc/megakernel/backward_tiles.cuh kDgrad2Cols
+WGRAD_BLOCK_N = 256  # csrc/config/kernel_config.cuh kGemmBlockN
+CARRY_FLOATS = 128 * 128  # csrc/gemm/sm90/wgrad.cuh kCarryFloats (one consumer warpgroup)
+CONSUMERS = 2  # csrc/config/kernel_config.cuh kGemmConsumers
 
 
 def dprob_part_size(rows: int, ffn: int) -> int:
@@ -383,12 +395,40 @@ def dprob_part_size(rows: int, ffn: int) -> int:
     return rows * -(-ffn // DGRAD2_COLS)
 
 
-def backward_megakernel_counters(rows: int, num_experts: int, device) -> torch.Tensor:
+def backward_wgrad_tiles(hidden: int, ffn: int, f1: int) -> int:
+    """Weight-gradient tiles of one expert in the backward megakernel (dW2 [H, F], dW1 [F1,
+    H] in MEGAKERNEL_BLOCK_M x WGRAD_BLOCK_N tiles; csrc BackwardOrder::wgrad_tiles)."""
+    def tiles(m, n):
+        return -(-m // MEGAKERNEL_BLOCK_M) * -(-n // WGRAD_BLOCK_N)
+    return tiles(hidden, ffn) + tiles(f1, hidden)
+
+
+def _macrobatches(rows: int, num_experts: int, ring_mblocks: int) -> int:
+    return -(-_max_mblocks(rows, num_experts) // ring_mblocks) if ring_mblocks > 0 else 1
+
+
+def backward_megakernel_counters(rows: int, num_experts: int, device, ring_mblocks: int = 0,
+                                 wgrad_tiles: int = 0) -> torch.Tensor:
     """Zeroed counters for a backward megakernel launch over `rows` scheduled rows: per
-    m-block dY rows pulled and FC2-dgrad tile halves stored, both totals, then the tile
-    counter and the arrival ticket counter."""
-    return torch.zeros(2 * _max_mblocks(rows, num_experts) + 4, dtype=torch.int32,
-                       device=device)
+    m-block rows pulled, FC1 and FC2-dgrad tile halves stored; per macrobatch tile halves
+    done; with the ring (``ring_mblocks``), per macrobatch and weight-gradient tile
+    (``backward_wgrad_tiles``) the carries stored; the three totals, the tile counter and the
+    arrival ticket counter."""
+    macros = _macrobatches(rows, num_experts, ring_mblocks)
+    carry_flags = macros * wgrad_tiles * CONSUMERS if ring_mblocks > 0 else 0
+    return torch.zeros(3 * _max_mblocks(rows, num_experts) + macros + carry_flags + 5,
+                       dtype=torch.int32, device=device)
+
+
+def backward_carry(rows: int, num_experts: int, ring_mblocks: int, wgrad_tiles: int,
+                   device) -> Optional[torch.Tensor]:
+    """The fp32 weight-gradient carries of a backward megakernel launch with the ring
+    (MACROBATCH_RING_SLOTS + 1 slots of one expert's tiles), or None where no expert can cross
+    a macrobatch boundary (a single macrobatch)."""
+    if ring_mblocks <= 0 or _macrobatches(rows, num_experts, ring_mblocks) <= 1:
+        return None
+    return torch.empty((MACROBATCH_RING_SLOTS + 1) * wgrad_tiles * CONSUMERS * CARRY_FLOATS,
+                       dtype=torch.float32, device=device)
 
 
 PROFILE_SKIP = {"pull": 1, "waits": 2, "fc1": 4, "fc2": 8, "stores": 16, "mma": 32,
@@ -440,7 +480,7 @@ def macrobatch_ring_rows(rows: int, num_experts: int, ring_mblocks: int) -> int:
 
 WAIT_ROLES = ("gemm producer", "gemm mma", "rows ready", "fc1 done", "pull slot",
               "pull row", "tile queue", "ring slot", "staging", "fc2 dgrad done",
-              "h tile")  # csrc sm90::WaitRole
+              "h tile", "wgrad carry")  # csrc sm90::WaitRole
 REPORT_KERNELS = ("grouped GEMM engine", "forward megakernel",
                   "backward megakernel")  # csrc ReportKernel
 

@@ -29,7 +29,7 @@ class Plan:
     comm_blocks_forward: int  # blocks of the forward megakernel that pull rows
     comm_blocks_backward: int  # blocks of the backward megakernel that pull dY rows
     recompute: bool  # backward pulls the rows again and recomputes h (kernel.backward_inputs)
-    ring_mblocks: int  # m-blocks per macrobatch of the forward megakernel's ring; 0: no ring
+    ring_mblocks: int  # m-blocks per macrobatch of the megakernels' rings; 0: no ring
     minibatch_rows: int  # megakernels: rows their pull publishes together
     schedule_capacity: float  # rows of the schedule and forward buffers, of the worst case
     # Megatron's main_grads the backward megakernel adds the weight gradients into, or None:

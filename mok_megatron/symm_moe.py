@@ -129,14 +129,16 @@ class _SymmMoE(torch.autograd.Function):
         if plan.recompute:
             ws.inputs(T).copy_(x)
         ws.barrier(ops.Stage.BACKWARD_PUBLISHED)
-        if plan.recompute:
-            path = megakernel_path if plan.forward_megakernel else separate_path
-            kept = path.recompute(plan, sched)
-        else:
-            kept = ExpertInputs(rows, h, act)
         if plan.backward_megakernel:
+            # Recomputing, the launch pulls x again and reruns FC1 itself, per macrobatch.
+            kept = None if plan.recompute else ExpertInputs(rows, h, act)
             dw1, dw2 = megakernel_path.backward(plan, sched, kept)
         else:
+            if plan.recompute:
+                path = megakernel_path if plan.forward_megakernel else separate_path
+                kept = path.recompute(plan, sched)
+            else:
+                kept = ExpertInputs(rows, h, act)
             dw1, dw2 = separate_path.backward(plan, sched, kept)
         ws.barrier(ops.Stage.BACKWARD_COMBINED)
 
@@ -231,9 +233,10 @@ def _run(ws: Workspace, call: MoECall, recipe: Recipe, accumulate_main_grad: boo
     main_grads = (main_grad_targets(w_inputs, order, backward_megakernel)
                   if accumulate_main_grad else None)
     recompute = knobs.backward_inputs == "recomputed"
-    # The ring runs only where forward keeps nothing for backward (config.py says so too).
+    # The megakernels' rings run only where forward keeps nothing for backward (config.py
+    # says so too).
     ring_mblocks = (-(-knobs.macrobatch_tokens // ops.MEGAKERNEL_BLOCK_M)
-                    if forward_megakernel and recompute else 0)
+                    if (forward_megakernel or backward_megakernel) and recompute else 0)
     position = _expert_position(order or list(range(call.num_local)), call.x.device)
     if recipe.precision == "bf16":
         operands = Bf16Operands()

@@ -313,6 +313,12 @@ def run_case(model, variant, tokens, peaks, args, group):
                                            args.backward_inputs, args.macrobatch_tokens,
                                            backward_kernel="megakernel",
                                            comm_sms_backward=args.comm_sms_backward)
+        if args.backward_inputs == "recomputed":
+            # Both megakernels keeping forward's rows, h and act instead: what recomputing
+            # through the rings costs, in the same run.
+            paths["mok_megakernel_saved"] = mok_path(group, tokens, "megakernel", args.comm_sms,
+                                                     "saved", backward_kernel="megakernel",
+                                                     comm_sms_backward=args.comm_sms_backward)
     # The quantized recipes (operands.py: the separate kernels on quantized operands, the
     # weights as codes quantized once per optimizer step - timed apart below, as the bench
     # steps no optimizer).
@@ -433,6 +439,10 @@ def run_case(model, variant, tokens, peaks, args, group):
                                                     for k in ("fwd_s", "bwd_s", "both_s")}
         keys = [k for k in mk if k.endswith("_s") and k in main]
         result["speedup_megakernel_vs_fwd_only"] = {k: main[k] / mk[k] for k in keys}
+    if "mok_megakernel_saved" in result["paths"]:
+        mk, saved = result["paths"]["mok_megakernel"], result["paths"]["mok_megakernel_saved"]
+        keys = [k for k in mk if k.endswith("_s") and k in saved]
+        result["recomputed_over_saved"] = {k: mk[k] / saved[k] for k in keys}
     return result
 
 
@@ -453,6 +463,13 @@ def print_row(r):
              f"({k['roof_both']*100:3.0f}% roof) x{speedup:.2f} vs a2a, "
              f"x{f['both_s'] / k['both_s']:.2f} vs megakernel fwd + separate bwd "
              f"({f['both_s']*1e3:.2f} ms)")
+    if "recomputed_over_saved" in r:
+        ratio, saved = r["recomputed_over_saved"], r["paths"]["mok_megakernel_saved"]
+        log0(f"{'':<20} megakernels recomputed / saved: fwd x{ratio['fwd_s']:.2f} bwd "
+             f"x{ratio['bwd_s']:.2f} fwd+bwd x{ratio['both_s']:.2f} (saved fwd+bwd "
+             f"{saved['both_s']*1e3:.2f} ms"
+             + (f", graph x{ratio['both_graph_s']:.2f}" if "both_graph_s" in ratio else "")
+             + ")")
     graphed = {n: p for n, p in r["paths"].items() if "fwd_graph_s" in p}
     if graphed:
         log0(f"{'':<20} CUDA graph fwd / fwd+bwd: " + ", ".join(
@@ -487,11 +504,13 @@ def chart(results, path: Path):
     fig, axes = plt.subplots(2, 1, figsize=(max(8, len(results) * 1.1), 8))
     for ax, key, title in ((axes[0], "fwd_s", "forward"), (axes[1], "both_s", "forward+backward")):
         xs = range(len(results))
-        names = [n for n in ("mok", "mok_megakernel_fwd_only", "mok_megakernel", "mok_mxfp8",
-                             "mok_fp8_blockwise", "alltoall") if n in results[0]["paths"]]
+        names = [n for n in ("mok", "mok_megakernel_fwd_only", "mok_megakernel",
+                             "mok_megakernel_saved", "mok_mxfp8", "mok_fp8_blockwise",
+                             "alltoall") if n in results[0]["paths"]]
         colors = {"mok": "tab:red", "mok_megakernel_fwd_only": "tab:orange",
-                  "mok_megakernel": "tab:green", "mok_mxfp8": "tab:purple",
-                  "mok_fp8_blockwise": "tab:brown", "alltoall": "tab:blue"}
+                  "mok_megakernel": "tab:green", "mok_megakernel_saved": "tab:olive",
+                  "mok_mxfp8": "tab:purple", "mok_fp8_blockwise": "tab:brown",
+                  "alltoall": "tab:blue"}
         width = 0.8 / len(names)
         for i, name in enumerate(names):
             ax.bar([x + (i - (len(names) - 1) / 2) * width for x in xs],

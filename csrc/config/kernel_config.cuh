@@ -91,6 +91,10 @@ constexpr int kTileQueueDepth = 4;
 // tiles reading one weight slab run together (megakernel/macrobatch_ring.cuh). Larger groups
 // spread an m-block's tiles (its A rows' reuse) over more indices.
 constexpr int kTileGroupMBlocks = 4;
+// Macrobatches one megakernel launch can walk (the backward megakernel keeps a table of them in
+// shared memory: megakernel/backward_tiles.cuh); the host refuses a ring that would need more
+// (mok_megatron/config.py: raise macrobatch_tokens).
+constexpr int kMaxMacrobatches = 256;
 // Forward megakernel: the producer warpgroup also holds the storer warps
 // (megakernel/epilogue_storer.cuh), whose FC1 activation at 40 registers ran one exp ->
 // reciprocal chain at a time; consumers give up 8 registers each so it gets 16 more.

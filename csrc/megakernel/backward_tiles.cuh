@@ -1,21 +1,33 @@
 // The backward megakernel's tiles and the order they are handed out in (one index space,
 // increasing, by the grid-wide counter of tile_queue.cuh).
 //
-// Four kinds, each a run of consecutive indices:
-//   FC2-dgrad  per m-block of the schedule x F / kDgrad2Cols:  dA = dY W2 (N-major W2), whose
-//              epilogue is the activation backward: dh (gate | up) and a per-row dprob partial
-//   dW2        per expert x H / kGemmBlockM x F / kGemmBlockN:  dW2[e] = dY^T act, K = the
-//              expert's rows
+// The schedule's m-blocks are walked macrobatch by macrobatch (macrobatch_ring.cuh: with the
+// ring on, a macrobatch's rows live in one of `slots` ring slots; off, there is one macrobatch
+// holding every m-block at its schedule position). A macrobatch's tiles are five runs of
+// consecutive indices:
+//   FC1        per m-block x F / tile_cols (only when recomputing): h and act(h) * p from the
+//              pulled x rows, the forward's FC1 tile bit for bit (tile_epilogue.cuh)
+//   FC2-dgrad  per m-block x F / kDgrad2Cols:  dA = dY W2 (N-major W2), whose epilogue is the
+//              activation backward: dh (gate | up) and a per-row dprob partial
+//   dW2        per expert part x H / kGemmBlockM x F / kGemmBlockN:  dY^T act over the part's rows
 //   FC1-dgrad  per m-block x H / kGemmBlockN:  dX rows = dh W1 (N-major W1), each row into its
 //              (token, k) slot on the source rank, with its dprob
-//   dW1        per expert x F1 / kGemmBlockM x H / kGemmBlockN:  dW1[e] = dh^T x
-// Dependencies point only to lower indices or to the pull (which depends on nothing): an
-// FC2-dgrad tile waits for its m-block's dY rows, a dW2 tile for all of its expert's, an
-// FC1-dgrad tile for the FC2-dgrad tiles of its m-block, a dW1 tile for those of every m-block
-// of its expert. The dgrad phases take an expert's m-blocks in groups, n-block by n-block, as
-// forward does (macrobatch_ring.cuh: grouped_tile), so tiles reading one weight slab run
-// together; dW2 sits between the dgrad phases so the FC1-dgrad tiles find their dh done.
+//   dW1        per expert part x F1 / kGemmBlockM x H / kGemmBlockN:  dh^T x over the part's rows
+// An expert part is the expert's rows inside the macrobatch. An expert whose rows cross a
+// macrobatch boundary has a part on each side; the weight-gradient tile of its first part
+// leaves its fp32 accumulators as a carry (kPartCarryOut) and the next part's tile starts its
+// MMAs from them (kPartCarryIn). Parts split at m-block boundaries, which are k-block
+// boundaries, so the chain of fp32 MMA accumulations is the one an unsplit tile runs: the
+// weight gradients do not depend on the macrobatch size. Experts without rows have one part,
+// in the macrobatch where their neighbours are, and their tiles write dW = 0.
+// Dependencies point only to lower indices or to the pull: FC1 waits for its m-block's rows,
+// FC2-dgrad for its dY rows and FC1 tiles, dW2 for the dY rows and FC1 tiles of its part's
+// m-blocks, FC1-dgrad for its m-block's FC2-dgrad tiles, dW1 for those of its part's m-blocks,
+// a carried part for the same tile of the part before (an earlier macrobatch); the pull of a
+// macrobatch waits for every tile of the macrobatch that held its slot before.
 #pragma once
+
+#include <cstdint>
 
 #include "config/kernel_config.cuh"
 #include "gemm/sm90/tile_engine.cuh"
@@ -28,55 +40,135 @@ namespace mok {
 // it is prefetched during the mainloop and overwritten in place by dh.
 constexpr int kDgrad2Cols = 128;
 
-enum BackwardKind : int { kDgrad2 = 0, kWgrad2 = 1, kDgrad1 = 2, kWgrad1 = 3 };
+enum BackwardKind : int { kFc1 = 0, kDgrad2 = 1, kWgrad2 = 2, kDgrad1 = 3, kWgrad1 = 4 };
 
-// A tile as the producer decoded it (tile_queue.cuh entry). Dgrad tiles: `block` is the
-// schedule's m-block, row0 its first row, rows the expert's rows from row0 on. Wgrad tiles:
-// `block` is the M-block of the weight gradient (H for dW2, F1 for dW1), row0 the expert's
-// first schedule row and rows its row count (the reduction).
+// A weight-gradient part's place in its expert's chain of parts.
+constexpr int kPartCarryIn = 1;   // rows of the expert came before: start from the carry
+constexpr int kPartCarryOut = 2;  // rows of the expert follow: leave the sums as a carry
+
+// A tile as the producer decoded it (tile_queue.cuh entry).
 struct BackwardTile {
-  int tile, kind, expert, block, n_block, row0, rows;
+  int tile, kind, expert;
+  int block;    // FC1 / dgrad: the schedule's m-block; wgrad: the gradient's M-block
+  int n_block;
+  int row0;     // first row in the launch's row buffers (its ring slot's, or the schedule's)
+  int srow0;    // first schedule row (row_slot, row_prob)
+  int rows;     // FC1 / dgrad: the expert's rows from srow0 on; wgrad: the part's rows (its K)
+  int macro;    // macrobatch
+  int part;     // wgrad: kPartCarryIn | kPartCarryOut
 };
 
 struct BackwardOrder {
-  int mblocks;                 // schedule m-blocks
-  int experts;
+  int nb_fc1;                  // FC1 n-blocks per m-block: F / tile_cols; 0 without recompute
   int nb_dgrad2, nb_dgrad1;    // n-blocks per m-block: F / kDgrad2Cols, H / kGemmBlockN
   int mb_wgrad2, nb_wgrad2;    // per expert: H / kGemmBlockM, F / kGemmBlockN
   int mb_wgrad1, nb_wgrad1;    // per expert: F1 / kGemmBlockM, H / kGemmBlockN
 
-  __device__ static BackwardOrder make(int mblocks, int experts, int hidden, int ffn, int f1) {
+  __host__ __device__ static BackwardOrder make(int hidden, int ffn, int f1, int fc1_cols) {
     auto up = [](int a, int b) { return (a + b - 1) / b; };
-    return {mblocks, experts, up(ffn, kDgrad2Cols), up(hidden, kGemmBlockN),
+    return {fc1_cols > 0 ? up(ffn, fc1_cols) : 0, up(ffn, kDgrad2Cols), up(hidden, kGemmBlockN),
             up(hidden, kGemmBlockM), up(ffn, kGemmBlockN), up(f1, kGemmBlockM),
             up(hidden, kGemmBlockN)};
   }
-  __device__ int dgrad2_end() const { return mblocks * nb_dgrad2; }
-  __device__ int wgrad2_end() const { return dgrad2_end() + experts * mb_wgrad2 * nb_wgrad2; }
-  __device__ int dgrad1_end() const { return wgrad2_end() + mblocks * nb_dgrad1; }
-  __device__ int end() const { return dgrad1_end() + experts * mb_wgrad1 * nb_wgrad1; }
+  __host__ __device__ int wgrad2_tiles() const { return mb_wgrad2 * nb_wgrad2; }
+  __host__ __device__ int wgrad1_tiles() const { return mb_wgrad1 * nb_wgrad1; }
+  // Weight-gradient tiles of one expert part: the carry's tiles (wgrad.cuh).
+  __host__ __device__ int wgrad_tiles() const { return wgrad2_tiles() + wgrad1_tiles(); }
+  __host__ __device__ int macro_tiles(int mblocks, int experts) const {
+    return mblocks * (nb_fc1 + nb_dgrad2 + nb_dgrad1) + experts * wgrad_tiles();
+  }
+  // The tile's place among its expert part's weight-gradient tiles.
+  __device__ int wgrad_index(const BackwardTile& w) const {
+    return w.kind == kWgrad2 ? w.block * nb_wgrad2 + w.n_block
+                             : wgrad2_tiles() + w.block * nb_wgrad1 + w.n_block;
+  }
 };
 
+// Per macrobatch: its first tile index (tile_begin[n] = the end) and the experts whose parts
+// it holds, [expert_begin, expert_end).
+struct MacroTable {
+  int32_t tile_begin[kMaxMacrobatches + 1];
+  int32_t expert_begin[kMaxMacrobatches];
+  int32_t expert_end[kMaxMacrobatches];
+};
+
+// One warp fills the table (after build_mblock_table). A macrobatch's experts run from the one
+// owning its first m-block (which has a part in the macrobatch before too where its rows
+// began there) to the one owning its last; experts without rows go with the macrobatch of the
+// next expert that has rows (the last macrobatch takes the trailing ones).
+__device__ __forceinline__ void build_macro_table(MacroTable& mt, const MacrobatchRing& ring,
+                                                  const sm90::MBlockTable& table,
+                                                  const BackwardOrder& order) {
+  const int lane = threadIdx.x % 32;
+  int carry = 0;
+  for (int base = 0; base < ring.n_macro; base += 32) {
+    const int j = base + lane;
+    int tiles = 0;
+    if (j < ring.n_macro) {
+      const int m0 = j * ring.per_macro, mblocks = ring.mblocks_in(j);
+      int first = 0, end = table.num_experts;
+      if (j > 0) {
+        const int before = table.expert_of_mblock(m0 - 1);
+        first = table.mblock_begin[before + 1] > m0 ? before : before + 1;
+      }
+      if (j < ring.n_macro - 1) end = table.expert_of_mblock(m0 + mblocks - 1) + 1;
+      mt.expert_begin[j] = first;
+      mt.expert_end[j] = end;
+      tiles = order.macro_tiles(mblocks, end - first);
+    }
+    int incl = tiles;
+#pragma unroll
+    for (int d = 1; d < 32; d *= 2) {
+      const int v = __shfl_up_sync(0xffffffffu, incl, d);
+      if (lane >= d) incl += v;
+    }
+    if (j < ring.n_macro) mt.tile_begin[j] = carry + incl - tiles;
+    carry += __shfl_sync(0xffffffffu, incl, 31);
+  }
+  if (lane == 0) mt.tile_begin[ring.n_macro] = carry;
+}
+
 __device__ __forceinline__ BackwardTile backward_tile_at(const BackwardOrder& o,
+                                                         const MacrobatchRing& ring,
                                                          const sm90::MBlockTable& table,
-                                                         int t) {
-  auto dgrad = [&](int kind, int local, int nb) {
-    const PhaseTile pt = grouped_tile(table, false, 0, o.mblocks, nb, local);
-    const int row0 = table.first_row(pt.mblock, pt.expert);
-    return BackwardTile{t, kind, pt.expert, pt.mblock, pt.n_block, row0,
-                        table.row_begin[pt.expert + 1] - row0};
+                                                         const MacroTable& mt, int t) {
+  const int j = sm90::expert_at(mt.tile_begin, ring.n_macro, t);
+  int local = t - mt.tile_begin[j];
+  const int m0 = j * ring.per_macro, m1 = m0 + ring.mblocks_in(j);
+  const int e0 = mt.expert_begin[j], experts = mt.expert_end[j] - e0;
+  auto slot_row = [&](int mblock, int srow) {
+    return ring.on ? static_cast<int>(ring.slot_row0(mblock)) : srow;
   };
-  auto wgrad = [&](int kind, int local, int mb, int nb) {
+  auto per_mblock = [&](int kind, int nb) {
+    const PhaseTile pt = grouped_tile(table, false, m0, m1, nb, local);
+    const int srow0 = table.first_row(pt.mblock, pt.expert);
+    return BackwardTile{t, kind, pt.expert, pt.mblock, pt.n_block, slot_row(pt.mblock, srow0),
+                        srow0, table.row_begin[pt.expert + 1] - srow0, j, 0};
+  };
+  auto per_part = [&](int kind, int mb, int nb) {
     const int per_expert = mb * nb;
-    const int e = local / per_expert, in_expert = local - e * per_expert;
-    const int row0 = table.row_begin[e];
-    return BackwardTile{t, kind, e, in_expert / nb, in_expert % nb, row0,
-                        table.row_begin[e + 1] - row0};
+    const int e = e0 + local / per_expert, in_expert = local % per_expert;
+    const int begin = table.row_begin[e], end = table.row_begin[e + 1];
+    const int p0 = max(begin, macro_first_row(ring, table, j));
+    const int p1 = min(end, macro_first_row(ring, table, j + 1));
+    int row0 = 0, part = 0;
+    if (p1 > p0) {  // a part starts an m-block: the expert's first, or the macrobatch's
+      row0 = slot_row(table.mblock_of_row(p0, e), p0);
+      part = (begin < p0 ? kPartCarryIn : 0) | (end > p1 ? kPartCarryOut : 0);
+    }
+    return BackwardTile{t, kind, e, in_expert / nb, in_expert % nb, row0, p0, max(0, p1 - p0),
+                        j, part};
   };
-  if (t < o.dgrad2_end()) return dgrad(kDgrad2, t, o.nb_dgrad2);
-  if (t < o.wgrad2_end()) return wgrad(kWgrad2, t - o.dgrad2_end(), o.mb_wgrad2, o.nb_wgrad2);
-  if (t < o.dgrad1_end()) return dgrad(kDgrad1, t - o.wgrad2_end(), o.nb_dgrad1);
-  return wgrad(kWgrad1, t - o.dgrad1_end(), o.mb_wgrad1, o.nb_wgrad1);
+  const int mblocks = m1 - m0;
+  if (local < mblocks * o.nb_fc1) return per_mblock(kFc1, o.nb_fc1);
+  local -= mblocks * o.nb_fc1;
+  if (local < mblocks * o.nb_dgrad2) return per_mblock(kDgrad2, o.nb_dgrad2);
+  local -= mblocks * o.nb_dgrad2;
+  if (local < experts * o.wgrad2_tiles()) return per_part(kWgrad2, o.mb_wgrad2, o.nb_wgrad2);
+  local -= experts * o.wgrad2_tiles();
+  if (local < mblocks * o.nb_dgrad1) return per_mblock(kDgrad1, o.nb_dgrad1);
+  local -= mblocks * o.nb_dgrad1;
+  return per_part(kWgrad1, o.mb_wgrad1, o.nb_wgrad1);
 }
 
 }  // namespace mok

@@ -51,6 +51,14 @@ struct MacrobatchRing {
   }
 };
 
+// First schedule row of macrobatch k (the schedule's total for k >= the last).
+__device__ __forceinline__ int macro_first_row(const MacrobatchRing& r,
+                                               const sm90::MBlockTable& table, int k) {
+  const int mblock = k * r.per_macro;
+  if (mblock >= r.mblocks) return table.row_begin[table.num_experts];
+  return table.first_row(mblock, table.expert_of_mblock(mblock));
+}
+
 struct PhaseTile {
   bool fc1;
   int mblock;   // global m-block index

@@ -1,28 +1,45 @@
-// The backward megakernel: pull dY, FC2-dgrad with the activation backward, dW2, FC1-dgrad
-// with dX rows and dprobs pushed to their (token, k) slots, and dW1, in one persistent launch
-// (grid = SM count, one block per SM). The mirror of megakernel/moe_forward.cu:
-//   tickets [0, comm_blocks)  first pull dY rows (megakernel/row_pull.cuh) from the source
-//                             ranks' published buffers (where forward's x was) into `dout`
-//                             in schedule order, counted per m-block; then they join the tiles.
+// The backward megakernel: pull dY (and, recomputing, x), FC1 again where forward kept
+// nothing, FC2-dgrad with the activation backward, dW2, FC1-dgrad with dX rows and dprobs
+// pushed to their (token, k) slots, and dW1, in one persistent launch (grid = SM count, one
+// block per SM). The mirror of megakernel/moe_forward.cu:
+//   tickets [0, comm_blocks)  first pull rows (megakernel/row_pull.cuh) from the source ranks'
+//                             published buffers - dY where forward's x was, and x again where
+//                             the inputs are recomputed - into the row buffers, macrobatch by
+//                             macrobatch, counted per m-block; then they join the tiles.
 //   every block               runs tiles of one index space (megakernel/backward_tiles.cuh),
 //                             handed out in increasing order (tile_queue.cuh). The producer
 //                             thread waits for a tile's inputs (acquire) and streams its
 //                             operands by TMA; the consumer warpgroups run its MMAs and its
-//                             epilogue (megakernel/dgrad_epilogue.cuh, gemm/sm90/wgrad.cuh),
-//                             each storing and counting its own 64 rows.
+//                             epilogue (gemm/sm90/tile_epilogue.cuh for FC1,
+//                             megakernel/dgrad_epilogue.cuh, gemm/sm90/wgrad.cuh), each storing
+//                             and counting its own 64 rows.
+// Two settings (the recipe's kernel.backward_inputs):
+//   saved       forward's x rows, h and act at their schedule positions; one macrobatch.
+//   recomputed  a ring of `ring_slots` macrobatch slots (macrobatch_ring.cuh) holds the x and
+//               dY rows, h, act, dh and dprob partials of the macrobatches in flight, so nothing
+//               the launch holds grows with the routing beyond the ring: the pull of a
+//               macrobatch waits until every tile of the one that held its slot is done
+//               (macro_done); FC1 tiles recompute h and act per macrobatch; an expert's weight
+//               gradient crossing a macrobatch boundary is carried in fp32 from one part to the
+//               next (backward_tiles.cuh), through ring_slots + 1 carry slots.
+// Both give the same bits: every output element is computed by one chain of operations in a
+// fixed order (the FC1 tile is forward's; a carried weight-gradient tile continues the MMA
+// accumulation its first part started).
 // Operands: dgrad reads the weights as stored (N-major B), wgrad reads rows of dY, act, dh and
-// x with K = the expert's rows (both operands MN-major); no transposed copies.
-// Inputs kept by forward: x rows, h and act at their schedule positions (saved backward
-// inputs, or recomputed before the launch), in [cap, .] buffers.
-// Deadlock freedom is forward's argument: tiles depend on lower indices or on the pull only.
+// x with K = the part's rows (both operands MN-major); no transposed copies.
+// Deadlock freedom is forward's argument: tiles depend on lower indices or on the pull, and
+// the pull on tiles of earlier macrobatches only.
 // Memory ordering is forward's too: async-proxy writes complete (bulk_wait), fence.proxy.async,
 // release; readers acquire, fence.proxy.async.global, TMA. Plain stores (an expert's partial
-// last block of dh, dprob partials) are fenced by their writers before the release.
-// Every output element is computed by one tile in a fixed order: deterministic.
+// last block of h, act or dh, dprob partials, carries) are fenced by their writers before the
+// release. A consumer that issues a TMA load itself (the FC2-dgrad h prefetch) acquires the
+// count it depends on itself.
 #include <ATen/cuda/CUDAContext.h>
 #include <c10/cuda/CUDAGuard.h>
 #include <cuda_bf16.h>
 #include <torch/extension.h>
+
+#include <algorithm>
 
 #include "common/error.cuh"
 #include "common/ptx.cuh"
@@ -45,16 +62,19 @@ namespace {
 using namespace sm90;
 
 struct BackwardMaps {
-  CUtensorMap dout_rows;   // dY rows [cap, H], K-major A of FC2-dgrad
+  CUtensorMap rows_k;      // x rows [buffer rows, H], K-major A of the FC1 recompute
+  CUtensorMap w1_k;        // W1 [E, F1, H] as forward reads it (gate | up halves): its B
+  CUtensorMap act_store;   // act [buffer rows, F]: the FC1 recompute's stores
+  CUtensorMap dout_rows;   // dY rows [buffer rows, H], K-major A of FC2-dgrad
   CUtensorMap w2_mn;       // W2 [E, H, F] N-major: B of FC2-dgrad
-  CUtensorMap h_tile;      // h [cap, (2,) F]: the FC2-dgrad epilogue's prefetch
-  CUtensorMap dh_store;    // dh [cap, (2,) F]: its stores
-  CUtensorMap dh_rows;     // dh [cap, F1], K-major A of FC1-dgrad
+  CUtensorMap h_tile;      // h [buffer rows, (2,) F]: FC1's stores, FC2-dgrad's prefetch
+  CUtensorMap dh_store;    // dh [buffer rows, (2,) F]: its stores
+  CUtensorMap dh_rows;     // dh [buffer rows, F1], K-major A of FC1-dgrad
   CUtensorMap w1_mn;       // W1 [E, F1, H] N-major: B of FC1-dgrad
   CUtensorMap dout_mn;     // dY rows, MN-major A of dW2
-  CUtensorMap act_mn;      // act [cap, F], MN-major B of dW2
+  CUtensorMap act_mn;      // act [buffer rows, F], MN-major B of dW2
   CUtensorMap dh_mn;       // dh, MN-major A of dW1
-  CUtensorMap rows_mn;     // x rows [cap, H], MN-major B of dW1
+  CUtensorMap rows_mn;     // x rows [buffer rows, H], MN-major B of dW1
   CUtensorMap dw2_store;   // bf16 dW2 [E * H, F] (unused when accumulating into fp32)
   CUtensorMap dw1_store;   // bf16 dW1 [E * F1, H]
 };
@@ -62,22 +82,32 @@ struct BackwardMaps {
 struct BackwardArgs {
   const int64_t* peer_bases;  // [world] address of each rank's workspace
   int64_t tokens_offset;      // byte offset of the published dY rows [max_tokens, H]
+  int64_t inputs_offset;      // byte offset of the published x rows (recomputed inputs)
   int64_t slots_offset;       // byte offset of the combine slots [max_tokens * topk, H]
   int64_t values_offset;      // byte offset of the slot values [max_tokens * topk] fp32
   const int32_t* offsets;     // [E + 1] expert row ranges of the schedule
   const int32_t* row_slot;    // [rows] flat (source, token, k) of each row
   const float* row_prob;      // [rows]
   int num_experts, hidden, ffn, f1, per_rank, topk, comm_blocks, world;
-  __nv_bfloat16* dout;        // [cap, H] pulled dY rows
-  __nv_bfloat16* dh;          // [cap, F1]
-  float* dprob_part;          // [cap, F / kDgrad2Cols] per-row dprob partials
+  int ring_mblocks, ring_slots;  // recomputed inputs: the ring (macrobatch_ring.cuh); else 0
+  __nv_bfloat16* rows;        // [buffer rows, H] x rows: forward's, or pulled here
+  __nv_bfloat16* h;           // [buffer rows, F1]: forward's, or FC1's here
+  __nv_bfloat16* act;         // [buffer rows, F]
+  __nv_bfloat16* dout;        // [buffer rows, H] pulled dY rows
+  __nv_bfloat16* dh;          // [buffer rows, F1]
+  float* dprob_part;          // [buffer rows, F / kDgrad2Cols] per-row dprob partials
   __nv_bfloat16* dw1;         // [E, F1, H] bf16 gradient, or null: dw1_fp32
   __nv_bfloat16* dw2;         // [E, H, F]
   const int64_t* dw1_fp32;    // [E] addresses of fp32 [F1, H] gradients added into, or null
   const int64_t* dw2_fp32;    // [E] of fp32 [H, F]
-  uint32_t* rows_ready;       // [m-blocks] dY rows pulled
+  float* carry;               // [ring_slots + 1, wgrad tiles, consumers, kCarryFloats] or null
+  uint32_t* rows_ready;       // [m-blocks] rows pulled (dY, and x when recomputing)
+  uint32_t* fc1_done;         // [m-blocks] FC1 tile halves stored (recomputing)
   uint32_t* dgrad2_done;      // [m-blocks] FC2-dgrad tile halves stored (one per consumer)
-  uint32_t* rows_pulled;      // [1] dY rows pulled, all m-blocks
+  uint32_t* macro_done;       // [macrobatches] tile halves done (the ring's slot reuse)
+  uint32_t* carry_ready;      // [macrobatches, wgrad tiles, consumers] carries stored
+  uint32_t* rows_pulled;      // [1] rows pulled, all m-blocks
+  uint32_t* fc1_halves;       // [1] FC1 tile halves stored, all m-blocks
   uint32_t* dgrad2_halves;    // [1] FC2-dgrad tile halves stored, all m-blocks
   uint32_t* tile_counter;     // [1] tiles handed out
   uint32_t* arrivals;         // [1] blocks started (their tickets)
@@ -91,6 +121,7 @@ struct SharedStorage {
   StageRing ring;
   int32_t row_begin[kGemmMaxExperts + 1];
   int32_t mblock_begin[kGemmMaxExperts + 1];
+  MacroTable macros;
   uint64_t pull_full[kPullMaxSlots];  // row-pulling blocks: their slots live in epilogue
   uint64_t pull_empty[kPullMaxSlots];  // and ring.a/b until their pull is done
   TileQueue<BackwardTile> queue;
@@ -110,9 +141,11 @@ template <int kAct>
 __global__ void __launch_bounds__(kGemmThreads, 1)
     moe_backward_kernel(const __grid_constant__ BackwardMaps m, const BackwardArgs a) {
   constexpr bool kGated = gated_epilogue<kAct>();
+  constexpr int kFc1Cols = tile_cols<kAct>();
   extern __shared__ uint8_t smem_raw[];
   SharedStorage& s = aligned_smem<SharedStorage>(smem_raw);
   const int E = a.num_experts;
+  const bool recompute = a.ring_mblocks > 0;
   if (threadIdx.x < 32) build_mblock_table(a.offsets, E, s.row_begin, s.mblock_begin);
   const int slots = pull_slots(a.hidden);
   const PullRing pull_ring{s.epilogue.out[0], s.pull_full, s.pull_empty, slots,
@@ -128,24 +161,32 @@ __global__ void __launch_bounds__(kGemmThreads, 1)
   const int ticket = static_cast<int>(s.ticket);
   const MBlockTable table{s.row_begin, s.mblock_begin, E};
   const int mblocks = s.mblock_begin[E];
+  const MacrobatchRing ring = MacrobatchRing::make(a.ring_mblocks, a.ring_slots, mblocks);
+  const BackwardOrder order =
+      BackwardOrder::make(a.hidden, a.ffn, a.f1, recompute ? kFc1Cols : 0);
+  if (threadIdx.x < 32) build_macro_table(s.macros, ring, table, order);
+  __syncthreads();
 
   if (ticket < a.comm_blocks) {
-    const RowPlacement placement{MacrobatchRing::make(0, 0, mblocks), table, a.minibatch_rows,
-                                 nullptr, 0, false, a.timeout_ns, a.report};
-    pull_rows_bulk(RowSource{a.peer_bases, a.tokens_offset, a.row_slot, a.per_rank, a.topk,
-                             a.world},
-                   a.dout, a.hidden, ticket, a.comm_blocks, pull_ring, placement,
-                   a.rows_ready, a.rows_pulled);
+    const RowPlacement placement{ring,         table,    a.minibatch_rows, a.macro_done,
+                                 kGemmConsumers, s.macros.tile_begin, true, a.timeout_ns,
+                                 a.report};
+    const RowStreams streams =
+        recompute ? RowStreams{{a.tokens_offset, a.inputs_offset}, {a.dout, a.rows}, 2}
+                  : RowStreams{{a.tokens_offset, 0}, {a.dout, nullptr}, 1};
+    pull_rows_bulk(RowSource{a.peer_bases, a.row_slot, a.per_rank, a.topk, a.world}, streams,
+                   a.hidden, ticket, a.comm_blocks, pull_ring, placement, a.rows_ready,
+                   a.rows_pulled);
     // Its rows are pulled (every slot's bulk store has completed): the block's shared memory
     // is free, and it joins the tiles below.
     __syncthreads();
   }
 
-  const BackwardOrder order = BackwardOrder::make(mblocks, E, a.hidden, a.ffn, a.f1);
-  const int end_tile = order.end();
-  const uint32_t dgrad2_halves = uint32_t(order.nb_dgrad2) * kGemmConsumers;
+  const int end_tile = s.macros.tile_begin[ring.n_macro];
+  const uint32_t fc1_per_mblock = uint32_t(order.nb_fc1) * kGemmConsumers;
+  const uint32_t dgrad2_per_mblock = uint32_t(order.nb_dgrad2) * kGemmConsumers;
   auto k_blocks_of = [&](const BackwardTile& w) {
-    if (w.kind == kDgrad2) return ceil_div(a.hidden, kGemmBlockK);
+    if (w.kind == kFc1 || w.kind == kDgrad2) return ceil_div(a.hidden, kGemmBlockK);
     if (w.kind == kDgrad1) return ceil_div(a.f1, kGemmBlockK);
     return ceil_div(w.rows, kGemmBlockK);
   };
@@ -154,46 +195,50 @@ __global__ void __launch_bounds__(kGemmThreads, 1)
   if (warpgroup == 0) {
     warpgroup_reg_dealloc<kGemmProducerRegs>();
     if (threadIdx.x != 0) return;
-    // The tile's inputs: its m-block's dY rows (FC2-dgrad), its m-block's dh (FC1-dgrad), or
-    // the same for every m-block of its expert (dW2, dW1). Tiles after the FC2-dgrad phase
-    // usually find their phase's inputs all done: once this thread has seen that (acquire,
-    // then the async-proxy fence that orders it for its later TMA loads) it waits for them
-    // no more, and a weight-gradient tile of a few k-blocks does not pay an L2 round trip
-    // and a fence on the producer's path per tile.
+    // A tile's inputs, per m-block of it (a dgrad or FC1 tile's own, a weight-gradient
+    // part's every one): its rows pulled, FC1's h and act (recomputing), FC2-dgrad's dh.
+    // Later tiles usually find a kind of input complete for the whole launch: once this
+    // thread has seen that (acquire, then the async-proxy fence that orders it for its later
+    // TMA loads) it waits for that kind no more, and a weight-gradient tile of a few k-blocks
+    // does not pay an L2 round trip and a fence on the producer's path per tile.
     const uint32_t total_rows = uint32_t(s.row_begin[E]);
-    const uint32_t total_halves = uint32_t(mblocks) * dgrad2_halves;
-    bool rows_all_seen = false, dh_all_seen = false;
+    bool rows_seen = false, fc1_seen = false, dh_seen = false;
     auto wait_inputs = [&](const BackwardTile& w) {
-      bool all_done = false;
-      if (w.kind == kWgrad2) {
-        if (rows_all_seen) return;  // fenced when first seen
-        all_done = rows_all_seen = ld_acquire_gpu_u32(a.rows_pulled) >= total_rows;
-      } else if (w.kind != kDgrad2) {
-        if (dh_all_seen) return;
-        all_done = dh_all_seen = ld_acquire_gpu_u32(a.dgrad2_halves) >= total_halves;
-      }
-      if (all_done) {
-        fence_proxy_async_global();
-        return;
-      }
-      auto wait_mblock = [&](int mb, int rows_from) {
-        if (w.kind == kDgrad2 || w.kind == kWgrad2) {
-          counter_wait(&a.rows_ready[mb], min(rows_from, kGemmBlockM), a.timeout_ns,
-                       kWaitRowsReady, w.tile, mb, a.report);
-        } else {
-          counter_wait(&a.dgrad2_done[mb], dgrad2_halves, a.timeout_ns, kWaitDgradDone, w.tile,
-                       mb, a.report);
+      bool acquired = false;
+      auto complete = [&](bool& seen, const uint32_t* total, uint32_t target) {
+        if (!seen) {
+          seen = ld_acquire_gpu_u32(total) >= target;
+          acquired = true;
         }
+        return seen;
       };
-      if (w.kind == kDgrad2 || w.kind == kDgrad1) {
-        wait_mblock(w.block, w.rows);
-      } else {
-        const int mb0 = s.mblock_begin[w.expert];
-        for (int mb = mb0; mb < s.mblock_begin[w.expert + 1]; ++mb) {
-          wait_mblock(mb, w.rows - (mb - mb0) * kGemmBlockM);
+      const bool rows_ok =
+          w.kind == kDgrad1 || complete(rows_seen, a.rows_pulled, total_rows);
+      const bool fc1_ok = !recompute || (w.kind != kDgrad2 && w.kind != kWgrad2) ||
+                          complete(fc1_seen, a.fc1_halves, uint32_t(mblocks) * fc1_per_mblock);
+      const bool dh_ok = (w.kind != kDgrad1 && w.kind != kWgrad1) ||
+                         complete(dh_seen, a.dgrad2_halves, uint32_t(mblocks) * dgrad2_per_mblock);
+      const bool part = w.kind == kWgrad2 || w.kind == kWgrad1;
+      if (!(rows_ok && fc1_ok && dh_ok) && w.rows > 0) {
+        const int mb0 = part ? table.mblock_of_row(w.srow0, w.expert) : w.block;
+        const int mb1 = part ? table.mblock_of_row(w.srow0 + w.rows - 1, w.expert) + 1 : mb0 + 1;
+        for (int mb = mb0; mb < mb1; ++mb) {
+          const int rows_in = min(kGemmBlockM, w.rows - (mb - mb0) * kGemmBlockM);
+          if (!rows_ok) {
+            counter_wait(&a.rows_ready[mb], rows_in, a.timeout_ns, kWaitRowsReady, w.tile, mb,
+                         a.report);
+          }
+          if (!fc1_ok) {
+            counter_wait(&a.fc1_done[mb], fc1_per_mblock, a.timeout_ns, kWaitFc1Done, w.tile,
+                         mb, a.report);
+          }
+          if (!dh_ok) {
+            counter_wait(&a.dgrad2_done[mb], dgrad2_per_mblock, a.timeout_ns, kWaitDgradDone,
+                         w.tile, mb, a.report);
+          }
         }
       }
-      fence_proxy_async_global();
+      if (acquired) fence_proxy_async_global();
     };
     int it = 0;
     // One index taken ahead, as in forward: the atomic's round trip overlaps this tile's loads.
@@ -205,7 +250,7 @@ __global__ void __launch_bounds__(kGemmThreads, 1)
         break;
       }
       ahead = take_tile(a.tile_counter, end_tile);
-      const BackwardTile w = backward_tile_at(order, table, tile);
+      const BackwardTile w = backward_tile_at(order, ring, table, s.macros, tile);
       push_tile(s.queue, seq, w, a.timeout_ns, a.report);
       wait_inputs(w);
       const uint32_t bytes = w.kind == kDgrad2 ? kDgrad2StageBytes : uint32_t(kStageBytes);
@@ -216,6 +261,10 @@ __global__ void __launch_bounds__(kGemmThreads, 1)
             uint8_t* A = s.ring.a[stage];
             uint8_t* B = s.ring.b[stage];
             switch (w.kind) {
+              case kFc1:
+                tma_load_4d(A, &m.rows_k, full, k0, w.row0, 0, 0);
+                load_weight_tile<kGated>(B, &m.w1_k, full, k0, w.n_block * kFc1Cols, w.expert);
+                break;
               case kDgrad2:
                 tma_load_4d(A, &m.dout_rows, full, k0, w.row0, 0, 0);
                 load_mn_boxes(B, &m.w2_mn, full, w.n_block * kDgrad2Cols, k0, w.expert,
@@ -253,6 +302,16 @@ __global__ void __launch_bounds__(kGemmThreads, 1)
   float acc[kAccRegs];  // FC2-dgrad tiles use the first kDgrad2Cols / 2 (m64n128)
   int it = 0;
   uint32_t h_phase = 0;
+  // Where a weight-gradient tile's carry lives: its data (slot by macrobatch) and its flag.
+  auto carry_data = [&](const BackwardTile& w, int macro) {
+    const int64_t tile = int64_t(macro % (a.ring_slots + 1)) * order.wgrad_tiles() +
+                         order.wgrad_index(w);
+    return a.carry + (tile * kGemmConsumers + consumer) * kCarryFloats;
+  };
+  auto carry_flag = [&](const BackwardTile& w, int macro) {
+    const int64_t tile = int64_t(macro) * order.wgrad_tiles() + order.wgrad_index(w);
+    return &a.carry_ready[tile * kGemmConsumers + consumer];
+  };
   for (int seq = 0;; ++seq) {
     const BackwardTile w = wait_tile(s.queue, seq, a.timeout_ns, a.report);
     release_tile(s.queue, seq);
@@ -265,22 +324,38 @@ __global__ void __launch_bounds__(kGemmThreads, 1)
     };
     const int k_blocks = k_blocks_of(w);
 
-    if (w.kind == kDgrad2 || w.kind == kDgrad1) {
-      const int row0 = w.row0 + kStagedRows * consumer;
+    if (w.kind == kFc1 || w.kind == kDgrad2 || w.kind == kDgrad1) {
+      const int row0 = w.row0 + kStagedRows * consumer;    // in the row buffers
+      const int srow0 = w.srow0 + kStagedRows * consumer;  // in the schedule
       const int rows_valid = max(0, min(kStagedRows, w.rows - kStagedRows * consumer));
       const bool full = w.rows >= kStagedRows * (consumer + 1);
       if (rows_valid == 0) {
         // An m-block of at most 64 rows is the first warpgroup's alone (tile_engine.cuh).
         pass_tile(s.ring, it, k_blocks, w.tile, leader, staging, a.timeout_ns, a.report);
+      } else if (w.kind == kFc1) {
+        // Forward's FC1 tile, epilogue and all: the same h and act bits forward had.
+        float p[2];
+        load_row_probs<kAct>(a.row_prob, srow0, rows_valid, p);
+        consume_tile(s.ring, it, k_blocks, w.tile, consumer, leader, acc, a.timeout_ns,
+                     a.report);
+        store_rows_staged<kAct>(acc, buf, EpilogueTensor{&m.act_store, a.act, a.ffn},
+                                EpilogueTensor{&m.h_tile, a.h, a.f1}, row0, full, rows_valid,
+                                w.n_block * kFc1Cols, a.ffn, p, consumer, leader);
       } else if (w.kind == kDgrad2) {
         const int col0 = w.n_block * kDgrad2Cols;
         staging_free();
         if (leader) {
+          if (recompute) {
+            // h comes from this launch's FC1 tiles: acquired by this thread, whose TMA reads it.
+            counter_wait(&a.fc1_done[w.block], fc1_per_mblock, a.timeout_ns, kWaitFc1Done,
+                         w.tile, w.block, a.report);
+            fence_proxy_async_global();
+          }
           fence_proxy_async_shared();
           prefetch_h_tile<kGated>(buf, &m.h_tile, &s.h_full[consumer], row0, col0);
         }
         float p[2];
-        load_row_probs<kAct>(a.row_prob, row0, rows_valid, p);
+        load_row_probs<kAct>(a.row_prob, srow0, rows_valid, p);
         consume_tile<kDgrad2Cols, false, true>(s.ring, it, k_blocks, w.tile, consumer, leader,
                                                acc, a.timeout_ns, a.report);
         mbar_wait(&s.h_full[consumer], h_phase, a.timeout_ns, kWaitHTile, w.tile, consumer,
@@ -317,7 +392,7 @@ __global__ void __launch_bounds__(kGemmThreads, 1)
         named_barrier_sync(staging, 128);
         if (t < rows_valid) {
           const int col0 = w.n_block * kGemmBlockN;
-          const int flat = a.row_slot[row0 + t];
+          const int flat = a.row_slot[srow0 + t];
           char* slot = source_slot(a.peer_bases, a.per_rank, flat, a.slots_offset,
                                    int64_t(a.hidden) * 2);
           bulk_store(slot + int64_t(col0) * 2, buf + t * kScatterRowBytes,
@@ -335,53 +410,81 @@ __global__ void __launch_bounds__(kGemmThreads, 1)
           }
         }
       }
-      if (w.kind == kDgrad2) {
-        // dh and the partials are in memory before the m-block is counted: every thread's
-        // plain stores (fence, then the barrier), the leader's TMA stores (complete, then
-        // ordered for the async proxy of the readers' TMA loads).
+      if (w.kind != kDgrad1) {
+        // h and act (FC1), or dh and the partials (FC2-dgrad), are in memory before the
+        // m-block is counted: every thread's plain stores (fence, then the barrier), the
+        // leader's TMA stores (complete, then ordered for the async proxy of the readers'
+        // TMA loads).
         __threadfence();
         named_barrier_sync(staging, 128);
         if (leader) {
           bulk_wait<0>();
           fence_proxy_async_global();
-          red_release_gpu_add_u32(&a.dgrad2_done[w.block], 1);
-          red_release_gpu_add_u32(a.dgrad2_halves, 1);
+          if (w.kind == kFc1) {
+            red_release_gpu_add_u32(&a.fc1_done[w.block], 1);
+            red_release_gpu_add_u32(a.fc1_halves, 1);
+          } else {
+            red_release_gpu_add_u32(&a.dgrad2_done[w.block], 1);
+            red_release_gpu_add_u32(a.dgrad2_halves, 1);
+          }
         }
       }
-      continue;
-    }
-
-    // Weight-gradient tile: both warpgroups take every one (KTailZero meets across them).
-    const bool wgrad2 = w.kind == kWgrad2;
-    if (k_blocks > 0) {
-      consume_tile<kGemmBlockN, true, true>(
-          s.ring, it, k_blocks, w.tile, consumer, leader, acc, a.timeout_ns, a.report,
-          KTailZero<kGemmBlockN / 64>{&s.ring, k_blocks, w.rows - (k_blocks - 1) * kGemmBlockK,
-                                      consumer});
-    }
-    const int M = wgrad2 ? a.hidden : a.f1, N = wgrad2 ? a.ffn : a.hidden;
-    const int m0 = w.block * kGemmBlockM + kStagedRows * consumer;
-    const int rows_valid = max(0, min(kStagedRows, M - m0));
-    const int n0 = w.n_block * kGemmBlockN;
-    const int64_t* fp32 = wgrad2 ? a.dw2_fp32 : a.dw1_fp32;
-    if (fp32 != nullptr) {
+    } else {
+      // Weight-gradient tile: both warpgroups take every one (KTailZero meets across them).
+      const bool wgrad2 = w.kind == kWgrad2;
+      const bool carry_in = (w.part & kPartCarryIn) != 0;
       if (k_blocks > 0) {
-        accumulate_fp32(acc, reinterpret_cast<float*>(fp32[w.expert]), m0, n0, rows_valid, N);
+        if (carry_in) {
+          // The part before (an earlier macrobatch's tile) left its sums; every thread
+          // acquires the flag its own loads of them follow. (A carried part has rows: loaded
+          // here, next to the MMAs, because accumulators written by plain loads on a path that
+          // skips the MMAs make ptxas serialize every wgmma of the kernel.)
+          counter_wait(carry_flag(w, w.macro - 1), 1, a.timeout_ns, kWaitCarry, w.tile,
+                       w.macro, a.report);
+          load_carry(acc, carry_data(w, w.macro - 1));
+        }
+        consume_tile<kGemmBlockN, true, true>(
+            s.ring, it, k_blocks, w.tile, consumer, leader, acc, a.timeout_ns, a.report,
+            KTailZero<kGemmBlockN / 64>{&s.ring, k_blocks,
+                                        w.rows - (k_blocks - 1) * kGemmBlockK, consumer},
+            carry_in);
       }
-    } else if (rows_valid > 0) {
-      const EpilogueTensor out{wgrad2 ? &m.dw2_store : &m.dw1_store, wgrad2 ? a.dw2 : a.dw1, N};
-      const int row0 = w.expert * M + m0;
-      const bool full = m0 + kStagedRows <= M;
-      staging_free();
-      // An expert without rows has dW = 0, written without touching the accumulators (a
-      // non-wgmma write to them makes ptxas serialize every wgmma of the kernel).
-      store_round<kGemmBlockN>(buf, out, 0, row0, full, rows_valid, n0, N, consumer, leader,
-                               [&](int j, int i) {
-                                 return k_blocks > 0
-                                            ? __floats2bfloat162_rn(acc[4 * j + 2 * i],
-                                                                    acc[4 * j + 2 * i + 1])
-                                            : __floats2bfloat162_rn(0.f, 0.f);
-                               });
+      const int M = wgrad2 ? a.hidden : a.f1, N = wgrad2 ? a.ffn : a.hidden;
+      const int m0 = w.block * kGemmBlockM + kStagedRows * consumer;
+      const int rows_valid = max(0, min(kStagedRows, M - m0));
+      const int n0 = w.n_block * kGemmBlockN;
+      const int64_t* fp32 = wgrad2 ? a.dw2_fp32 : a.dw1_fp32;
+      if (w.part & kPartCarryOut) {
+        store_carry(acc, carry_data(w, w.macro));
+        __threadfence();
+        named_barrier_sync(staging, 128);
+        if (leader) red_release_gpu_add_u32(carry_flag(w, w.macro), 1);
+      } else if (fp32 != nullptr) {
+        if (k_blocks > 0) {
+          accumulate_fp32(acc, reinterpret_cast<float*>(fp32[w.expert]), m0, n0, rows_valid, N);
+        }
+      } else if (rows_valid > 0) {
+        const EpilogueTensor out{wgrad2 ? &m.dw2_store : &m.dw1_store, wgrad2 ? a.dw2 : a.dw1,
+                                 N};
+        const int row0 = w.expert * M + m0;
+        const bool full = m0 + kStagedRows <= M;
+        staging_free();
+        // An expert without rows has dW = 0, written without touching the accumulators (a
+        // non-wgmma write to them makes ptxas serialize every wgmma of the kernel).
+        store_round<kGemmBlockN>(buf, out, 0, row0, full, rows_valid, n0, N, consumer, leader,
+                                 [&](int j, int i) {
+                                   return k_blocks > 0
+                                              ? __floats2bfloat162_rn(acc[4 * j + 2 * i],
+                                                                      acc[4 * j + 2 * i + 1])
+                                              : __floats2bfloat162_rn(0.f, 0.f);
+                                 });
+      }
+    }
+    if (ring.on) {
+      // The tile has read what it needs of its macrobatch's ring slot (its TMA loads have
+      // landed, its plain loads returned): counted once per warpgroup for the pull's reuse.
+      named_barrier_sync(staging, 128);
+      if (leader) red_release_gpu_add_u32(&a.macro_done[w.macro], 1);
     }
   }
   bulk_wait<0>();  // this thread's stores (peers' slots among them) complete before exit
@@ -403,39 +506,51 @@ const int64_t* fp32_grads(const c10::optional<at::Tensor>& ptrs, int64_t E, cons
 }  // namespace
 
 void moe_backward_megakernel(const at::Tensor& peer_bases, int64_t tokens_offset,
-                             int64_t slots_offset, int64_t values_offset,
+                             int64_t inputs_offset, int64_t slots_offset, int64_t values_offset,
                              const at::Tensor& offsets, const at::Tensor& row_slot,
                              const at::Tensor& row_prob, int64_t max_tokens, int64_t topk,
                              const at::Tensor& w1, const at::Tensor& w2, int64_t activation,
-                             const at::Tensor& rows, const at::Tensor& h, const at::Tensor& act,
-                             at::Tensor& dout, at::Tensor& dh, at::Tensor& dprob_part,
+                             at::Tensor& rows, at::Tensor& h, at::Tensor& act, at::Tensor& dout,
+                             at::Tensor& dh, at::Tensor& dprob_part,
                              const c10::optional<at::Tensor>& dw1,
                              const c10::optional<at::Tensor>& dw2,
                              const c10::optional<at::Tensor>& dw1_fp32,
-                             const c10::optional<at::Tensor>& dw2_fp32, at::Tensor& counters,
-                             int64_t comm_blocks, int64_t minibatch_rows, int64_t timeout_ns,
-                             int64_t rank) {
+                             const c10::optional<at::Tensor>& dw2_fp32,
+                             const c10::optional<at::Tensor>& carry, at::Tensor& counters,
+                             int64_t comm_blocks, int64_t minibatch_rows, int64_t ring_mblocks,
+                             int64_t ring_slots, int64_t timeout_ns, int64_t rank) {
   const int64_t E = w1.size(0), H = rows.size(1), F = w2.size(2);
   const bool gated = is_gated(static_cast<int>(activation));
   const int64_t F1 = gated ? 2 * F : F;
   const int64_t cap = row_slot.numel();
   const int64_t max_mblocks = max_schedule_mblocks(cap, E);
+  const bool ring_on = ring_mblocks > 0;
+  const int64_t max_macro = ring_on ? (max_mblocks + ring_mblocks - 1) / ring_mblocks : 1;
+  const int64_t buffer_rows =
+      ring_on ? std::min(ring_slots * ring_mblocks, max_mblocks) * kGemmBlockM : cap;
+  const BackwardOrder order = BackwardOrder::make(
+      static_cast<int>(H), static_cast<int>(F), static_cast<int>(F1), 0);
+  const int64_t wgrad_tiles = order.wgrad_tiles();
   const int sms = at::cuda::getCurrentDeviceProperties()->multiProcessorCount;
   check_megakernel_call("moe_backward_megakernel", w1, w2, offsets, peer_bases, H, F1,
                         minibatch_rows);
+  MOK_HOST_CHECK(!ring_on || (ring_slots >= 2 && max_macro <= kMaxMacrobatches),
+                 "moe_backward_megakernel: the macrobatch ring needs >= 2 slots and at most ",
+                 kMaxMacrobatches, " macrobatches of ", ring_mblocks, " m-blocks over ",
+                 max_mblocks, " m-blocks (raise macrobatch_tokens), got ", ring_slots, " slots");
   auto rows_of = [&](const at::Tensor& t, int64_t width) {
     return t.is_cuda() && t.scalar_type() == at::kBFloat16 && t.is_contiguous() &&
-           t.dim() == 2 && t.size(0) == cap && t.size(1) == width;
+           t.dim() == 2 && t.size(0) == buffer_rows && t.size(1) == width;
   };
   MOK_HOST_CHECK(rows_of(rows, H) && rows_of(h, F1) && rows_of(act, F) && rows_of(dout, H) &&
                      rows_of(dh, F1),
-                 "moe_backward_megakernel: rows and dout [", cap, ", H], h and dh [", cap,
-                 ", F1], act [", cap, ", F]: contiguous bf16 GPU tensors");
+                 "moe_backward_megakernel: rows and dout [", buffer_rows, ", H], h and dh [",
+                 buffer_rows, ", F1], act [", buffer_rows, ", F]: contiguous bf16 GPU tensors");
   const int64_t nb_dgrad2 = (F + kDgrad2Cols - 1) / kDgrad2Cols;
   MOK_HOST_CHECK(dprob_part.is_cuda() && dprob_part.scalar_type() == at::kFloat &&
-                     dprob_part.is_contiguous() && dprob_part.numel() >= cap * nb_dgrad2,
-                 "moe_backward_megakernel: dprob_part must be fp32 with >= ", cap * nb_dgrad2,
-                 " values");
+                     dprob_part.is_contiguous() && dprob_part.numel() >= buffer_rows * nb_dgrad2,
+                 "moe_backward_megakernel: dprob_part must be fp32 with >= ",
+                 buffer_rows * nb_dgrad2, " values");
   MOK_HOST_CHECK(dw1.has_value() != dw1_fp32.has_value() &&
                      dw2.has_value() != dw2_fp32.has_value(),
                  "moe_backward_megakernel: each weight gradient is either bf16 (dw) or fp32 "
@@ -447,10 +562,20 @@ void moe_backward_megakernel(const at::Tensor& peer_bases, int64_t tokens_offset
   MOK_HOST_CHECK(stacked(dw1, F1, H) && stacked(dw2, H, F),
                  "moe_backward_megakernel: bf16 gradients must be contiguous [E, F1, H] and "
                  "[E, H, F]");
+  // Carries exist only where an expert can cross a macrobatch boundary.
+  const int64_t carry_floats =
+      max_macro > 1 ? (ring_slots + 1) * wgrad_tiles * kGemmConsumers * kCarryFloats : 0;
+  MOK_HOST_CHECK(carry_floats == 0 || (carry && carry->is_cuda() &&
+                                       carry->scalar_type() == at::kFloat &&
+                                       carry->is_contiguous() && carry->numel() >= carry_floats),
+                 "moe_backward_megakernel: carry must be fp32 with >= ", carry_floats,
+                 " values");
+  const int64_t carry_flags = ring_on ? max_macro * wgrad_tiles * kGemmConsumers : 0;
+  const int64_t num_counters = 3 * max_mblocks + max_macro + carry_flags + 5;
   MOK_HOST_CHECK(counters.scalar_type() == at::kInt && counters.is_contiguous() &&
-                     counters.numel() >= 2 * max_mblocks + 4,
-                 "moe_backward_megakernel: counters must be int32 with >= ",
-                 2 * max_mblocks + 4, " zeros");
+                     counters.numel() >= num_counters,
+                 "moe_backward_megakernel: counters must be int32 with >= ", num_counters,
+                 " zeros");
   MOK_HOST_CHECK(comm_blocks >= 1 && comm_blocks < sms, "moe_backward_megakernel: comm_blocks ",
                  comm_blocks, " must be in [1, ", sms - 1, "]");
   c10::cuda::CUDAGuard guard(rows.device());
@@ -458,6 +583,7 @@ void moe_backward_megakernel(const at::Tensor& peer_bases, int64_t tokens_offset
   BackwardArgs args{};
   args.peer_bases = peer_bases.data_ptr<int64_t>();
   args.tokens_offset = tokens_offset;
+  args.inputs_offset = inputs_offset;
   args.slots_offset = slots_offset;
   args.values_offset = values_offset;
   args.offsets = offsets.data_ptr<int32_t>();
@@ -471,17 +597,29 @@ void moe_backward_megakernel(const at::Tensor& peer_bases, int64_t tokens_offset
   args.topk = static_cast<int>(topk);
   args.comm_blocks = static_cast<int>(comm_blocks);
   args.world = static_cast<int>(peer_bases.numel());
-  args.dout = reinterpret_cast<__nv_bfloat16*>(dout.data_ptr());
-  args.dh = reinterpret_cast<__nv_bfloat16*>(dh.data_ptr());
+  args.ring_mblocks = static_cast<int>(ring_mblocks);
+  args.ring_slots = static_cast<int>(ring_slots);
+  auto bf16 = [](at::Tensor& t) { return reinterpret_cast<__nv_bfloat16*>(t.data_ptr()); };
+  args.rows = bf16(rows);
+  args.h = bf16(h);
+  args.act = bf16(act);
+  args.dout = bf16(dout);
+  args.dh = bf16(dh);
   args.dprob_part = dprob_part.data_ptr<float>();
   args.dw1 = dw1 ? reinterpret_cast<__nv_bfloat16*>(dw1->data_ptr()) : nullptr;
   args.dw2 = dw2 ? reinterpret_cast<__nv_bfloat16*>(dw2->data_ptr()) : nullptr;
   args.dw1_fp32 = fp32_grads(dw1_fp32, E, "dw1_fp32");
   args.dw2_fp32 = fp32_grads(dw2_fp32, E, "dw2_fp32");
-  args.rows_ready = reinterpret_cast<uint32_t*>(counters.data_ptr<int32_t>());
-  args.dgrad2_done = args.rows_ready + max_mblocks;
-  args.rows_pulled = args.dgrad2_done + max_mblocks;
-  args.dgrad2_halves = args.rows_pulled + 1;
+  args.carry = carry_floats > 0 ? carry->data_ptr<float>() : nullptr;
+  uint32_t* c = reinterpret_cast<uint32_t*>(counters.data_ptr<int32_t>());
+  args.rows_ready = c;
+  args.fc1_done = c + max_mblocks;
+  args.dgrad2_done = c + 2 * max_mblocks;
+  args.macro_done = c + 3 * max_mblocks;
+  args.carry_ready = args.macro_done + max_macro;
+  args.rows_pulled = args.carry_ready + carry_flags;
+  args.fc1_halves = args.rows_pulled + 1;
+  args.dgrad2_halves = args.fc1_halves + 1;
   args.tile_counter = args.dgrad2_halves + 1;
   args.arrivals = args.tile_counter + 1;
   args.minibatch_rows = static_cast<int>(minibatch_rows);
@@ -489,16 +627,20 @@ void moe_backward_megakernel(const at::Tensor& peer_bases, int64_t tokens_offset
   args.report = timeout_report_device(kReportBackwardMegakernel, rank, timeout_ns);
 
   BackwardMaps maps{};
-  maps.dout_rows = row_tile_map(dout.data_ptr(), cap, H, H);
+  const int halves = gated ? 2 : 1;
+  maps.rows_k = row_tile_map(rows.data_ptr(), buffer_rows, H, H);
+  maps.w1_k = expert_weight_map(w1.data_ptr(), E, F1, H, w1.stride(0), w1.stride(1), halves);
+  maps.act_store = staged_rows_map(act.data_ptr(), buffer_rows, F, 1, F);
+  maps.dout_rows = row_tile_map(dout.data_ptr(), buffer_rows, H, H);
   maps.w2_mn = expert_weight_mn_map(w2.data_ptr(), E, H, F, w2.stride(0), w2.stride(1));
-  maps.h_tile = staged_rows_map(h.data_ptr(), cap, F, gated ? 2 : 1, F1);
-  maps.dh_store = staged_rows_map(dh.data_ptr(), cap, F, gated ? 2 : 1, F1);
-  maps.dh_rows = row_tile_map(dh.data_ptr(), cap, F1, F1);
+  maps.h_tile = staged_rows_map(h.data_ptr(), buffer_rows, F, halves, F1);
+  maps.dh_store = staged_rows_map(dh.data_ptr(), buffer_rows, F, halves, F1);
+  maps.dh_rows = row_tile_map(dh.data_ptr(), buffer_rows, F1, F1);
   maps.w1_mn = expert_weight_mn_map(w1.data_ptr(), E, F1, H, w1.stride(0), w1.stride(1));
-  maps.dout_mn = mn_major_rows_map(dout.data_ptr(), cap, H, H);
-  maps.act_mn = mn_major_rows_map(act.data_ptr(), cap, F, F);
-  maps.dh_mn = mn_major_rows_map(dh.data_ptr(), cap, F1, F1);
-  maps.rows_mn = mn_major_rows_map(rows.data_ptr(), cap, H, H);
+  maps.dout_mn = mn_major_rows_map(dout.data_ptr(), buffer_rows, H, H);
+  maps.act_mn = mn_major_rows_map(act.data_ptr(), buffer_rows, F, F);
+  maps.dh_mn = mn_major_rows_map(dh.data_ptr(), buffer_rows, F1, F1);
+  maps.rows_mn = mn_major_rows_map(rows.data_ptr(), buffer_rows, H, H);
   if (dw2) maps.dw2_store = staged_rows_map(dw2->data_ptr(), E * H, F, 1, F);
   if (dw1) maps.dw1_store = staged_rows_map(dw1->data_ptr(), E * F1, H, 1, H);
   MOK_DISPATCH_ACTIVATION(activation, KACT, launch_backward<KACT>(maps, args));

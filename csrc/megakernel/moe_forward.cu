@@ -169,13 +169,13 @@ __global__ void __launch_bounds__(kGemmThreads, 1)
                                    a.minibatch_rows,
                                    a.fc2_done,
                                    fc2_nblocks * kGemmConsumers,
+                                   nullptr,
                                    !(skip & (kSkipFc2 | kSkipWaits)),
                                    a.timeout_ns,
                                    a.report};
-      pull_rows_bulk(RowSource{a.peer_bases, a.tokens_offset, a.row_slot, a.per_rank, a.topk,
-                               a.world},
-                     a.rows, a.hidden, ticket, a.comm_blocks, pull_ring, placement,
-                     a.rows_ready);
+      pull_rows_bulk(RowSource{a.peer_bases, a.row_slot, a.per_rank, a.topk, a.world},
+                     RowStreams{{a.tokens_offset, 0}, {a.rows, nullptr}, 1}, a.hidden, ticket,
+                     a.comm_blocks, pull_ring, placement, a.rows_ready);
     }
     // Its rows are pulled (every slot's bulk store has completed): the block's shared memory
     // is free, and it joins the GEMM tiles below.

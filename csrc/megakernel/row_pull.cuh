@@ -46,10 +46,19 @@ __host__ __device__ constexpr int pull_slots(int hidden) {
 
 struct RowSource {
   const int64_t* peer_bases;  // [world] workspace base of each rank
-  int64_t tokens_offset;      // byte offset of the published token rows [max_tokens, H]
   const int32_t* row_slot;    // [rows] flat (source, token, k) of each row
   int per_rank, topk;         // slots per rank (max_tokens * topk), k per token
   int world;                  // ranks (<= 32: one lane holds each rank's base)
+};
+
+// The row tensors one pull fills, each published by every rank as [max_tokens, H] at its own
+// byte offset of the workspace: forward's x, backward's dY, or (backward recomputing FC1)
+// both, schedule row r landing at the same place of each.
+constexpr int kMaxRowStreams = 2;
+struct RowStreams {
+  int64_t offset[kMaxRowStreams];
+  __nv_bfloat16* dst[kMaxRowStreams];
+  int count;
 };
 
 struct PullRing {
@@ -69,32 +78,34 @@ struct RowPlacement {
   MacrobatchRing ring;
   MBlockTable table;
   int chunk_rows;               // minibatch: rows pulled and published together
-  const uint32_t* fc2_done;     // [macrobatches] FC2 tile halves done reading act
-  int fc2_per_mblock;           // FC2 tile halves of one m-block
+  // A macrobatch's slot is free once slot_done[k] counts all its users: users_per_unit for
+  // each of its units - its m-blocks (forward: FC2 tile halves per m-block), or with
+  // users_begin (a prefix over the macrobatches) users_begin[k + 1] - users_begin[k] units
+  // (backward: tiles, each counted by both consumer warpgroups).
+  const uint32_t* slot_done;    // [macrobatches]
+  int users_per_unit;
+  const int32_t* users_begin;   // [macrobatches + 1] or null
   bool wait_slots;              // false in profiling variants without FC2 or waits
   uint64_t timeout_ns;
   int* report;
 
-  // First schedule row of macrobatch k (the total for k = n_macro).
-  __device__ int macro_begin(int k) const {
-    const int mblock = k * ring.per_macro;
-    if (k == 0) return 0;
-    if (mblock >= ring.mblocks) return table.row_begin[table.num_experts];
-    return table.first_row(mblock, table.expert_of_mblock(mblock));
-  }
+  __device__ int macro_begin(int k) const { return macro_first_row(ring, table, k); }
   __device__ int64_t place(int r) const {
     if (!ring.on) return r;
     const int e = table.expert_of_row(r);
     const int mblock = table.mblock_of_row(r, e);
     return ring.slot_row0(mblock) + (r - table.first_row(mblock, e));
   }
-  // Until every FC2 tile of the macrobatch that used k's slot before has read it.
+  // Until every user of the macrobatch that held k's slot before is done with it.
   __device__ void wait_slot(int k) const {
     const int earlier = k - ring.slots;
     if (!ring.on || earlier < 0 || !wait_slots) return;
-    sm90::counter_wait(&fc2_done[earlier], uint32_t(ring.mblocks_in(earlier)) * fc2_per_mblock,
-                       timeout_ns, sm90::kWaitRingSlot, k, earlier, report);
-    fence_proxy_async_global();  // the FC2 reads (TMA) before this lane's bulk stores
+    const int units = users_begin != nullptr ? users_begin[earlier + 1] - users_begin[earlier]
+                                             : ring.mblocks_in(earlier);
+    const uint32_t users = uint32_t(units) * uint32_t(users_per_unit);
+    sm90::counter_wait(&slot_done[earlier], users, timeout_ns, sm90::kWaitRingSlot, k, earlier,
+                       report);
+    fence_proxy_async_global();  // the users' reads (TMA) before this lane's bulk stores
   }
 };
 
@@ -147,16 +158,17 @@ __device__ __forceinline__ void for_each_chunk(const RowPlacement& placement, in
   }
 }
 
-// `placement`: where each schedule row goes in `rows` (place(r)) and, with the ring, the wait
-// for a macrobatch's slot to be free (wait_slot(k)), which the storing lanes pass before the
-// chunk's first store - after every earlier chunk of theirs has been published, so a chunk
-// never holds back rows a waited-for tile needs.
+// `streams`: the row tensors filled, each row of a chunk copied from every stream before the
+// chunk is published. `placement`: where each schedule row goes in them (place(r)) and, with
+// the ring, the wait for a macrobatch's slot to be free (wait_slot(k)), which the storing
+// lanes pass before the chunk's first store - after every earlier chunk of theirs has been
+// published, so a chunk never holds back rows a waited-for tile needs.
 // `rows_total` (or null): also counts every published row, for a reader that waits once for
 // all of them.
-__device__ inline void pull_rows_bulk(const RowSource& src, __nv_bfloat16* rows, int hidden,
-                                      int comm_block, int comm_blocks, const PullRing& ring,
-                                      const RowPlacement& placement, uint32_t* rows_ready,
-                                      uint32_t* rows_total = nullptr) {
+__device__ inline void pull_rows_bulk(const RowSource& src, const RowStreams& streams,
+                                      int hidden, int comm_block, int comm_blocks,
+                                      const PullRing& ring, const RowPlacement& placement,
+                                      uint32_t* rows_ready, uint32_t* rows_total = nullptr) {
   const uint64_t timeout_ns = placement.timeout_ns;
   int* report = placement.report;
   const uint32_t row_bytes = uint32_t(hidden) * 2;
@@ -166,27 +178,30 @@ __device__ inline void pull_rows_bulk(const RowSource& src, __nv_bfloat16* rows,
     // Loader. The schedule entries of the next step are fetched one step ahead: the two
     // dependent global reads per row (row_slot, then the peer's base) otherwise cost more
     // than the copy of a 4 KB row.
-    const int64_t lane_base = lane < src.world ? src.peer_bases[lane] + src.tokens_offset : 0;
+    const int64_t peer_base = lane < src.world ? src.peer_bases[lane] : 0;
     int seq = 0;  // rows this block has handled: row seq sits in slot seq % slots
     for_each_chunk(placement, comm_block, comm_blocks, [&](int, int c0, int c1) {
-      int flat_next = lane < lanes && c0 + lane < c1 ? src.row_slot[c0 + lane] : 0;
-      for (int base = c0; base < c1; base += lanes) {
-        // Every row number q is used exactly once, so each slot's barriers advance one
-        // phase per use and the parities stay right.
-        const int step = min(lanes, c1 - base);
-        const int q = seq + lane;
-        seq += step;
-        const int flat = flat_next;
-        const int ahead = base + lanes + lane;
-        flat_next = lane < lanes && ahead < c1 ? src.row_slot[ahead] : 0;
-        const char* from = row_source(src, flat, lane_base, row_bytes);
-        if (lane >= step) continue;
-        const int slot = q % ring.slots;
-        sm90::mbar_wait(&ring.empty[slot], ((q / ring.slots) & 1) ^ 1, timeout_ns,
-                        sm90::kWaitPullSlot, base + lane, slot, report);
-        sm90::mbar_arrive_expect_tx(&ring.full[slot], row_bytes);
-        sm90::bulk_load(ring.data + size_t(slot) * row_bytes, from, row_bytes,
-                        &ring.full[slot]);
+      for (int stream = 0; stream < streams.count; ++stream) {
+        const int64_t lane_base = lane < src.world ? peer_base + streams.offset[stream] : 0;
+        int flat_next = lane < lanes && c0 + lane < c1 ? src.row_slot[c0 + lane] : 0;
+        for (int base = c0; base < c1; base += lanes) {
+          // Every row number q is used exactly once, so each slot's barriers advance one
+          // phase per use and the parities stay right.
+          const int step = min(lanes, c1 - base);
+          const int q = seq + lane;
+          seq += step;
+          const int flat = flat_next;
+          const int ahead = base + lanes + lane;
+          flat_next = lane < lanes && ahead < c1 ? src.row_slot[ahead] : 0;
+          const char* from = row_source(src, flat, lane_base, row_bytes);
+          if (lane >= step) continue;
+          const int slot = q % ring.slots;
+          sm90::mbar_wait(&ring.empty[slot], ((q / ring.slots) & 1) ^ 1, timeout_ns,
+                          sm90::kWaitPullSlot, base + lane, slot, report);
+          sm90::mbar_arrive_expect_tx(&ring.full[slot], row_bytes);
+          sm90::bulk_load(ring.data + size_t(slot) * row_bytes, from, row_bytes,
+                          &ring.full[slot]);
+        }
       }
     });
   } else if (warp == 1) {
@@ -198,21 +213,24 @@ __device__ inline void pull_rows_bulk(const RowSource& src, __nv_bfloat16* rows,
     for_each_chunk(placement, comm_block, comm_blocks, [&](int macro, int c0, int c1) {
       placement.wait_slot(macro);
       int held = -1;  // this lane's slot whose store may still be reading it
-      for (int base = c0; base < c1; base += lanes) {
-        const int step = min(lanes, c1 - base);
-        const int q = seq + lane;
-        seq += step;
-        if (lane >= step) continue;
-        const int r = base + lane;
-        const int slot = q % ring.slots;
-        sm90::mbar_wait(&ring.full[slot], (q / ring.slots) & 1, timeout_ns, sm90::kWaitPullRow,
-                        r, slot, report);
-        sm90::bulk_store(rows + placement.place(r) * hidden,
-                         ring.data + size_t(slot) * row_bytes, row_bytes);
-        sm90::bulk_commit();
-        sm90::bulk_wait_read<1>();  // the lane's previous store has read its slot
-        if (held >= 0) sm90::mbar_arrive(&ring.empty[held]);
-        held = slot;
+      for (int stream = 0; stream < streams.count; ++stream) {
+        __nv_bfloat16* rows = streams.dst[stream];
+        for (int base = c0; base < c1; base += lanes) {
+          const int step = min(lanes, c1 - base);
+          const int q = seq + lane;
+          seq += step;
+          if (lane >= step) continue;
+          const int r = base + lane;
+          const int slot = q % ring.slots;
+          sm90::mbar_wait(&ring.full[slot], (q / ring.slots) & 1, timeout_ns,
+                          sm90::kWaitPullRow, r, slot, report);
+          sm90::bulk_store(rows + placement.place(r) * hidden,
+                           ring.data + size_t(slot) * row_bytes, row_bytes);
+          sm90::bulk_commit();
+          sm90::bulk_wait_read<1>();  // the lane's previous store has read its slot
+          if (held >= 0) sm90::mbar_arrive(&ring.empty[held]);
+          held = slot;
+        }
       }
       if (held >= 0) {
         sm90::bulk_wait_read<0>();

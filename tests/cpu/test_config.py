@@ -126,8 +126,7 @@ BROKEN = [
     ("recipes", "bf16", "kernel.backward_kernel", "fused", "kernel.backward_kernel",
      "expected one of 'separate', 'megakernel'"),
     ("recipes", "bf16", "kernel.macrobatch_tokens", 32768, "kernel.macrobatch_tokens",
-     "only forward_kernel: megakernel with backward_inputs: recomputed reads it: leave it at "
-     "16384"),
+     "only a megakernel with backward_inputs: recomputed reads it: leave it at 16384"),
     ("recipes", "bf16", "kernel.schedule_capacity", 2.0, "kernel.schedule_capacity",
      "must be <= 1.0, got 2.0"),
     ("recipes", "bf16", "kernel.backward_inputs", "dropped", "kernel.backward_inputs",

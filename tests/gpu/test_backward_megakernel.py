@@ -1,8 +1,11 @@
 """The backward megakernel (kernel.backward_kernel: megakernel) on one GPU: EP=1 and the
 emulated EP=2/4 group. dx, dprobs, dW1, dW2 (and y) against the reference on uniform, skewed
 and adversarial routings, experts without rows, F and H not multiples of the tile, outputs
-poisoned first; bit-identical over runs, across numbers of dY-pulling blocks and minibatches,
-saved against recomputed backward inputs; CUDA-graph replay with new inputs."""
+poisoned first; bit-identical over runs, across numbers of dY-pulling blocks, minibatches and
+macrobatch sizes (the ring with recomputed inputs, down to one m-block per macrobatch, where
+every expert's weight gradient is carried across macrobatches), saved against recomputed
+backward inputs; CUDA-graph replay with new inputs; the ring's memory does not grow with the
+schedule's worst case."""
 
 import pytest
 import torch
@@ -17,7 +20,13 @@ pytestmark = pytest.mark.gpu
 BACKWARD = {"backward_kernel": "megakernel", "comm_sms_backward": 8, "backward_inputs": "saved"}
 MEGAKERNEL_PATH = {**BACKWARD, "forward_kernel": "megakernel", "comm_sms_forward": 8}
 RING = {**MEGAKERNEL_PATH, "backward_inputs": "recomputed", "macrobatch_tokens": 256}
-SETTINGS = {"megakernel_path": MEGAKERNEL_PATH, "separate_forward": BACKWARD, "ring": RING}
+# One m-block per macrobatch: an expert of several m-blocks has a part in each, the middle
+# ones carried in and out.
+RING_ONE_MBLOCK = {**RING, "macrobatch_tokens": 128}
+# The backward megakernel's own ring, after the separate forward.
+RING_SEPARATE_FORWARD = {**BACKWARD, "backward_inputs": "recomputed", "macrobatch_tokens": 256}
+SETTINGS = {"megakernel_path": MEGAKERNEL_PATH, "separate_forward": BACKWARD, "ring": RING,
+            "ring_one_mblock": RING_ONE_MBLOCK, "ring_separate_forward": RING_SEPARATE_FORWARD}
 
 # Sizes off every tile edge: H and F multiples of 8 only (FC2-dgrad tiles are 128 columns
 # of F, FC1-dgrad and wgrad tiles 256 columns, wgrad reductions 64 rows at a time), and top-1
@@ -49,7 +58,9 @@ def test_bit_identical_across_settings_and_inputs(spec):
     max_tokens = max(spec.tokens_per_rank)
     settings = [MEGAKERNEL_PATH, {**MEGAKERNEL_PATH, "comm_sms_backward": 1},
                 {**MEGAKERNEL_PATH, "comm_sms_backward": 32, "minibatch_tokens": 37},
-                {**MEGAKERNEL_PATH, "backward_inputs": "recomputed"}, RING]
+                {**MEGAKERNEL_PATH, "backward_inputs": "recomputed"}, RING, RING_ONE_MBLOCK,
+                {**RING_ONE_MBLOCK, "comm_sms_backward": 1, "minibatch_tokens": 37},
+                RING_SEPARATE_FORWARD]
     runs = [gpu_checks.run_cuda(problem, 0, None, max_tokens, **k) for k in settings]
     for knobs, run in zip(settings[1:], runs[1:]):
         gpu_checks.assert_same_bits(runs[0], run, f"({spec.name}) between {settings[0]} and "
@@ -60,7 +71,7 @@ def test_bit_identical_across_settings_and_inputs(spec):
           {n: torch.equal(runs[0][n], separate[n]) for n in gpu_checks.NAMES})
 
 
-@pytest.mark.parametrize("setting", ["megakernel_path", "ring"])
+@pytest.mark.parametrize("setting", ["megakernel_path", "ring", "ring_one_mblock"])
 def test_cuda_graph_replay(setting):
     gpu_checks.check_cuda_graph(SPECS[1], 0, None, **SETTINGS[setting])
 
@@ -81,7 +92,7 @@ def test_emulated_group_bit_identical_across_settings(world):
     spec = gpu_checks.ep_specs(world)[3]  # ragged, one rank without tokens
     gpu_checks.check_emulated_settings(spec, [
         MEGAKERNEL_PATH, {**MEGAKERNEL_PATH, "comm_sms_backward": 3},
-        {**MEGAKERNEL_PATH, "backward_inputs": "recomputed"}, RING])
+        {**MEGAKERNEL_PATH, "backward_inputs": "recomputed"}, RING, RING_ONE_MBLOCK])
 
 
 @pytest.mark.parametrize("world", [2, 4])
@@ -89,13 +100,14 @@ def test_emulated_cuda_graph_replay(world):
     gpu_checks.check_emulated_cuda_graph(gpu_checks.ep_specs(world)[1], **MEGAKERNEL_PATH)
 
 
-def _run_into_main_grads(problem, layout: str, flag: bool, seed: int = 11):
+def _run_into_main_grads(problem, layout: str, flag: bool, seed: int = 11,
+                         knobs: dict = MEGAKERNEL_PATH):
     """One fwd+bwd with accumulate_main_grad=True on weights that carry fp32 main_grads (random
     start values) as Megatron's DDP gives them; `flag`: the weights carry DDP's
     grad_added_to_main_grad. -> (start, main_grads after, the weights, y and the gradients)."""
     device = torch.device("cuda", torch.cuda.current_device())
     inputs = problem.local(0, device)
-    rec = gpu_checks.recipe(max(problem.spec.tokens_per_rank), **MEGAKERNEL_PATH)
+    rec = gpu_checks.recipe(max(problem.spec.tokens_per_rank), **knobs)
     g = torch.Generator(device="cuda").manual_seed(seed)
     start, weights = {}, {}
     gpu_checks.poison(device)
@@ -162,3 +174,55 @@ def test_main_grad_without_ddp_flag_leaves_no_gradient():
     start, after, _, out = _run_into_main_grads(problem, "stacked", flag=False)
     assert not out["dw1"].any() and not out["dw2"].any()  # layer_outputs: zeros for None
     assert not torch.equal(after["w1"], start["w1"])
+
+
+def test_main_grad_through_the_ring_matches_saved():
+    """Recomputing through the ring, the weight-gradient tiles carried across macrobatches add
+    the same sums into main_grad as the saved setting's single pass, bit for bit."""
+    problem = SPECS[1].build()  # zipf: experts of several m-blocks, one macrobatch each
+    _, saved, _, saved_out = _run_into_main_grads(problem, "stacked", flag=True)
+    _, ring, _, ring_out = _run_into_main_grads(problem, "stacked", flag=True,
+                                                knobs=RING_ONE_MBLOCK)
+    for name in ("w1", "w2"):
+        assert torch.equal(saved[name], ring[name]), f"{name}.main_grad differs"
+    for name in ("y", "dx", "dprobs"):
+        assert torch.equal(saved_out[name], ring_out[name]), name
+
+
+def _peak_bytes(problem, max_tokens: int, knobs: dict) -> int:
+    """Peak memory allocated by one fwd+bwd beyond what was allocated before it (the
+    workspace, created by a first call, included in that)."""
+    device = torch.device("cuda", torch.cuda.current_device())
+    gpu_checks.run_cuda(problem, 0, None, max_tokens, **knobs)
+    rec = gpu_checks.recipe(max_tokens, **knobs)
+    inputs = problem.local(0, device)
+
+    def layer(x, ids, probs, w1, w2):
+        return moe_experts(x, ids, probs, w1, w2, activation=problem.spec.activation,
+                           recipe=rec)
+
+    torch.cuda.synchronize(device)
+    torch.cuda.reset_peak_memory_stats(device)
+    base = torch.cuda.memory_allocated(device)
+    run_layer(layer, inputs, cpu=False)
+    torch.cuda.synchronize(device)
+    return torch.cuda.max_memory_allocated(device) - base
+
+
+def test_ring_memory_does_not_grow_with_the_worst_case():
+    """With recomputed inputs the megakernels' buffers are their rings: a 16x larger
+    workspace bound (max_tokens_per_rank, the schedule's worst case) adds only the schedule's
+    own 8 bytes per row and the counters - at most 32 bytes per worst-case row - to a
+    fwd+bwd's peak, where saved inputs add their rows, h and act (checked, so the measure can
+    fail)."""
+    problem = SPECS[1].build()
+    tokens = max(problem.spec.tokens_per_rank)
+    worst_rows = 15 * tokens * problem.spec.topk  # the schedule's growth
+    # 8 m-blocks per macrobatch: the larger bound's schedule stays within the 256 macrobatches
+    # a launch can walk (at 2 it would need 297, refused by name).
+    ring = {**RING, "macrobatch_tokens": 1024}
+    growth = {name: _peak_bytes(problem, 16 * tokens, knobs) - _peak_bytes(problem, tokens, knobs)
+              for name, knobs in (("ring", ring), ("saved", MEGAKERNEL_PATH))}
+    print({k: f"{v / worst_rows:.1f} B per worst-case row" for k, v in growth.items()})
+    assert growth["ring"] <= 32 * worst_rows, growth
+    assert growth["saved"] > 32 * worst_rows, growth

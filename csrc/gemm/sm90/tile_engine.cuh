@@ -38,6 +38,7 @@ enum WaitRole : int {
   kWaitStaging = 8,   // megakernel epilogue: a staging slot to write / a handoff to store
   kWaitDgradDone = 9, // backward megakernel: FC2-dgrad tiles (dh) of an m-block
   kWaitHTile = 10,    // backward megakernel consumer: its prefetched h tile
+  kWaitCarry = 11,    // backward megakernel consumer: the weight-gradient carry of the part before
 };
 constexpr int kReportInts = 4;  // {role, block, tile, stage}
 
@@ -257,21 +258,23 @@ struct NoStageHook {
 };
 
 // Consumer side of one tile: acc = A[rows of this warpgroup] @ B^T over k_blocks (kN columns,
-// in the first kN / 2 accumulators; operand layouts as mma_k_block). `hook(kb, stage)` runs
-// after the stage has filled and before its MMAs are issued (wgrad tiles zero the rows past
-// their expert's end there).
+// in the first kN / 2 accumulators; operand layouts as mma_k_block), or acc += ... with
+// `carry_in` (acc then holds the sums of the k-blocks before: the MMAs go on from them as if
+// they had never left the registers). `hook(kb, stage)` runs after the stage has filled and
+// before its MMAs are issued (wgrad tiles zero the rows past their expert's end there).
 template <int kN = kGemmBlockN, bool kAMn = false, bool kBMn = false, class Hook = NoStageHook>
 __device__ __forceinline__ void consume_tile(StageRing& ring, int& it, int k_blocks, int tile,
                                              int consumer, bool leader, float (&acc)[kAccRegs],
                                              uint64_t timeout_ns, int* report,
-                                             Hook hook = Hook{}) {
+                                             Hook hook = Hook{}, bool carry_in = false) {
   int prev_stage = -1;
   for (int kb = 0; kb < k_blocks; ++kb, ++it) {
     const int stage = it % kGemmStages;
     mbar_wait(&ring.full[stage], (it / kGemmStages) & 1, timeout_ns, kWaitMma, tile, stage,
               report);
     hook(kb, stage);
-    mma_k_block<kN, kAMn, kBMn>(acc, ring.a[stage], ring.b[stage], consumer, kb > 0);
+    mma_k_block<kN, kAMn, kBMn>(acc, ring.a[stage], ring.b[stage], consumer,
+                                carry_in || kb > 0);
     // Keep one k-block of MMAs in flight; the one before it is done reading its stage.
     wgmma_wait<1>();
     fence_accumulators(acc);

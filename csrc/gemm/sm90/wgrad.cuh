@@ -78,4 +78,33 @@ __device__ __forceinline__ void accumulate_fp32(const float (&acc)[kAccRegs], fl
   }
 }
 
+// A weight-gradient tile's fp32 accumulators between two parts of its reduction (the
+// backward megakernel's expert parts: megakernel/backward_tiles.cuh), one consumer
+// warpgroup's 64 rows as 128 threads x kAccRegs values: thread t's registers 4i .. 4i + 3 at
+// float4 i * 128 + t, so each of the warpgroup's 16-byte accesses is one contiguous 2 KB.
+constexpr int kCarryFloats = 128 * kAccRegs;
+
+__device__ __forceinline__ void store_carry(const float (&acc)[kAccRegs], float* carry) {
+  const int t = threadIdx.x % 128;
+#pragma unroll
+  for (int i = 0; i < kAccRegs / 4; ++i) {
+    reinterpret_cast<float4*>(carry)[i * 128 + t] =
+        make_float4(acc[4 * i], acc[4 * i + 1], acc[4 * i + 2], acc[4 * i + 3]);
+  }
+}
+
+// The values come into the accumulators through wgmma_fence-ordered plain register moves;
+// consume_tile's first wgmma_fence orders them before the MMAs that read them.
+__device__ __forceinline__ void load_carry(float (&acc)[kAccRegs], const float* carry) {
+  const int t = threadIdx.x % 128;
+#pragma unroll
+  for (int i = 0; i < kAccRegs / 4; ++i) {
+    const float4 v = reinterpret_cast<const float4*>(carry)[i * 128 + t];
+    acc[4 * i] = v.x;
+    acc[4 * i + 1] = v.y;
+    acc[4 * i + 2] = v.z;
+    acc[4 * i + 3] = v.w;
+  }
+}
+
 }  // namespace mok::sm90
