@@ -84,10 +84,12 @@ struct BackwardOrder {
   }
 };
 
-// Per macrobatch: its first tile index (tile_begin[n] = the end) and the experts whose parts
-// it holds, [expert_begin, expert_end).
+// Per macrobatch: its first tile index and first schedule row (entry n: the ends), and the
+// experts whose parts it holds, [expert_begin, expert_end). The producer decodes a tile with
+// a few shared-memory reads and no search over the experts (its path is serial per tile).
 struct MacroTable {
   int32_t tile_begin[kMaxMacrobatches + 1];
+  int32_t row_begin[kMaxMacrobatches + 1];
   int32_t expert_begin[kMaxMacrobatches];
   int32_t expert_end[kMaxMacrobatches];
 };
@@ -114,6 +116,7 @@ __device__ __forceinline__ void build_macro_table(MacroTable& mt, const Macrobat
       if (j < ring.n_macro - 1) end = table.expert_of_mblock(m0 + mblocks - 1) + 1;
       mt.expert_begin[j] = first;
       mt.expert_end[j] = end;
+      mt.row_begin[j] = macro_first_row(ring, table, j);
       tiles = order.macro_tiles(mblocks, end - first);
     }
     int incl = tiles;
@@ -125,7 +128,10 @@ __device__ __forceinline__ void build_macro_table(MacroTable& mt, const Macrobat
     if (j < ring.n_macro) mt.tile_begin[j] = carry + incl - tiles;
     carry += __shfl_sync(0xffffffffu, incl, 31);
   }
-  if (lane == 0) mt.tile_begin[ring.n_macro] = carry;
+  if (lane == 0) {
+    mt.tile_begin[ring.n_macro] = carry;
+    mt.row_begin[ring.n_macro] = table.row_begin[table.num_experts];
+  }
 }
 
 __device__ __forceinline__ BackwardTile backward_tile_at(const BackwardOrder& o,
@@ -149,8 +155,8 @@ __device__ __forceinline__ BackwardTile backward_tile_at(const BackwardOrder& o,
     const int per_expert = mb * nb;
     const int e = e0 + local / per_expert, in_expert = local % per_expert;
     const int begin = table.row_begin[e], end = table.row_begin[e + 1];
-    const int p0 = max(begin, macro_first_row(ring, table, j));
-    const int p1 = min(end, macro_first_row(ring, table, j + 1));
+    const int p0 = max(begin, mt.row_begin[j]);
+    const int p1 = min(end, mt.row_begin[j + 1]);
     int row0 = 0, part = 0;
     if (p1 > p0) {  // a part starts an m-block: the expert's first, or the macrobatch's
       row0 = slot_row(table.mblock_of_row(p0, e), p0);

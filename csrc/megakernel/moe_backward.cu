@@ -302,6 +302,20 @@ __global__ void __launch_bounds__(kGemmThreads, 1)
   float acc[kAccRegs];  // FC2-dgrad tiles use the first kDgrad2Cols / 2 (m64n128)
   int it = 0;
   uint32_t h_phase = 0;
+  // The ring's slot reuse: this warpgroup's finished tiles of one macrobatch, released into
+  // macro_done together when its next tile belongs to another macrobatch (the entry arrives
+  // before the producer waits for that tile's inputs, so a count the pull waits for is never
+  // held back behind a wait that needs the pull) and at the end - one release per macrobatch
+  // switch rather than one per tile on the consumers' path.
+  int done_macro = -1;
+  uint32_t done_tiles = 0;
+  auto release_done = [&] {
+    if (done_tiles == 0) return;
+    // Every thread's reads of the slot (plain loads; TMA loads have landed) come first.
+    named_barrier_sync(staging, 128);
+    if (leader) red_release_gpu_add_u32(&a.macro_done[done_macro], done_tiles);
+    done_tiles = 0;
+  };
   // Where a weight-gradient tile's carry lives: its data (slot by macrobatch) and its flag.
   auto carry_data = [&](const BackwardTile& w, int macro) {
     const int64_t tile = int64_t(macro % (a.ring_slots + 1)) * order.wgrad_tiles() +
@@ -315,6 +329,10 @@ __global__ void __launch_bounds__(kGemmThreads, 1)
   for (int seq = 0;; ++seq) {
     const BackwardTile w = wait_tile(s.queue, seq, a.timeout_ns, a.report);
     release_tile(s.queue, seq);
+    if (ring.on && (w.tile < 0 || w.macro != done_macro)) {
+      release_done();
+      done_macro = w.macro;
+    }
     if (w.tile < 0) break;
     // The staging buffer is free once this warpgroup's bulk stores of it (any thread's) have
     // read it: waited for where it is next written, so the reads overlap this tile's MMAs.
@@ -480,12 +498,9 @@ __global__ void __launch_bounds__(kGemmThreads, 1)
                                  });
       }
     }
-    if (ring.on) {
-      // The tile has read what it needs of its macrobatch's ring slot (its TMA loads have
-      // landed, its plain loads returned): counted once per warpgroup for the pull's reuse.
-      named_barrier_sync(staging, 128);
-      if (leader) red_release_gpu_add_u32(&a.macro_done[w.macro], 1);
-    }
+    // The tile has read what it needs of its macrobatch's ring slot (its TMA loads have
+    // landed, its plain loads returned): counted once per warpgroup for the pull's reuse.
+    ++done_tiles;
   }
   bulk_wait<0>();  // this thread's stores (peers' slots among them) complete before exit
 }
