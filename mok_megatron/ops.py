@@ -412,11 +412,11 @@ def backward_megakernel_counters(rows: int, num_experts: int, device, ring_mbloc
     """Zeroed counters for a backward megakernel launch over `rows` scheduled rows: per
     m-block rows pulled, FC1 and FC2-dgrad tile halves stored; per macrobatch tile halves
     done; with the ring (``ring_mblocks``), per macrobatch and weight-gradient tile
-    (``backward_wgrad_tiles``) the carries stored; the three totals, the tile counter and the
-    arrival ticket counter."""
+    (``backward_wgrad_tiles``) the carries stored; per macrobatch the three totals; the tile
+    counter and the arrival ticket counter."""
     macros = _macrobatches(rows, num_experts, ring_mblocks)
     carry_flags = macros * wgrad_tiles * CONSUMERS if ring_mblocks > 0 else 0
-    return torch.zeros(3 * _max_mblocks(rows, num_experts) + macros + carry_flags + 5,
+    return torch.zeros(3 * _max_mblocks(rows, num_experts) + 4 * macros + carry_flags + 2,
                        dtype=torch.int32, device=device)
 
 

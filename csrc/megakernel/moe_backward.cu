@@ -106,9 +106,9 @@ struct BackwardArgs {
   uint32_t* dgrad2_done;      // [m-blocks] FC2-dgrad tile halves stored (one per consumer)
   uint32_t* macro_done;       // [macrobatches] tile halves done (the ring's slot reuse)
   uint32_t* carry_ready;      // [macrobatches, wgrad tiles, consumers] carries stored
-  uint32_t* rows_pulled;      // [1] rows pulled, all m-blocks
-  uint32_t* fc1_halves;       // [1] FC1 tile halves stored, all m-blocks
-  uint32_t* dgrad2_halves;    // [1] FC2-dgrad tile halves stored, all m-blocks
+  uint32_t* rows_pulled;      // [macrobatches] rows pulled
+  uint32_t* fc1_halves;       // [macrobatches] FC1 tile halves stored
+  uint32_t* dgrad2_halves;    // [macrobatches] FC2-dgrad tile halves stored
   uint32_t* tile_counter;     // [1] tiles handed out
   uint32_t* arrivals;         // [1] blocks started (their tickets)
   int minibatch_rows;         // rows the pull publishes at once
@@ -197,27 +197,32 @@ __global__ void __launch_bounds__(kGemmThreads, 1)
     if (threadIdx.x != 0) return;
     // A tile's inputs, per m-block of it (a dgrad or FC1 tile's own, a weight-gradient
     // part's every one): its rows pulled, FC1's h and act (recomputing), FC2-dgrad's dh.
-    // Later tiles usually find a kind of input complete for the whole launch: once this
-    // thread has seen that (acquire, then the async-proxy fence that orders it for its later
-    // TMA loads) it waits for that kind no more, and a weight-gradient tile of a few k-blocks
-    // does not pay an L2 round trip and a fence on the producer's path per tile.
-    const uint32_t total_rows = uint32_t(s.row_begin[E]);
-    bool rows_seen = false, fc1_seen = false, dh_seen = false;
+    // Later tiles of a macrobatch usually find a kind of input complete for the whole
+    // macrobatch: once this thread has seen that (acquire, then the async-proxy fence that
+    // orders it for its later TMA loads) it waits for that kind of that macrobatch no more,
+    // and a weight-gradient tile of a few k-blocks does not pay an L2 round trip and a fence on
+    // the producer's path per tile. Tiles come in macrobatch order, so one macrobatch per kind
+    // is remembered.
+    int rows_seen = -1, fc1_seen = -1, dh_seen = -1;  // macrobatch seen complete
     auto wait_inputs = [&](const BackwardTile& w) {
       bool acquired = false;
-      auto complete = [&](bool& seen, const uint32_t* total, uint32_t target) {
-        if (!seen) {
-          seen = ld_acquire_gpu_u32(total) >= target;
+      const int j = w.macro;
+      const uint32_t mblocks_j = uint32_t(ring.mblocks_in(j));
+      auto complete = [&](int& seen, const uint32_t* counts, uint32_t target) {
+        if (seen != j) {
+          if (ld_acquire_gpu_u32(&counts[j]) >= target) seen = j;
           acquired = true;
         }
-        return seen;
+        return seen == j;
       };
       const bool rows_ok =
-          w.kind == kDgrad1 || complete(rows_seen, a.rows_pulled, total_rows);
+          w.kind == kDgrad1 ||
+          complete(rows_seen, a.rows_pulled,
+                   uint32_t(s.macros.row_begin[j + 1] - s.macros.row_begin[j]));
       const bool fc1_ok = !recompute || (w.kind != kDgrad2 && w.kind != kWgrad2) ||
-                          complete(fc1_seen, a.fc1_halves, uint32_t(mblocks) * fc1_per_mblock);
+                          complete(fc1_seen, a.fc1_halves, mblocks_j * fc1_per_mblock);
       const bool dh_ok = (w.kind != kDgrad1 && w.kind != kWgrad1) ||
-                         complete(dh_seen, a.dgrad2_halves, uint32_t(mblocks) * dgrad2_per_mblock);
+                         complete(dh_seen, a.dgrad2_halves, mblocks_j * dgrad2_per_mblock);
       const bool part = w.kind == kWgrad2 || w.kind == kWgrad1;
       if (!(rows_ok && fc1_ok && dh_ok) && w.rows > 0) {
         const int mb0 = part ? table.mblock_of_row(w.srow0, w.expert) : w.block;
@@ -440,10 +445,10 @@ __global__ void __launch_bounds__(kGemmThreads, 1)
           fence_proxy_async_global();
           if (w.kind == kFc1) {
             red_release_gpu_add_u32(&a.fc1_done[w.block], 1);
-            red_release_gpu_add_u32(a.fc1_halves, 1);
+            red_release_gpu_add_u32(&a.fc1_halves[w.macro], 1);
           } else {
             red_release_gpu_add_u32(&a.dgrad2_done[w.block], 1);
-            red_release_gpu_add_u32(a.dgrad2_halves, 1);
+            red_release_gpu_add_u32(&a.dgrad2_halves[w.macro], 1);
           }
         }
       }
@@ -586,7 +591,7 @@ void moe_backward_megakernel(const at::Tensor& peer_bases, int64_t tokens_offset
                  "moe_backward_megakernel: carry must be fp32 with >= ", carry_floats,
                  " values");
   const int64_t carry_flags = ring_on ? max_macro * wgrad_tiles * kGemmConsumers : 0;
-  const int64_t num_counters = 3 * max_mblocks + max_macro + carry_flags + 5;
+  const int64_t num_counters = 3 * max_mblocks + 4 * max_macro + carry_flags + 2;
   MOK_HOST_CHECK(counters.scalar_type() == at::kInt && counters.is_contiguous() &&
                      counters.numel() >= num_counters,
                  "moe_backward_megakernel: counters must be int32 with >= ", num_counters,
@@ -633,9 +638,9 @@ void moe_backward_megakernel(const at::Tensor& peer_bases, int64_t tokens_offset
   args.macro_done = c + 3 * max_mblocks;
   args.carry_ready = args.macro_done + max_macro;
   args.rows_pulled = args.carry_ready + carry_flags;
-  args.fc1_halves = args.rows_pulled + 1;
-  args.dgrad2_halves = args.fc1_halves + 1;
-  args.tile_counter = args.dgrad2_halves + 1;
+  args.fc1_halves = args.rows_pulled + max_macro;
+  args.dgrad2_halves = args.fc1_halves + max_macro;
+  args.tile_counter = args.dgrad2_halves + max_macro;
   args.arrivals = args.tile_counter + 1;
   args.minibatch_rows = static_cast<int>(minibatch_rows);
   args.timeout_ns = static_cast<uint64_t>(timeout_ns);

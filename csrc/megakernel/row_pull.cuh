@@ -163,12 +163,12 @@ __device__ __forceinline__ void for_each_chunk(const RowPlacement& placement, in
 // the ring, the wait for a macrobatch's slot to be free (wait_slot(k)), which the storing
 // lanes pass before the chunk's first store - after every earlier chunk of theirs has been
 // published, so a chunk never holds back rows a waited-for tile needs.
-// `rows_total` (or null): also counts every published row, for a reader that waits once for
-// all of them.
+// `macro_rows` (or null): also counts every published row per macrobatch, for a reader that
+// waits once for all of a macrobatch's rows.
 __device__ inline void pull_rows_bulk(const RowSource& src, const RowStreams& streams,
                                       int hidden, int comm_block, int comm_blocks,
                                       const PullRing& ring, const RowPlacement& placement,
-                                      uint32_t* rows_ready, uint32_t* rows_total = nullptr) {
+                                      uint32_t* rows_ready, uint32_t* macro_rows = nullptr) {
   const uint64_t timeout_ns = placement.timeout_ns;
   int* report = placement.report;
   const uint32_t row_bytes = uint32_t(hidden) * 2;
@@ -243,7 +243,9 @@ __device__ inline void pull_rows_bulk(const RowSource& src, const RowStreams& st
       if (lane == 0) {
         fence_proxy_async_global();
         publish_rows(placement.table, c0, c1, rows_ready);
-        if (rows_total != nullptr) red_release_gpu_add_u32(rows_total, uint32_t(c1 - c0));
+        if (macro_rows != nullptr) {
+          red_release_gpu_add_u32(&macro_rows[macro], uint32_t(c1 - c0));
+        }
       }
     });
   }
