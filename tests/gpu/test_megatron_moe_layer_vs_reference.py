@@ -120,7 +120,7 @@ def run_case(name: str) -> None:
             if err > case["bound"]:
                 over[key] = f"{err:.2e} (|want| {w.double().norm():.2e})"
             worst[group] = max(worst.get(group, 0.0), err)
-        assert not over, f"iteration {iteration}: rel-L2 above {case['bound']:.0e}: {over}
+        assert not over, f"iteration {iteration}: rel-L2 above {case['bound']:.0e}: {over}"
         print(f"  iteration {iteration}: rel-L2 vs reference "
               + ", ".join(f"{k} <= {v:.1e}" for k, v in sorted(worst.items()))
               + f" (bound {case['bound']:.0e}); loss {want['loss[microbatch 0]'].mean():.4f}")
