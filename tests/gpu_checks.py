@@ -356,16 +356,19 @@ def check_recomputed_backward(spec: ProblemSpec, rank: int, group, **knobs) -> N
 
 
 def check_macrobatch_ring(spec: ProblemSpec, rank: int, group,
-                          macrobatch_tokens: tuple[int, ...] = (128, 384, 16384)) -> None:
-    """The megakernel with its macrobatch ring (recomputed backward inputs; small macrobatches
-    make the ring wrap many times) gives the results of the megakernel without it, bit for
-    bit, for every macrobatch size."""
+                          macrobatch_tokens: tuple[int, ...] = (128, 384, 16384),
+                          **knobs) -> None:
+    """The megakernels with their macrobatch rings (recomputed backward inputs; small
+    macrobatches make the rings wrap many times) give the results of saved inputs, without
+    rings, bit for bit, for every macrobatch size. `knobs`: more KernelKnobs fields
+    (backward_kernel: megakernel puts the backward's ring under test too)."""
     problem = spec.build()
     max_tokens = max(max(spec.tokens_per_rank), 1)
-    plain = run_cuda(problem, rank, group, max_tokens, forward_kernel="megakernel")
+    plain = run_cuda(problem, rank, group, max_tokens, forward_kernel="megakernel",
+                     backward_inputs="saved", **knobs)
     for size in macrobatch_tokens:
         ring = run_cuda(problem, rank, group, max_tokens, forward_kernel="megakernel",
-                        backward_inputs="recomputed", macrobatch_tokens=size)
+                        backward_inputs="recomputed", macrobatch_tokens=size, **knobs)
         assert_same_bits(plain, ring, f"({spec.name}) with macrobatch_tokens={size}")
 
 

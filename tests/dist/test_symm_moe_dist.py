@@ -79,9 +79,13 @@ def test_recomputed_backward_matches_reference(group):
           {k: f"{v:.2e}" for k, v in errors.items()})
 
 
-def test_macrobatch_ring_bit_identical_to_no_ring(group):
+@pytest.mark.parametrize("backward_kernel", ["separate", "megakernel"])
+def test_macrobatch_ring_bit_identical_to_no_ring(group, backward_kernel):
+    """The rings over NVLink: forward's x rows and, with the backward megakernel, backward's
+    x and dY rows pulled from peers macrobatch by macrobatch, weight gradients carried."""
     gpu_checks.check_macrobatch_ring(_spec(group, 2),  # hot expert
-                                     dist.get_rank(group), group)
+                                     dist.get_rank(group), group,
+                                     backward_kernel=backward_kernel)
 
 
 MEGAKERNELS = {**MEGAKERNEL, "backward_kernel": "megakernel", "comm_sms_backward": 8}
