@@ -7,8 +7,10 @@ backward_inputs: recomputed) on one model shape, in one torchrun group, checks e
 gives bit-identical outputs, and writes the fastest as a recipe: the base recipe's file with
 `forward_kernel: megakernel` and the chosen knob values substituted. With
 --comm-sms-backward it then times forward + backward of both megakernels at the chosen forward
-knobs over those dY-pulling block counts (kernel.comm_sms_backward), checks the gradients are
-bit-identical, and writes `backward_kernel: megakernel` with the fastest count too.
+knobs over those dY-pulling block counts (kernel.comm_sms_backward) and, with
+--macrobatch-tokens, the macrobatch sizes again (the backward megakernel walks a ring of the
+same macrobatches), checks the gradients are bit-identical, and writes `backward_kernel:
+megakernel` with the fastest count - and the macrobatch size fwd+bwd chose.
 
     NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 \
     torchrun --nproc-per-node 2 scripts/sweep_knobs.py --model deepseek_v3_like \
@@ -77,30 +79,35 @@ def sweep(args, tensors) -> dict:
     return results
 
 
-def sweep_backward(args, tensors, comm: int, ring: Optional[int], mini: int) -> dict:
-    """fwd+bwd of both megakernels at the chosen forward knobs, per comm_sms_backward."""
+def sweep_backward(args, tensors, comm: int, mini: int) -> dict:
+    """fwd+bwd of both megakernels at the chosen forward knobs, per comm_sms_backward and, with
+    --macrobatch-tokens, per macrobatch size again: the backward megakernel walks its own ring
+    of the same macrobatches, and its time outweighs forward's."""
     x, ids, probs, w1, w2, dy = tensors
     leaves = [x.requires_grad_(), probs.requires_grad_(), w1, w2]
-    knobs = {"minibatch_tokens": mini}
-    if ring is not None:
-        knobs.update(backward_inputs="recomputed", macrobatch_tokens=ring)
     results, reference = {}, None
-    for comm_bwd in args.comm_sms_backward:
-        fn = mok_path(dist.group.WORLD, args.tokens, "megakernel", comm, **knobs,
-                      backward_kernel="megakernel", comm_sms_backward=comm_bwd)
+    for ring in args.macrobatch_tokens or [None]:
+        knobs = {"minibatch_tokens": mini}
+        if ring is not None:
+            knobs.update(backward_inputs="recomputed", macrobatch_tokens=ring)
+        for comm_bwd in args.comm_sms_backward:
+            fn = mok_path(dist.group.WORLD, args.tokens, "megakernel", comm, **knobs,
+                          backward_kernel="megakernel", comm_sms_backward=comm_bwd)
 
-        def both():
-            for t in leaves:
-                t.grad = None
-            fn(x, ids, probs, w1, w2).backward(dy)
+            def both():
+                for t in leaves:
+                    t.grad = None
+                fn(x, ids, probs, w1, w2).backward(dy)
 
-        both()
-        grads = [t.grad.clone() for t in leaves]
-        if reference is None:
-            reference = grads
-        elif not all(torch.equal(a, b) for a, b in zip(reference, grads)):
-            raise RuntimeError(f"comm_sms_backward={comm_bwd} changed the gradient bits")
-        results[f"megakernel_backward:{comm_bwd}"] = timed(both, args.iters, args.warmup)
+            both()
+            grads = [t.grad.clone() for t in leaves]
+            if reference is None:
+                reference = grads
+            elif not all(torch.equal(a, b) for a, b in zip(reference, grads)):
+                raise RuntimeError(f"comm_sms_backward={comm_bwd}, macrobatch_tokens={ring} "
+                                   f"changed the gradient bits")
+            results[f"megakernel_backward:{comm_bwd}:{ring}"] = timed(both, args.iters,
+                                                                      args.warmup)
     return results
 
 
@@ -159,14 +166,15 @@ def main(argv=None):
     best = min(mega, key=mega.get)
     _, comm, ring, mini = best.split(":")
     ring = None if ring == "None" else int(ring)
-    backward, best_backward = {}, None
+    backward, best_backward, comm_bwd = {}, None, None
     if args.comm_sms_backward:
-        backward = sweep_backward(args, tensors, int(comm), ring, int(mini))
+        backward = sweep_backward(args, tensors, int(comm), int(mini))
         best_backward = min(backward, key=backward.get)
+        _, comm_bwd, ring_bwd = best_backward.split(":")
+        comm_bwd, ring = int(comm_bwd), None if ring_bwd == "None" else int(ring_bwd)
     if dist.get_rank() == 0:
         write_recipe(CONFIG_DIR / "recipes" / f"{args.base_recipe}.yaml", args.out, int(comm),
-                     ring, int(mini),
-                     int(best_backward.split(":")[1]) if best_backward else None)
+                     ring, int(mini), comm_bwd)
         print(json.dumps({"model": args.model, "variant": args.variant, "tokens": args.tokens,
                           "world": dist.get_world_size(), "fwd_s": results, "best": best,
                           "both_s": backward, "best_backward": best_backward,
