@@ -365,8 +365,9 @@ def init_one_gpu_megatron(recipe_path: str, **seed_kwargs) -> None:
 
     register()
     parallel_state.initialize_model_parallel()
-    # Megatron initializes the weights from the CPU generator: seeded, a case's model and so its
-    # routing are the same in every process (a number one run reports, the next reproduces).
+    # _build_model builds on the CPU and then moves the model, so its weights come from the
+    # CPU generator: seeded, a case's model and its routing are the same in every process (a
+    # number one run reports, the next reproduces).
     torch.manual_seed(1234)
     model_parallel_cuda_manual_seed(1234, **seed_kwargs)
 
