@@ -365,9 +365,10 @@ def init_one_gpu_megatron(recipe_path: str, **seed_kwargs) -> None:
 
     register()
     parallel_state.initialize_model_parallel()
-    # _build_model builds on the CPU and then moves the model, so its weights come from the
-    # CPU generator: seeded, a case's model and its routing are the same in every process (a
-    # number one run reports, the next reproduces).
+    # Megatron initializes the router's weights on the CPU from the default generator
+    # (moe/router.py: no GPU initialization yet), the rest from the CUDA tracker seeded below:
+    # both seeded, a case's model and its routing are the same in every process (a number one
+    # run reports, the next reproduces).
     torch.manual_seed(1234)
     model_parallel_cuda_manual_seed(1234, **seed_kwargs)
 
