@@ -403,7 +403,18 @@ def backward_wgrad_tiles(hidden: int, ffn: int, f1: int) -> int:
     return tiles(hidden, ffn) + tiles(f1, hidden)
 
 
-def _macrobatches(rows: int, num_experts: int, ring_mblocks: int) -> int:
+def macrobatch_mblocks(macrobatch_tokens: int) -> int:
+    """The rings' macrobatch size in m-blocks (kernel.macrobatch_tokens rounded up)."""
+    return -(-macrobatch_tokens // MEGAKERNEL_BLOCK_M)
+
+
+# Macrobatches one backward megakernel launch can walk (csrc kMaxMacrobatches).
+MAX_MACROBATCHES = 256
+
+
+def macrobatches(rows: int, num_experts: int, ring_mblocks: int) -> int:
+    """Macrobatches of `ring_mblocks` m-blocks a schedule of `rows` rows can need (1 without
+    a ring)."""
     return -(-_max_mblocks(rows, num_experts) // ring_mblocks) if ring_mblocks > 0 else 1
 
 
@@ -414,7 +425,7 @@ def backward_megakernel_counters(rows: int, num_experts: int, device, ring_mbloc
     done; with the ring (``ring_mblocks``), per macrobatch and weight-gradient tile
     (``backward_wgrad_tiles``) the carries stored; per macrobatch the three totals; the tile
     counter and the arrival ticket counter."""
-    macros = _macrobatches(rows, num_experts, ring_mblocks)
+    macros = macrobatches(rows, num_experts, ring_mblocks)
     carry_flags = macros * wgrad_tiles * CONSUMERS if ring_mblocks > 0 else 0
     return torch.zeros(3 * _max_mblocks(rows, num_experts) + 4 * macros + carry_flags + 2,
                        dtype=torch.int32, device=device)
@@ -425,7 +436,7 @@ def backward_carry(rows: int, num_experts: int, ring_mblocks: int, wgrad_tiles: 
     """The fp32 weight-gradient carries of a backward megakernel launch with the ring
     (MACROBATCH_RING_SLOTS + 1 slots of one expert's tiles), or None where no expert can cross
     a macrobatch boundary (a single macrobatch)."""
-    if ring_mblocks <= 0 or _macrobatches(rows, num_experts, ring_mblocks) <= 1:
+    if ring_mblocks <= 0 or macrobatches(rows, num_experts, ring_mblocks) <= 1:
         return None
     return torch.empty((MACROBATCH_RING_SLOTS + 1) * wgrad_tiles * CONSUMERS * CARRY_FLOATS,
                        dtype=torch.float32, device=device)

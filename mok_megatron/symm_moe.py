@@ -183,11 +183,23 @@ def check_kernel_call(call: MoECall, recipe: Recipe) -> None:
         raise ValueError(f"recipe {recipe.name!r}: the blockwise FP8 GEMM reads a gated FC1's "
                          f"gate and up rows as whole 64-row halves of 128-row scale blocks; "
                          f"F={call.ffn} is not a multiple of 64")
-    limit = recipe.kernel.max_tokens_per_rank
+    knobs = recipe.kernel
+    limit = knobs.max_tokens_per_rank
     if call.tokens > limit:
         raise ValueError(
             f"{call.tokens} tokens on this rank exceed the workspace bound "
             f"kernel.max_tokens_per_rank={limit} of recipe {recipe.name!r}; raise it")
+    if knobs.backward_kernel == "megakernel" and knobs.backward_inputs == "recomputed":
+        ring = ops.macrobatch_mblocks(knobs.macrobatch_tokens)
+        rows = schedule_rows(call.world, limit, call.topk, knobs.schedule_capacity)
+        needed = ops.macrobatches(rows, call.num_local, ring)
+        if needed > ops.MAX_MACROBATCHES:
+            least = -(-needed // ops.MAX_MACROBATCHES) * ring * ops.MEGAKERNEL_BLOCK_M
+            raise ValueError(
+                f"recipe {recipe.name!r}: kernel.macrobatch_tokens={knobs.macrobatch_tokens} cuts "
+                f"the schedule's worst case ({rows} rows at EP={call.world}) into {needed} "
+                f"macrobatches; the backward megakernel walks at most "
+                f"{ops.MAX_MACROBATCHES}: raise macrobatch_tokens to {least} or more")
     if call.world > ops.MAX_RANKS:
         raise ValueError(f"EP={call.world}: the cuda backend supports at most {ops.MAX_RANKS} GPUs")
     if call.num_local > ops.MAX_LOCAL_EXPERTS:
@@ -235,7 +247,7 @@ def _run(ws: Workspace, call: MoECall, recipe: Recipe, accumulate_main_grad: boo
     recompute = knobs.backward_inputs == "recomputed"
     # The megakernels' rings run only where forward keeps nothing for backward (config.py
     # says so too).
-    ring_mblocks = (-(-knobs.macrobatch_tokens // ops.MEGAKERNEL_BLOCK_M)
+    ring_mblocks = (ops.macrobatch_mblocks(knobs.macrobatch_tokens)
                     if (forward_megakernel or backward_megakernel) and recompute else 0)
     position = _expert_position(order or list(range(call.num_local)), call.x.device)
     if recipe.precision == "bf16":

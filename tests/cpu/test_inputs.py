@@ -38,8 +38,14 @@ def no_workspace(monkeypatch):
          "9 tokens on this rank exceed the workspace bound kernel.max_tokens_per_rank=8"),
         (lambda: _call(hidden=36), Recipe(), "H and F to be multiples of 8; got H=36"),
         (lambda: _call(world=9), Recipe(), "supports at most 8 GPUs"),
+        # 16384 tokens x top-2 at 128 rows per macrobatch: 261 > 256 macrobatches.
+        (lambda: _call(), Recipe(kernel=KernelKnobs(
+            backward_kernel="megakernel", backward_inputs="recomputed", macrobatch_tokens=128)),
+         "macrobatch_tokens=128 cuts the schedule's worst case \\(32768 rows at EP=1\\) into "
+         "261 macrobatches; the backward megakernel walks at most 256: raise macrobatch_tokens "
+         "to 256 or more"),
     ],
-    ids=["fp32", "too-many-tokens", "h-not-multiple-of-8", "ep9"],
+    ids=["fp32", "too-many-tokens", "h-not-multiple-of-8", "ep9", "macrobatches"],
 )
 def test_kernel_requirements_fail_before_the_workspace(no_workspace, call, recipe, match):
     with pytest.raises(ValueError, match=match):
