@@ -28,8 +28,7 @@ def forward(plan: Plan, sched: Schedule, keep: bool) -> ExpertInputs:
     buffers - a ring of macrobatches with the ring on (plan.ring_mblocks)."""
     ws = plan.ws
     cap, device = sched.capacity, sched.row_slot.device
-    n = (ops.macrobatch_ring_rows(cap, plan.num_local, plan.ring_mblocks)
-         if plan.ring_mblocks else cap)
+    n = ops.macrobatch_ring_rows(cap, plan.num_local, plan.ring_mblocks)
     rows = torch.empty(n, ws.layout.hidden, dtype=torch.bfloat16, device=device)
     act = torch.empty(n, plan.ffn, dtype=torch.bfloat16, device=device)
     h = (torch.empty(cap, plan.w1.shape[1], dtype=torch.bfloat16, device=device)
@@ -68,7 +67,7 @@ def backward(plan: Plan, sched: Schedule, kept: Optional[ExpertInputs]):
     cap, device = sched.capacity, sched.row_slot.device
     hidden, f1, ffn = ws.layout.hidden, plan.w1.shape[1], plan.ffn
     ring_mblocks = plan.ring_mblocks if kept is None else 0
-    n = ops.macrobatch_ring_rows(cap, plan.num_local, ring_mblocks) if ring_mblocks else cap
+    n = ops.macrobatch_ring_rows(cap, plan.num_local, ring_mblocks)
 
     def rows_buffer(width):
         return torch.empty(n, width, dtype=torch.bfloat16, device=device)

@@ -477,14 +477,17 @@ def megakernel_counters(rows: int, num_experts: int, device,
     most rows / 128 + num_experts + 1) rows pulled and FC1 tile halves stored, per
     macrobatch FC2 tile halves done, then the counter that hands out tiles and the one that
     gives each block its arrival ticket (its role)."""
-    mblocks = _max_mblocks(rows, num_experts)
-    macros = -(-mblocks // ring_mblocks) if ring_mblocks > 0 else 1
-    return torch.zeros(2 * mblocks + macros + 2, dtype=torch.int32, device=device)
+    return torch.zeros(2 * _max_mblocks(rows, num_experts)
+                       + macrobatches(rows, num_experts, ring_mblocks) + 2,
+                       dtype=torch.int32, device=device)
 
 
 def macrobatch_ring_rows(rows: int, num_experts: int, ring_mblocks: int) -> int:
-    """Rows of the megakernel's rows / act buffers with the ring on (never more than the
-    padded schedule needs)."""
+    """Rows of a megakernel's row buffers over a schedule of `rows` rows: with the ring
+    (ring_mblocks > 0) its slots (never more than the padded schedule needs), without it every
+    schedule row (csrc RingSize)."""
+    if ring_mblocks <= 0:
+        return rows
     return min(MACROBATCH_RING_SLOTS * ring_mblocks,
                _max_mblocks(rows, num_experts)) * MEGAKERNEL_BLOCK_M
 

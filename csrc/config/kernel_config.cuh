@@ -92,8 +92,9 @@ constexpr int kTileQueueDepth = 4;
 // spread an m-block's tiles (its A rows' reuse) over more indices.
 constexpr int kTileGroupMBlocks = 4;
 // Macrobatches one megakernel launch can walk (the backward megakernel keeps a table of them in
-// shared memory: megakernel/backward_tiles.cuh); the host refuses a ring that would need more
-// (mok_megatron/config.py: raise macrobatch_tokens).
+// shared memory: megakernel/backward_tiles.cuh); a call whose ring would need more is refused
+// before anything runs (mok_megatron/symm_moe.py check_kernel_call, mirrored by
+// ops.MAX_MACROBATCHES; the launcher checks again).
 constexpr int kMaxMacrobatches = 256;
 // Forward megakernel: the producer warpgroup also holds the storer warps
 // (megakernel/epilogue_storer.cuh), whose FC1 activation at 40 registers ran one exp ->

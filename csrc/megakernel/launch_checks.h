@@ -5,6 +5,8 @@
 
 #include <torch/extension.h>
 
+#include <algorithm>
+
 #include "common/error.cuh"
 #include "config/kernel_config.cuh"
 #include "megakernel/row_pull.cuh"
@@ -16,6 +18,20 @@ namespace mok {
 inline int64_t max_schedule_mblocks(int64_t rows, int64_t experts) {
   return rows / kGemmBlockM + experts + 1;
 }
+
+// A megakernel's macrobatch ring over a schedule of at most `max_mblocks` m-blocks
+// (megakernel/macrobatch_ring.cuh; ring_mblocks 0: no ring, one macrobatch of every row):
+// how many macrobatches it can walk and how many rows its row buffers hold (`cap`, every
+// schedule row, without a ring). Mirrored by ops.py macrobatches / macrobatch_ring_rows.
+struct RingSize {
+  int64_t macrobatches, buffer_rows;
+  static RingSize of(int64_t cap, int64_t max_mblocks, int64_t ring_mblocks,
+                     int64_t ring_slots) {
+    if (ring_mblocks <= 0) return {1, cap};
+    return {(max_mblocks + ring_mblocks - 1) / ring_mblocks,
+            std::min(ring_slots * ring_mblocks, max_mblocks) * kGemmBlockM};
+  }
+};
 
 // `who` names the launcher in every message. W1 [E, F1, H], W2 [E, H, F] (F1 = 2F gated).
 inline void check_megakernel_call(const char* who, const at::Tensor& w1, const at::Tensor& w2,

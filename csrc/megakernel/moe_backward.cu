@@ -545,9 +545,8 @@ void moe_backward_megakernel(const at::Tensor& peer_bases, int64_t tokens_offset
   const int64_t cap = row_slot.numel();
   const int64_t max_mblocks = max_schedule_mblocks(cap, E);
   const bool ring_on = ring_mblocks > 0;
-  const int64_t max_macro = ring_on ? (max_mblocks + ring_mblocks - 1) / ring_mblocks : 1;
-  const int64_t buffer_rows =
-      ring_on ? std::min(ring_slots * ring_mblocks, max_mblocks) * kGemmBlockM : cap;
+  const RingSize ring = RingSize::of(cap, max_mblocks, ring_mblocks, ring_slots);
+  const int64_t max_macro = ring.macrobatches, buffer_rows = ring.buffer_rows;
   const BackwardOrder order = BackwardOrder::make(
       static_cast<int>(H), static_cast<int>(F), static_cast<int>(F1), 0);
   const int64_t wgrad_tiles = order.wgrad_tiles();

@@ -395,9 +395,8 @@ void moe_forward_megakernel(const at::Tensor& peer_bases, int64_t tokens_offset,
   const int64_t cap = row_slot.numel();  // schedule rows (worst case)
   const int64_t max_mblocks = max_schedule_mblocks(cap, E);
   const bool ring_on = ring_mblocks > 0;
-  const int64_t max_macro = ring_on ? (max_mblocks + ring_mblocks - 1) / ring_mblocks : 1;
-  const int64_t buffer_rows =
-      ring_on ? std::min(ring_slots * ring_mblocks, max_mblocks) * kGemmBlockM : cap;
+  const RingSize ring = RingSize::of(cap, max_mblocks, ring_mblocks, ring_slots);
+  const int64_t max_macro = ring.macrobatches, buffer_rows = ring.buffer_rows;
   const int sms = at::cuda::getCurrentDeviceProperties()->multiProcessorCount;
   check_megakernel_call("moe_forward_megakernel", w1, w2, offsets, peer_bases, H, F1,
                         minibatch_rows);

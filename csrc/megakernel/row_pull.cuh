@@ -88,8 +88,6 @@ struct RowPlacement {
   bool wait_slots;              // false in profiling variants without FC2 or waits
   uint64_t timeout_ns;
   int* report;
-
-  __device__ int macro_begin(int k) const { return macro_first_row(ring, table, k); }
   __device__ int64_t place(int r) const {
     if (!ring.on) return r;
     const int e = table.expert_of_row(r);
@@ -148,10 +146,10 @@ template <class Chunk>
 __device__ __forceinline__ void for_each_chunk(const RowPlacement& placement, int comm_block,
                                                int comm_blocks, Chunk chunk) {
   int g = 0;
-  int m1 = placement.macro_begin(0);
+  int m1 = macro_first_row(placement.ring, placement.table, 0);
   for (int k = 0; k < placement.ring.n_macro; ++k) {
     const int m0 = m1;
-    m1 = placement.macro_begin(k + 1);
+    m1 = macro_first_row(placement.ring, placement.table, k + 1);
     for (int c0 = m0; c0 < m1; c0 += placement.chunk_rows, ++g) {
       if (g % comm_blocks == comm_block) chunk(k, c0, min(c0 + placement.chunk_rows, m1));
     }

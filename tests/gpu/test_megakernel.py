@@ -67,7 +67,7 @@ def _small_launch(ring_mblocks: int, seed: int = 3, counts: list[int] | None = N
     rows_per_expert = (offsets[1:] - offsets[:-1]).tolist()
     w1 = (torch.randn(E, 2 * F, H, device="cuda", generator=g) * H**-0.5).bfloat16()
     w2 = (torch.randn(E, H, F, device="cuda", generator=g) * F**-0.5).bfloat16()
-    buf_rows = ops.macrobatch_ring_rows(n, E, ring_mblocks) if ring_mblocks else n
+    buf_rows = ops.macrobatch_ring_rows(n, E, ring_mblocks)
     rows = torch.empty(buf_rows, H, device="cuda", dtype=torch.bfloat16)
     act = torch.empty(buf_rows, F, device="cuda", dtype=torch.bfloat16)
     h = None if ring_mblocks else torch.empty(n, 2 * F, device="cuda", dtype=torch.bfloat16)
