@@ -10,12 +10,13 @@ reads it, as the reference's expert MLP does (mxfp8.py, the table before ``_qmm`
     wgrad     dW2 = Q_n(dY)^T Q_n(act)            dW1 = Q_n(dh)^T Q_n(rows)
 
 Q along H, F, F1 ("columns") cuts each row; Q_n cuts each expert's rows from its first row
-(the schedule's offsets). Forward and dgrad run on the sm90 tile engine with the weights as
-MXFP8 codes (one byte each, quantized once per optimizer step: mxfp8_weights.py) dequantized
-in shared memory, and the activation operand rounded by csrc/quant/mx_round.cu and handed
-over dequantized (exact in bf16); FC1's activation is the engine's epilogue. Wgrad rounds
-both operands along the expert's rows and runs torch._grouped_mm. What forward keeps for
-backward stays BF16.
+(the schedule's offsets). Forward and dgrad run on the FP8 grouped GEMM
+(csrc/gemm/fp8_grouped_gemm.cu: E4M3 tensor-core MMAs, fp32 promotion per 32 of K with row x
+column scales) with the weights as MXFP8 codes (one byte each, quantized once per optimizer
+step: mxfp8_weights.py) and the activation operand quantized per call to codes by
+csrc/quant/mx_round.cu; FC1's activation is the engine's epilogue. Wgrad rounds both operands
+along the expert's rows and runs torch._grouped_mm. What forward keeps for backward stays
+BF16.
 
 fp8_blockwise: the same table with 1 x 128 blocks along each row for the activation operands,
 128 x 128 blocks for the weights (fp8_block_weights.py) and 128 x 1 blocks along the expert's
@@ -113,14 +114,16 @@ class _QuantizedOperands(Bf16Operands, abc.ABC):
 
 
 class Mxfp8Operands(_QuantizedOperands):
-    """The sm90 tile engine on MXFP8 weight codes, the activation operand rounded along K."""
+    """The FP8 engine on MXFP8 codes: the activation operand per 1 x 32 of each row, the
+    weights per 32 x 1 of each weight row (mxfp8_weights.py)."""
 
     segment_block = ops.MX_BLOCK
 
     def _engine(self, plan, sched, a, w, out, **epilogue):
-        ops.grouped_gemm(ops.mx_round_columns(a, sched.num_rows), w.codes, sched.offsets, out,
-                         w_scales=w.scales, timeout_ns=plan.ws.timeout_ns, rank=plan.ws.rank,
-                         **epilogue)
+        codes, scales = ops.fp8_quantize_rows(a, sched.num_rows, block=ops.MX_BLOCK)
+        ops.fp8_grouped_gemm(codes, scales, w.codes, w.column_scales, sched.offsets, out,
+                             scale_block=ops.MX_BLOCK, timeout_ns=plan.ws.timeout_ns,
+                             rank=plan.ws.rank, **epilogue)
         return out
 
 

@@ -18,6 +18,7 @@ from . import stall_watch
 MAX_RANKS = 8
 MX_BLOCK = 32  # csrc/config/kernel_config.cuh kMxBlock (mxfp8.BLOCK)
 FP8_BLOCK = 128  # kFp8ScaleBlock (fp8_blockwise.BLOCK)
+FP8_TILE_N = 128  # kFp8BlockN: weight rows of one FP8-engine tile (MXFP8 column-scale groups)
 NUM_BARRIER_CHANNELS = 4
 MAX_LOCAL_EXPERTS = 1024  # kGemmMaxExperts: local experts one launch can schedule
 
@@ -191,19 +192,21 @@ def _epilogue_id(activation: Optional[str], row_prob: Optional[torch.Tensor], ra
     return -1 if activation is None else ACTIVATION_IDS[activation]
 
 
-def fp8_quantize_rows(x: torch.Tensor, num_rows: Optional[torch.Tensor] = None
-                      ) -> tuple[torch.Tensor, torch.Tensor]:
-    """x [rows, K] bf16 as the blockwise FP8 engine's A operand: E4M3 codes [rows, K] (K
-    padded to 16 in the row stride) and E8M0 scale codes per 1 x 128 of each row, stored
-    transposed as [ceil(K / 128), rows padded to 16] (``fp8_blockwise.quantize_rows`` values);
-    only the first ``num_rows`` rows (int32 [1] on the device) when given."""
+def fp8_quantize_rows(x: torch.Tensor, num_rows: Optional[torch.Tensor] = None,
+                      block: int = FP8_BLOCK) -> tuple[torch.Tensor, torch.Tensor]:
+    """x [rows, K] bf16 as the FP8 engine's A operand: E4M3 codes [rows, K] (K padded to 16
+    in the row stride) and E8M0 scale codes per 1 x ``block`` of each row, stored transposed
+    as [ceil(K / block), rows padded to 16] (block 128: ``fp8_blockwise.quantize_rows``
+    values; 32: ``mxfp8.quantize(x, dim=1)``'s); only the first ``num_rows`` rows (int32 [1]
+    on the device) when given."""
     _cuda("x", x, torch.bfloat16)
+    _check(block in (MX_BLOCK, FP8_BLOCK), f"block must be {MX_BLOCK} or {FP8_BLOCK}, got {block}")
     rows, k = x.shape
     codes = torch.empty(rows, -(-k // 16) * 16, dtype=torch.float8_e4m3fn,
                         device=x.device)[:, :k]
     padded = -(-rows // 16) * 16
-    scales = torch.empty(1, -(-k // FP8_BLOCK), 1, padded, dtype=torch.uint8, device=x.device)
-    extension().mx_quantize_columns(x.contiguous(), num_rows, codes, scales, rows, 1, FP8_BLOCK)
+    scales = torch.empty(1, -(-k // block), 1, padded, dtype=torch.uint8, device=x.device)
+    extension().mx_quantize_columns(x.contiguous(), num_rows, codes, scales, rows, 1, block)
     return codes, scales.view(-1, padded)
 
 
@@ -224,22 +227,23 @@ def fp8_quantize_weight_blocks(w: torch.Tensor) -> tuple[torch.Tensor, torch.Ten
 def fp8_grouped_gemm(a: torch.Tensor, a_scales: torch.Tensor, w: torch.Tensor,
                      w_scales: torch.Tensor, offsets: torch.Tensor, out: torch.Tensor, *,
                      activation: Optional[str] = None, row_prob: Optional[torch.Tensor] = None,
-                     h_out: Optional[torch.Tensor] = None, timeout_ns: int = 10**10,
-                     rank: int = 0) -> None:
-    """The blockwise FP8 grouped GEMM (csrc/gemm/fp8_grouped_gemm.cu): ``grouped_gemm``'s
-    contract with ``a`` and ``w`` as E4M3 codes and their E8M0 scales as
-    ``fp8_quantize_rows`` / ``fp8_quantize_weight_blocks`` give them; the products of the
-    dequantized values summed in fp32, promoted once per 128 of K."""
+                     h_out: Optional[torch.Tensor] = None, scale_block: int = FP8_BLOCK,
+                     timeout_ns: int = 10**10, rank: int = 0) -> None:
+    """The FP8 grouped GEMM (csrc/gemm/fp8_grouped_gemm.cu): ``grouped_gemm``'s contract with
+    ``a`` and ``w`` as E4M3 codes and their scales - ``scale_block`` 128 (blockwise recipe):
+    ``fp8_quantize_rows`` / ``fp8_quantize_weight_blocks``; 32 (MXFP8): ``fp8_quantize_rows``
+    with block 32 and ``mxfp8_weights.MxWeight.column_scales``. The products of the
+    dequantized values are summed in fp32, promoted once per scale block of K."""
     for name, t in (("a", a), ("w", w)):
         _check(t.is_cuda and t.dtype == torch.float8_e4m3fn,
                f"{name} must be float8_e4m3fn codes on the GPU, got {t.dtype} on {t.device}")
     _cuda("a_scales", a_scales, torch.uint8)
-    _cuda("w_scales", w_scales, torch.uint8)
+    _cuda("w_scales", w_scales, torch.bfloat16 if scale_block == MX_BLOCK else torch.uint8)
     _cuda("out", out, torch.bfloat16)
     _cuda("offsets", offsets, torch.int32)
     act_id = _epilogue_id(activation, row_prob, rank)
     extension().fp8_grouped_gemm(a, a_scales, w, w_scales, offsets, row_prob, act_id, out,
-                                 h_out, timeout_ns, rank)
+                                 h_out, scale_block, timeout_ns, rank)
 
 
 def mx_quantize_rows_transposed(w: torch.Tensor, codes: torch.Tensor,

@@ -7,7 +7,9 @@ FC1: ours with SwiGLU x prob fused (also writing h, as training needs) vs torch.
 followed by v1's activation kernel. FC2: ours (plain) vs torch._grouped_mm. Every timed pair is
 also compared for results (rel-L2; the run stops above the tests' tolerance). With --mxfp8,
 also the engine on MXFP8 weights (codes dequantized in shared memory, mxfp8_weights.py; the
-same operands' result bit for bit as on the rounded bf16 weights, which is checked) and the
+same operands' result bit for bit as on the rounded bf16 weights, which is checked), the FP8
+engine on MXFP8 codes of both operands (E4M3 MMAs, promotion per 32 of K; compared with the
+dequantizing engine on the same values; its 1 x 32 row quantization timed apart) and the
 once-per-step weight quantization. With --fp8-blockwise, the blockwise FP8 engine
 (run_fp8_blockwise) next to torch._scaled_mm. JSON to --out.
 
@@ -125,7 +127,35 @@ def run_case(model, local: int, tokens: int, iters: int, warmup: int, seed: int,
             if not torch.equal(a[:rows], b[:rows]):
                 raise RuntimeError("MXFP8 weights: not the engine's result on the rounded weights")
         del w1r, w2r
-        timed += [("fc1_mx", fc1_mx), ("fc2_mx", fc2_mx), ("quantize_weights", quantize)]
+        x_mx = ops.fp8_quantize_rows(x, block=ops.MX_BLOCK)
+        act_q = ops.fp8_quantize_rows(act_torch, block=ops.MX_BLOCK)
+        act_f8, h_f8, y_f8 = (torch.empty_like(t) for t in (act_ours, h_ours, y_ours))
+
+        def fc1_mx_fp8():
+            ops.fp8_grouped_gemm(*x_mx, q1.codes, q1.column_scales, offsets, act_f8,
+                                 activation="swiglu", row_prob=prob, h_out=h_f8,
+                                 scale_block=ops.MX_BLOCK)
+
+        def fc2_mx_fp8():
+            ops.fp8_grouped_gemm(*act_q, q2.codes, q2.column_scales, offsets, y_f8,
+                                 scale_block=ops.MX_BLOCK)
+
+        fc1_mx_fp8()
+        fc2_mx_fp8()
+        ops.grouped_gemm(ops.mx_round_columns(x), q1.codes, offsets, act_mx,
+                         activation="swiglu", row_prob=prob, h_out=h_mx, w_scales=q1.scales)
+        ops.grouped_gemm(ops.mx_round_columns(act_torch), q2.codes, offsets, y_mx,
+                         w_scales=q2.scales)
+        errors.update(mx_fp8_h=rel_l2(h_f8[:rows], h_mx[:rows]),
+                      mx_fp8_act=rel_l2(act_f8[:rows], act_mx[:rows]),
+                      mx_fp8_fc2=rel_l2(y_f8[:rows], y_mx[:rows]))
+        bad = {k: v for k, v in errors.items() if k.startswith("mx_fp8") and not v <= MAX_REL_L2}
+        if bad:
+            raise RuntimeError(f"MXFP8 engines disagree (rel-L2 > {MAX_REL_L2}): {bad}")
+        timed += [("fc1_mx", fc1_mx), ("fc2_mx", fc2_mx), ("fc1_mx_fp8", fc1_mx_fp8),
+                  ("fc2_mx_fp8", fc2_mx_fp8),
+                  ("quantize_x_mx", lambda: ops.fp8_quantize_rows(x, block=ops.MX_BLOCK)),
+                  ("quantize_weights", quantize)]
     t = {name: median_ms(fn, iters, warmup) for name, fn in timed}
     flops1, flops2 = 2 * rows * H * 2 * F, 2 * rows * F * H
     bytes1 = w1.numel() * 2 + x.numel() * 2 + rows * 3 * F * 2
@@ -245,6 +275,13 @@ def main(argv=None):
                           f"(x{r['speedup']['fc1_mx_vs_torch']:.2f} vs torch bf16) FC2 "
                           f"{m['fc2_mx']:7.3f} ms (x{r['speedup']['fc2_mx_vs_torch']:.2f}); "
                           f"weights quantized {m['quantize_weights']:.2f} ms", flush=True)
+                    print(f"{'':31s} MXFP8 on the FP8 engine: FC1 {m['fc1_mx_fp8']:7.3f} ms "
+                          f"(x{m['fc1_ours'] / m['fc1_mx_fp8']:.2f} vs our bf16, "
+                          f"x{m['fc1_mx'] / m['fc1_mx_fp8']:.2f} vs dequantizing) FC2 "
+                          f"{m['fc2_mx_fp8']:7.3f} ms (x{m['fc2_ours'] / m['fc2_mx_fp8']:.2f}, "
+                          f"x{m['fc2_mx'] / m['fc2_mx_fp8']:.2f}) | quantize x "
+                          f"{m['quantize_x_mx']:.3f} ms | err {r['errors']['mx_fp8_h']:.1e} "
+                          f"{r['errors']['mx_fp8_fc2']:.1e}", flush=True)
                 if args.fp8_blockwise:
                     r["fp8_blockwise"] = b = run_fp8_blockwise(model, local, tokens, args.iters,
                                                                args.warmup, args.seed)

@@ -236,6 +236,90 @@ def test_mx_weight_gemm_equals_engine_on_rounded_weights(activation, k, n):
             assert err < 1e-2, (e, float(err))
 
 
+@pytest.mark.parametrize("activation", [None, "swiglu", "squared_relu"])
+@pytest.mark.parametrize("k,n", [(256, 384), (200, 80), (7168, 256)],
+                         ids=["aligned", "odd", "deep"])
+def test_fp8_engine_matches_products_of_mxfp8_values(activation, k, n):
+    """The FP8 engine under MXFP8 (E4M3 MMAs per 32 of K, row x column scales): against
+    fp32 products of the reference's MXFP8 values of both operands, rel-L2 <= 2e-3 (the
+    values are the same; only fp32 summation order and the tensor cores' block sums differ,
+    then the shared bf16 rounding); NaN exactly where a NaN block reaches; rows outside the
+    experts untouched; bit-identical over 3 runs. "odd": K not a multiple of 32 or 128, a
+    gated F of 40 (not a multiple of 64: column scales have no 128-row blocks)."""
+    from mok_megatron.mxfp8_weights import quantize_weight
+
+    g = torch.Generator(device="cuda").manual_seed(k + n)
+    E, rows = len(_COUNTS), sum(_COUNTS)
+    offsets = torch.tensor([0] + torch.tensor(_COUNTS).cumsum(0).tolist(), dtype=torch.int32,
+                           device="cuda")
+    a = (torch.randn(rows, k, device="cuda", generator=g)
+         * torch.exp2(torch.randint(-6, 6, (rows, 1), device="cuda", generator=g).float()))
+    a[5, : k // 2] *= 2.0 ** -20  # blocks of one row at very different scales
+    a[70, 3] = float("inf")  # a non-finite block: that row's outputs are NaN
+    a = a.bfloat16()
+    w = torch.randn(E, n, k, device="cuda", generator=g) * k**-0.5
+    w[:, : n // 3] *= 16.0
+    w[3, 7, k - 1] = float("nan")  # expert 3's weight row 7 (its last K block)
+    w = w.bfloat16()
+    prob = torch.rand(rows, device="cuda", generator=g)
+    gated = activation == "swiglu"
+    n_out = n // 2 if gated else n
+    q = quantize_weight(w, halves=2 if gated else 1)
+    a_codes, a_scales = ops.fp8_quantize_rows(a, block=mxfp8.BLOCK)
+    epilogue = {} if activation is None else dict(activation=activation, row_prob=prob)
+    results = []
+    for _ in range(3):
+        out = torch.full((rows + 5, n_out), float("nan"), dtype=torch.bfloat16, device="cuda")
+        h = (torch.full((rows + 5, n), float("nan"), dtype=torch.bfloat16, device="cuda")
+             if activation else None)
+        ops.fp8_grouped_gemm(a_codes, a_scales, q.codes, q.column_scales, offsets, out,
+                             h_out=h, scale_block=mxfp8.BLOCK, **epilogue)
+        results.append((out, h))
+    for out, h in results[1:]:
+        _assert_same(out, results[0][0], "out, run to run")
+        if h is not None:
+            _assert_same(h, results[0][1], "h, run to run")
+    out, h = results[0]
+    assert out[rows:].isnan().all(), "rows outside the experts were written"
+    av = mxfp8.fake_quantize(a.float(), dim=1)
+    wv = mxfp8.fake_quantize(w.float(), dim=2)
+    ref = torch.cat([av[o0:o1] @ wv[e].t() for e, (o0, o1) in
+                     enumerate(zip(offsets[:-1].tolist(), offsets[1:].tolist()))])
+    got = out[:rows] if activation is None else h[:rows]
+    assert torch.equal(got.isnan(), ref.isnan()), "NaN in other places"
+    ok = ~ref.isnan()
+    err = ((got.float()[ok] - ref.bfloat16().float()[ok]).norm() / ref[ok].norm()).item()
+    assert err <= 2e-3, err
+    if activation is not None:
+        from mok_megatron.activations import get_activation
+
+        want = (get_activation(activation)(h[:rows].float()) * prob.unsqueeze(1)).bfloat16()
+        fin = ~want.isnan()
+        assert torch.equal(out[:rows].isnan(), ~fin)
+        err = ((out[:rows].float()[fin] - want.float()[fin]).norm()
+               / want.float()[fin].norm()).item()
+        assert err <= 2e-3, ("act", err)
+
+
+def test_fp8_engine_rejects_block_scales_for_mxfp8():
+    """scale_block 32 reads bf16 column scales; E8M0 bytes (the other engine's layout) are
+    refused by name, as is a scale block the engine has no form for."""
+    from mok_megatron.mxfp8_weights import quantize_weight
+
+    w = torch.randn(2, 128, 256, device="cuda").bfloat16()
+    q = quantize_weight(w)
+    a_codes, a_scales = ops.fp8_quantize_rows(torch.randn(8, 256, device="cuda").bfloat16(),
+                                              block=mxfp8.BLOCK)
+    offsets = torch.tensor([0, 4, 8], dtype=torch.int32, device="cuda")
+    out = torch.empty(8, 128, dtype=torch.bfloat16, device="cuda")
+    with pytest.raises(ValueError, match="w_scales"):
+        ops.fp8_grouped_gemm(a_codes, a_scales, q.codes, q.scales, offsets, out,
+                             scale_block=mxfp8.BLOCK)
+    with pytest.raises(RuntimeError, match="scale_block"):
+        ops.extension().fp8_grouped_gemm(a_codes, a_scales, q.codes, q.column_scales, offsets,
+                                         None, -1, out, None, 64, 10**10, 0)
+
+
 def test_mx_weight_gemm_rejects_unaligned_codes():
     w = torch.zeros(2, 64, 200, dtype=torch.float8_e4m3fn, device="cuda")
     a = torch.zeros(4, 200, dtype=torch.bfloat16, device="cuda")

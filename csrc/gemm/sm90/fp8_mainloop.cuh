@@ -1,13 +1,15 @@
 // The FP8 tile engine's stage ring and k-loops (gemm/fp8_grouped_gemm.cu): E4M3 operands with
-// power-of-two scales, one per 1 x kFp8ScaleBlock of an activation row and one per
-// kFp8ScaleBlock x kFp8ScaleBlock block of a weight (E8M0 codes, quant/mx_format.cuh).
+// power-of-two scales, one per 1 x kScaleK of an activation row, and for the weights either one
+// per 128 x 128 block (Fp8BlockScales: the blockwise recipe) or one per kScaleK x 1 of a weight
+// row (Fp8ColumnScales: MXFP8, kScaleK = 32).
 //
-// A stage is one scale block of K: the A tile (kGemmBlockM rows x 128 codes), the B tile
-// (kFp8BlockN weight rows x 128 codes), both 128-byte swizzled by TMA, and the A rows' scale
-// codes for that block. A consumer warpgroup multiplies its 64 rows with four k32 wgmmas
-// into fresh partial sums, and adds them to its accumulators times (row scale x weight block
-// scale) on the CUDA cores: the tensor cores' own accumulation never spans more than one
-// block, and the promotion of one warpgroup overlaps the other's MMAs.
+// A stage is 128 codes of K: the A tile (kGemmBlockM rows), the B tile (kFp8BlockN weight
+// rows), both 128-byte swizzled by TMA, the A rows' scale codes of the stage's scale blocks and,
+// for column scales, the weight columns' scales. A consumer warpgroup multiplies its 64 rows
+// one scale block at a time (k32 wgmmas into fresh partial sums) and adds the partial sums to
+// its fp32 accumulators times (row scale x weight scale) on the CUDA cores: the tensor cores'
+// own accumulation never spans more than one scale block, and the promotion of one warpgroup
+// overlaps the other's MMAs.
 #pragma once
 
 #include <cstdint>
@@ -20,25 +22,64 @@
 
 namespace mok::sm90 {
 
+// The blockwise recipe: 1 x 128 row scales, one scale per 128 x 128 weight block (read from
+// global memory, [E, ceil(N / 128), ceil(K / 128)] E8M0).
+struct Fp8BlockScales {
+  static constexpr int kScaleK = kFp8ScaleBlock;
+  static constexpr bool kColumnScales = false;
+};
+
+// MXFP8: 1 x 32 row scales, one scale per 32 x 1 of each weight row (a column of the tile),
+// loaded with the stage as bf16 powers of two in fragment order (column_scale_layout below).
+struct Fp8ColumnScales {
+  static constexpr int kScaleK = kMxBlock;
+  static constexpr bool kColumnScales = true;
+};
+
 constexpr int kFp8ATileBytes = kGemmBlockM * kFp8BlockK;  // one byte per code
 constexpr int kFp8BTileBytes = kFp8BlockN * kFp8BlockK;
 constexpr int kFp8AccRegs = kFp8BlockN / 2;  // m64 x n128 fp32 over 128 threads
-constexpr uint32_t kFp8StageTxBytes = kFp8ATileBytes + kFp8BTileBytes + kFp8RowScaleBox;
-constexpr int kRowScaleStageBytes = (kFp8RowScaleBox + 127) / 128 * 128;  // TMA: 128-aligned
 static_assert(kFp8BlockK == 128, "a stage's rows are one 128-byte swizzle row of codes");
 
+// Column scales in fragment order: the scales of one tile's kFp8BlockN / halves weight rows
+// (per half) and one k32 block are stored so that accumulator-fragment thread q (= lane % 4),
+// whose columns are 8 j + 2 q + {0, 1}, finds its pairs side by side: column c of a group of
+// kGroup at q (kGroup / 4) + 2 (c / 8) + c % 2 with q = (c % 8) / 2. Global memory holds
+// [E, ceil(K / 32), halves, N / halves rounded up to kGroup] bf16; a stage holds
+// [halves][kScaleBlocks][kGroup].
+template <bool kGated>
+struct ColumnScaleLayout {
+  static constexpr int kHalves = kGated ? 2 : 1;
+  static constexpr int kGroup = kFp8BlockN / kHalves;
+  static constexpr int kPairsPerHalf = kGroup / 8;  // a thread's column pairs in one half
+};
+
+template <class Scales>
 struct Fp8StageRing {
+  static constexpr int kScaleBlocks = kFp8BlockK / Scales::kScaleK;  // per stage
+  static constexpr int kRowScaleBytes = kFp8RowScaleBox * kScaleBlocks;
+  static constexpr int kColumnScaleElems = Scales::kColumnScales ? kScaleBlocks * kFp8BlockN : 8;
+  // Who releases a stage, per consumer warpgroup: its leader after the MMAs (block scales are
+  // used before the MMAs are issued), or each warp once its promotion has used the stage's
+  // column scales (so no shared-memory read of them is still in flight at the release).
+  static constexpr int kReleasesPerConsumer = Scales::kColumnScales ? 4 : 1;
+  static constexpr uint32_t kTxBytes =
+      kFp8ATileBytes + kFp8BTileBytes + kRowScaleBytes +
+      (Scales::kColumnScales ? kColumnScaleElems * 2 : 0);
+
   uint8_t a[kFp8Stages][kFp8ATileBytes];  // each 1024-aligned: the swizzle atom
   uint8_t b[kFp8Stages][kFp8BTileBytes];
-  alignas(128) uint8_t a_scales[kFp8Stages][kRowScaleStageBytes];  // E8M0 (kFp8RowScaleBox)
+  alignas(128) uint8_t a_scales[kFp8Stages][(kRowScaleBytes + 127) / 128 * 128];  // E8M0
+  alignas(128) uint16_t b_scales[kFp8Stages][kColumnScaleElems];  // bf16 bits, column scales
   uint64_t full[kFp8Stages];
   uint64_t empty[kFp8Stages];
 };
 
-__device__ __forceinline__ void init_fp8_ring(Fp8StageRing& ring) {
+template <class Scales>
+__device__ __forceinline__ void init_fp8_ring(Fp8StageRing<Scales>& ring) {
   for (int i = 0; i < kFp8Stages; ++i) {
     mbar_init(&ring.full[i], 1);
-    mbar_init(&ring.empty[i], kGemmConsumers);
+    mbar_init(&ring.empty[i], kGemmConsumers * Fp8StageRing<Scales>::kReleasesPerConsumer);
   }
   fence_barrier_init();
 }
@@ -49,32 +90,46 @@ __device__ __forceinline__ float e8m0_value(uint8_t code) {
 }
 
 // Producer side of one tile (tile_engine.cuh: produce_tile, over the FP8 ring): A codes at
-// (k0, row0), the A rows' scale codes of block kb, and the weight rows' codes of expert e.
-template <bool kGatedWeights>
-__device__ __forceinline__ void produce_fp8_tile(Fp8StageRing& ring, int& it, int k_blocks,
-                                                 int tile, const CUtensorMap* a_map,
+// (k0, row0), the A rows' scale codes of the stage's blocks, the weight rows' codes of expert
+// e and, for column scales, their scales (w_scales_map: [E][blocks][halves][rows]).
+template <class Scales, bool kGatedWeights>
+__device__ __forceinline__ void produce_fp8_tile(Fp8StageRing<Scales>& ring, int& it,
+                                                 int k_blocks, int tile,
+                                                 const CUtensorMap* a_map,
                                                  const CUtensorMap* a_scales_map,
-                                                 const CUtensorMap* w_map, int row0, int n0,
-                                                 int expert, uint64_t timeout_ns, int* report) {
+                                                 const CUtensorMap* w_map,
+                                                 const CUtensorMap* w_scales_map, int row0,
+                                                 int n0, int expert, uint64_t timeout_ns,
+                                                 int* report) {
+  using Ring = Fp8StageRing<Scales>;
+  using Layout = ColumnScaleLayout<kGatedWeights>;
   for (int kb = 0; kb < k_blocks; ++kb, ++it) {
     const int stage = it % kFp8Stages;
     mbar_wait(&ring.empty[stage], ((it / kFp8Stages) & 1) ^ 1, timeout_ns, kWaitProducer, tile,
               stage, report);
     uint64_t* full = &ring.full[stage];
-    mbar_arrive_expect_tx(full, kFp8StageTxBytes);
+    mbar_arrive_expect_tx(full, Ring::kTxBytes);
     const int k0 = kb * kFp8BlockK;
     tma_load_4d(ring.a[stage], a_map, full, k0, row0, 0, 0);
     tma_load_4d(ring.a_scales[stage], a_scales_map, full,
-                row0 / kFp8RowScaleAlign * kFp8RowScaleAlign, kb, 0, 0);
+                row0 / kFp8RowScaleAlign * kFp8RowScaleAlign, kb * Ring::kScaleBlocks, 0, 0);
     tma_load_4d(ring.b[stage], w_map, full, k0, n0, 0, expert);
     if constexpr (kGatedWeights) {
       tma_load_4d(ring.b[stage] + kFp8BTileBytes / 2, w_map, full, k0, n0, 1, expert);
+    }
+    if constexpr (Scales::kColumnScales) {
+#pragma unroll
+      for (int h = 0; h < Layout::kHalves; ++h) {
+        tma_load_4d(ring.b_scales[stage] + h * Ring::kScaleBlocks * Layout::kGroup, w_scales_map,
+                    full, n0, h, kb * Ring::kScaleBlocks, expert);
+      }
     }
   }
 }
 
 // A consumer warpgroup with none of its rows in the tile releases each stage (pass_tile).
-__device__ __forceinline__ void pass_fp8_tile(Fp8StageRing& ring, int& it, int k_blocks,
+template <class Scales>
+__device__ __forceinline__ void pass_fp8_tile(Fp8StageRing<Scales>& ring, int& it, int k_blocks,
                                               int tile, bool leader, int barrier_id,
                                               uint64_t timeout_ns, int* report) {
   if (leader) {
@@ -82,16 +137,18 @@ __device__ __forceinline__ void pass_fp8_tile(Fp8StageRing& ring, int& it, int k
       const int stage = (it + kb) % kFp8Stages;
       mbar_wait(&ring.full[stage], ((it + kb) / kFp8Stages) & 1, timeout_ns, kWaitMma, tile,
                 stage, report);
-      mbar_arrive(&ring.empty[stage]);
+      for (int i = 0; i < Fp8StageRing<Scales>::kReleasesPerConsumer; ++i) {
+        mbar_arrive(&ring.empty[stage]);
+      }
     }
   }
   it += k_blocks;
   named_barrier_sync(barrier_id, 128);
 }
 
-// The weight-block scales one consumer thread applies: for every k-block, the E8M0 codes of
-// the block holding the tile's first kFp8BlockN / halves rows of each half (w_scales
-// [E, ceil(rows / 128), k_blocks], rows = halves x the half's rows).
+// The weight-block scales one consumer thread applies (blockwise): for every k-block, the
+// E8M0 codes of the block holding the tile's first kFp8BlockN / halves rows of each half
+// (w_scales [E, ceil(rows / 128), k_blocks], rows = halves x the half's rows).
 template <bool kGatedWeights>
 struct WeightBlockScales {
   const uint8_t* half0;
@@ -105,19 +162,43 @@ struct WeightBlockScales {
   }
 };
 
-// Consumer side of one tile (first row tile_row0): acc = sum over k-blocks of scale_a[row] *
-// scale_w * (A_kb W_kb^T) for this warpgroup's 64 rows. The columns of chunks j < kFp8BlockN /
-// 16 belong to the first half (a gated tile's gate rows), the rest to the second.
+// This thread's rows r, r + 8 of the tile, as an index into a stage's row-scale box.
+__device__ __forceinline__ int row_scale_index(int tile_row0, int consumer) {
+  const int t = threadIdx.x % 128;
+  return tile_row0 % kFp8RowScaleAlign + consumer * kGemmWarpgroupRows + 16 * (t / 32) +
+         (t % 32) / 4;
+}
+
+// acc (+)= scale x partial, chunk j of the fragment (8 columns) scaled by s[i][half of j].
+__device__ __forceinline__ void promote_block_scaled(float (&acc)[kFp8AccRegs],
+                                                     const float (&partial)[kFp8AccRegs],
+                                                     const float (&s)[2][2], bool first) {
+#pragma unroll
+  for (int j = 0; j < kFp8AccRegs / 4; ++j) {
+    const int h = j < kFp8AccRegs / 8 ? 0 : 1;
+#pragma unroll
+    for (int i = 0; i < 2; ++i) {
+#pragma unroll
+      for (int c = 0; c < 2; ++c) {
+        const int x = 4 * j + 2 * i + c;
+        acc[x] = first ? partial[x] * s[i][h] : __fmaf_rn(partial[x], s[i][h], acc[x]);
+      }
+    }
+  }
+}
+
+// Blockwise consumer side of one tile (first row tile_row0): acc = sum over k-blocks of
+// scale_a[row] * scale_w * (A_kb W_kb^T) for this warpgroup's 64 rows. The columns of chunks
+// j < kFp8BlockN / 16 belong to the first half (a gated tile's gate rows), the rest to the
+// second.
 template <bool kGatedWeights>
-__device__ __forceinline__ void consume_fp8_tile(Fp8StageRing& ring, int& it, int k_blocks,
-                                                 int tile, int consumer, bool leader,
+__device__ __forceinline__ void consume_fp8_tile(Fp8StageRing<Fp8BlockScales>& ring, int& it,
+                                                 int k_blocks, int tile, int consumer,
+                                                 bool leader,
                                                  const WeightBlockScales<kGatedWeights>& ws,
                                                  int tile_row0, float (&acc)[kFp8AccRegs],
                                                  uint64_t timeout_ns, int* report) {
-  const int t = threadIdx.x % 128;
-  // This thread's rows r, r + 8 in the stage's scale codes (produce_fp8_tile).
-  const int r = tile_row0 % kFp8RowScaleAlign + consumer * kGemmWarpgroupRows + 16 * (t / 32) +
-                (t % 32) / 4;
+  const int r = row_scale_index(tile_row0, consumer);
   float partial[kFp8AccRegs];
   uint8_t w_next[2] = {__ldg(ws.half0), __ldg(ws.half1)};
   for (int kb = 0; kb < k_blocks; ++kb, ++it) {
@@ -151,18 +232,85 @@ __device__ __forceinline__ void consume_fp8_tile(Fp8StageRing& ring, int& it, in
     wgmma_wait<0>();
     fence_accumulators(partial);
     if (leader) mbar_arrive(&ring.empty[stage]);
+    promote_block_scaled(acc, partial, s, kb == 0);
+  }
+}
+
+// This thread's column-scale pairs of scale block `blk` of a stage (ColumnScaleLayout): pair
+// j holds the bf16 scales of columns 8 j + 2 q and 8 j + 2 q + 1.
+template <bool kGatedWeights>
+__device__ __forceinline__ void load_column_scales(const uint16_t* stage, int blk,
+                                                   uint32_t (&pairs)[kFp8AccRegs / 4]) {
+  using Layout = ColumnScaleLayout<kGatedWeights>;
+  constexpr int kBlocks = Fp8StageRing<Fp8ColumnScales>::kScaleBlocks;
+  const int q = threadIdx.x % 4;
 #pragma unroll
-    for (int j = 0; j < kFp8AccRegs / 4; ++j) {
-      const int h = j < kFp8AccRegs / 8 ? 0 : 1;
+  for (int h = 0; h < Layout::kHalves; ++h) {
+    const uint4* src = reinterpret_cast<const uint4*>(
+        stage + (h * kBlocks + blk) * Layout::kGroup + q * (Layout::kGroup / 4));
+#pragma unroll
+    for (int v = 0; v < Layout::kPairsPerHalf / 4; ++v) {
+      const uint4 w = src[v];
+      uint32_t* dst = pairs + h * Layout::kPairsPerHalf + 4 * v;
+      dst[0] = w.x;
+      dst[1] = w.y;
+      dst[2] = w.z;
+      dst[3] = w.w;
+    }
+  }
+}
+
+// MXFP8 consumer side of one tile: acc = sum over 32-wide k-blocks of
+// scale_a[row] * scale_w[col] * (A_blk W_blk^T). A bf16 scale is the high half of its fp32.
+template <bool kGatedWeights>
+__device__ __forceinline__ void consume_fp8_tile(Fp8StageRing<Fp8ColumnScales>& ring, int& it,
+                                                 int k_blocks, int tile, int consumer,
+                                                 int tile_row0, float (&acc)[kFp8AccRegs],
+                                                 uint64_t timeout_ns,
+                                                 int* report) {
+  constexpr int kBlocks = Fp8StageRing<Fp8ColumnScales>::kScaleBlocks;
+  const int r = row_scale_index(tile_row0, consumer);
+  float partial[kFp8AccRegs];
+#pragma unroll
+  for (int x = 0; x < kFp8AccRegs; ++x) acc[x] = 0.f;
+  for (int kb = 0; kb < k_blocks; ++kb, ++it) {
+    const int stage = it % kFp8Stages;
+    mbar_wait(&ring.full[stage], (it / kFp8Stages) & 1, timeout_ns, kWaitMma, tile, stage,
+              report);
+    const uint64_t desc_a =
+        smem_desc_k_major_sw128(ring.a[stage] + consumer * (kFp8ATileBytes / kGemmConsumers));
+    const uint64_t desc_b = smem_desc_k_major_sw128(ring.b[stage]);
+#pragma unroll 1
+    for (int blk = 0; blk < kBlocks; ++blk) {
+      float a_scale[2];
 #pragma unroll
       for (int i = 0; i < 2; ++i) {
+        a_scale[i] = e8m0_value(ring.a_scales[stage][blk * kFp8RowScaleBox + r + 8 * i]);
+      }
+      uint32_t pairs[kFp8AccRegs / 4];
+      load_column_scales<kGatedWeights>(ring.b_scales[stage], blk, pairs);
+      wgmma_fence();
+      wgmma_m64n128k32_e4m3(partial, desc_advance_k16(desc_a, blk),
+                            desc_advance_k16(desc_b, blk), 0);
+      wgmma_commit();
+      wgmma_wait<0>();
+      fence_accumulators(partial);
+      // partial x column scale is exact (a power of two), so each element is rounded once.
 #pragma unroll
-        for (int c = 0; c < 2; ++c) {
-          const int x = 4 * j + 2 * i + c;
-          acc[x] = kb == 0 ? partial[x] * s[i][h] : __fmaf_rn(partial[x], s[i][h], acc[x]);
+      for (int j = 0; j < kFp8AccRegs / 4; ++j) {
+        const float w_scale[2] = {__uint_as_float(pairs[j] << 16),
+                                  __uint_as_float(pairs[j] & 0xFFFF0000u)};
+#pragma unroll
+        for (int i = 0; i < 2; ++i) {
+#pragma unroll
+          for (int c = 0; c < 2; ++c) {
+            const int x = 4 * j + 2 * i + c;
+            acc[x] = __fmaf_rn(__fmul_rn(partial[x], w_scale[c]), a_scale[i], acc[x]);
+          }
         }
       }
     }
+    if (threadIdx.x % 32 == 0) mbar_arrive(&ring.empty[stage]);  // kReleasesPerConsumer
   }
 }
 

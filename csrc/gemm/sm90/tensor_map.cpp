@@ -132,10 +132,21 @@ CUtensorMap fp8_expert_weight_map(const void* base, uint64_t experts, uint64_t r
 }
 
 CUtensorMap fp8_row_scales_map(const void* base, uint64_t k_blocks, uint64_t rows,
-                               uint64_t row_stride) {
+                               uint64_t row_stride, int blocks_per_stage) {
   return encode_4d(CU_TENSOR_MAP_DATA_TYPE_UINT8, base, {rows, k_blocks, 1, 1},
                    {row_stride, row_stride * k_blocks, row_stride * k_blocks},
-                   {kFp8RowScaleBox, 1, 1, 1}, CU_TENSOR_MAP_SWIZZLE_NONE);
+                   {kFp8RowScaleBox, uint32_t(blocks_per_stage), 1, 1},
+                   CU_TENSOR_MAP_SWIZZLE_NONE);
+}
+
+CUtensorMap fp8_column_scales_map(const void* base, uint64_t experts, uint64_t k_blocks,
+                                  int halves, uint64_t padded_rows) {
+  const uint64_t row_bytes = padded_rows * 2;
+  return encode_4d(CU_TENSOR_MAP_DATA_TYPE_UINT16, base,
+                   {padded_rows, uint64_t(halves), k_blocks, experts},
+                   {row_bytes, row_bytes * halves, row_bytes * halves * k_blocks},
+                   {uint32_t(kFp8BlockN / halves), 1, uint32_t(kFp8BlockK / kMxBlock), 1},
+                   CU_TENSOR_MAP_SWIZZLE_NONE);
 }
 
 }  // namespace mok::sm90

@@ -60,11 +60,14 @@ CUtensorMap expert_weight_scales_map(const void* base, uint64_t experts, uint64_
 // A codes [rows, K] in kGemmBlockM x kFp8BlockK boxes and W codes [E, halves * N, K] in
 // kFp8BlockN / halves x kFp8BlockK boxes, both 128-byte swizzled (a box row is one swizzle
 // row); the A rows' E8M0 scale codes [k_blocks, rows] (row stride `row_stride`) in boxes of
-// kFp8RowScaleBox rows of one block, read from a 16-aligned row.
+// kFp8RowScaleBox rows of a stage's blocks, read from a 16-aligned row; MXFP8's bf16 weight
+// column scales [E, k_blocks, halves, padded_rows] in boxes of one stage of one tile's half.
 CUtensorMap fp8_row_tile_map(const void* base, uint64_t rows, uint64_t k, uint64_t row_stride);
 CUtensorMap fp8_expert_weight_map(const void* base, uint64_t experts, uint64_t rows, uint64_t k,
                                   uint64_t expert_stride, uint64_t row_stride, int halves);
 CUtensorMap fp8_row_scales_map(const void* base, uint64_t k_blocks, uint64_t rows,
-                               uint64_t row_stride);
+                               uint64_t row_stride, int blocks_per_stage);
+CUtensorMap fp8_column_scales_map(const void* base, uint64_t experts, uint64_t k_blocks,
+                                  int halves, uint64_t padded_rows);
 
 }  // namespace mok::sm90
