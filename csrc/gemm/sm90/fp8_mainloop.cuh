@@ -236,82 +236,114 @@ __device__ __forceinline__ void consume_fp8_tile(Fp8StageRing<Fp8BlockScales>& r
   }
 }
 
-// This thread's column-scale pairs of scale block `blk` of a stage (ColumnScaleLayout): pair
-// j holds the bf16 scales of columns 8 j + 2 q and 8 j + 2 q + 1.
+// The bf16 column scales of one half (kFp8BlockN / 2 columns: a gated tile's gate or up rows)
+// of scale block `blk` that this thread applies (ColumnScaleLayout): 16-byte piece v holds
+// the pairs of the half's columns 8 j + 2 q and 8 j + 2 q + 1 for j = 4 v .. 4 v + 3.
 template <bool kGatedWeights>
-__device__ __forceinline__ void load_column_scales(const uint16_t* stage, int blk,
-                                                   uint32_t (&pairs)[kFp8AccRegs / 4]) {
+__device__ __forceinline__ const uint4* column_scale_pieces(const uint16_t* stage, int blk,
+                                                            int half) {
   using Layout = ColumnScaleLayout<kGatedWeights>;
   constexpr int kBlocks = Fp8StageRing<Fp8ColumnScales>::kScaleBlocks;
   const int q = threadIdx.x % 4;
+  return reinterpret_cast<const uint4*>(
+      kGatedWeights ? stage + (half * kBlocks + blk) * Layout::kGroup + q * (Layout::kGroup / 4)
+                    : stage + blk * Layout::kGroup + q * (Layout::kGroup / 4) +
+                          half * (Layout::kGroup / 8));
+}
+
+// acc's half `half` += row scale x column scale x partial for scale block `blk` of `stage`.
+// partial x column scale is exact (a power of two), so each element is rounded once. A bf16
+// scale is the high half of its fp32.
+template <bool kGatedWeights>
+__device__ __forceinline__ void promote_column_half(float (&acc)[kFp8AccRegs],
+                                                    const float (&partial)[kFp8AccRegs / 2],
+                                                    const Fp8StageRing<Fp8ColumnScales>& ring,
+                                                    int stage, int blk, int half, int r) {
+  float a_scale[2];
 #pragma unroll
-  for (int h = 0; h < Layout::kHalves; ++h) {
-    const uint4* src = reinterpret_cast<const uint4*>(
-        stage + (h * kBlocks + blk) * Layout::kGroup + q * (Layout::kGroup / 4));
+  for (int i = 0; i < 2; ++i) {
+    a_scale[i] = e8m0_value(ring.a_scales[stage][blk * kFp8RowScaleBox + r + 8 * i]);
+  }
+  const uint4* pieces = column_scale_pieces<kGatedWeights>(ring.b_scales[stage], blk, half);
 #pragma unroll
-    for (int v = 0; v < Layout::kPairsPerHalf / 4; ++v) {
-      const uint4 w = src[v];
-      uint32_t* dst = pairs + h * Layout::kPairsPerHalf + 4 * v;
-      dst[0] = w.x;
-      dst[1] = w.y;
-      dst[2] = w.z;
-      dst[3] = w.w;
+  for (int v = 0; v < kFp8AccRegs / 32; ++v) {
+    const uint4 piece = pieces[v];
+    const uint32_t pairs[4] = {piece.x, piece.y, piece.z, piece.w};
+#pragma unroll
+    for (int jj = 0; jj < 4; ++jj) {
+      const float w_scale[2] = {__uint_as_float(pairs[jj] << 16),
+                                __uint_as_float(pairs[jj] & 0xFFFF0000u)};
+#pragma unroll
+      for (int i = 0; i < 2; ++i) {
+#pragma unroll
+        for (int c = 0; c < 2; ++c) {
+          const int x = 4 * (4 * v + jj) + 2 * i + c;
+          float& a = acc[half * (kFp8AccRegs / 2) + x];
+          a = __fmaf_rn(__fmul_rn(partial[x], w_scale[c]), a_scale[i], a);
+        }
+      }
     }
   }
 }
 
 // MXFP8 consumer side of one tile: acc = sum over 32-wide k-blocks of
-// scale_a[row] * scale_w[col] * (A_blk W_blk^T). A bf16 scale is the high half of its fp32.
+// scale_a[row] * scale_w[col] * (A_blk W_blk^T). A step is one block times one half of the
+// tile's columns (an m64n64k32 MMA into that half's partial sums); each step's MMA is issued
+// before the previous step is promoted, so the tensor cores work while the CUDA cores promote.
+// The step after the tile's last one repeats it (no branch around an MMA: ptxas would
+// serialize them); its result is dropped. A stage is released by each warp
+// (kReleasesPerConsumer) once its last step is promoted and no MMA reads it any more.
 template <bool kGatedWeights>
 __device__ __forceinline__ void consume_fp8_tile(Fp8StageRing<Fp8ColumnScales>& ring, int& it,
                                                  int k_blocks, int tile, int consumer,
                                                  int tile_row0, float (&acc)[kFp8AccRegs],
-                                                 uint64_t timeout_ns,
-                                                 int* report) {
+                                                 uint64_t timeout_ns, int* report) {
   constexpr int kBlocks = Fp8StageRing<Fp8ColumnScales>::kScaleBlocks;
   const int r = row_scale_index(tile_row0, consumer);
-  float partial[kFp8AccRegs];
+  const bool lane0 = threadIdx.x % 32 == 0;
+  const int a_offset = consumer * (kFp8ATileBytes / kGemmConsumers);
+  float partial[2][kFp8AccRegs / 2];
 #pragma unroll
   for (int x = 0; x < kFp8AccRegs; ++x) acc[x] = 0.f;
+  // Descriptors of stage 0; a stage's are these plus its offset (16-byte units).
+  const uint64_t desc_a0 = smem_desc_k_major_sw128(ring.a[0] + a_offset);
+  const uint64_t desc_b0 = smem_desc_k_major_sw128(ring.b[0]);
+  constexpr uint64_t kStageA = kFp8ATileBytes >> 4, kStageB = kFp8BTileBytes >> 4;
+  constexpr uint64_t kHalfB = kStageB / 2;
+  int stage = it % kFp8Stages;
+  mbar_wait(&ring.full[stage], (it / kFp8Stages) & 1, timeout_ns, kWaitMma, tile, stage, report);
+  wgmma_fence();
+  wgmma_m64n64k32_e4m3(partial[0], desc_a0 + stage * kStageA, desc_b0 + stage * kStageB, 0);
+  wgmma_commit();
   for (int kb = 0; kb < k_blocks; ++kb, ++it) {
-    const int stage = it % kFp8Stages;
-    mbar_wait(&ring.full[stage], (it / kFp8Stages) & 1, timeout_ns, kWaitMma, tile, stage,
-              report);
-    const uint64_t desc_a =
-        smem_desc_k_major_sw128(ring.a[stage] + consumer * (kFp8ATileBytes / kGemmConsumers));
-    const uint64_t desc_b = smem_desc_k_major_sw128(ring.b[stage]);
-#pragma unroll 1
-    for (int blk = 0; blk < kBlocks; ++blk) {
-      float a_scale[2];
-#pragma unroll
-      for (int i = 0; i < 2; ++i) {
-        a_scale[i] = e8m0_value(ring.a_scales[stage][blk * kFp8RowScaleBox + r + 8 * i]);
-      }
-      uint32_t pairs[kFp8AccRegs / 4];
-      load_column_scales<kGatedWeights>(ring.b_scales[stage], blk, pairs);
-      wgmma_fence();
-      wgmma_m64n128k32_e4m3(partial, desc_advance_k16(desc_a, blk),
-                            desc_advance_k16(desc_b, blk), 0);
-      wgmma_commit();
-      wgmma_wait<0>();
-      fence_accumulators(partial);
-      // partial x column scale is exact (a power of two), so each element is rounded once.
-#pragma unroll
-      for (int j = 0; j < kFp8AccRegs / 4; ++j) {
-        const float w_scale[2] = {__uint_as_float(pairs[j] << 16),
-                                  __uint_as_float(pairs[j] & 0xFFFF0000u)};
-#pragma unroll
-        for (int i = 0; i < 2; ++i) {
-#pragma unroll
-          for (int c = 0; c < 2; ++c) {
-            const int x = 4 * j + 2 * i + c;
-            acc[x] = __fmaf_rn(__fmul_rn(partial[x], w_scale[c]), a_scale[i], acc[x]);
-          }
-        }
-      }
+    // The stage the step after this stage's last one reads: the next, or this one again.
+    int next = stage;
+    if (kb + 1 < k_blocks) {
+      next = (it + 1) % kFp8Stages;
+      mbar_wait(&ring.full[next], ((it + 1) / kFp8Stages) & 1, timeout_ns, kWaitMma, tile, next,
+                report);
     }
-    if (threadIdx.x % 32 == 0) mbar_arrive(&ring.empty[stage]);  // kReleasesPerConsumer
+#pragma unroll
+    for (int step = 0; step < 2 * kBlocks; ++step) {
+      const int blk = step / 2, h = step % 2;  // the step in flight; issue the one after it
+      const bool last = step == 2 * kBlocks - 1;
+      const int s = last ? next : stage;
+      const int k32 = last ? 0 : (step + 1) / 2;
+      wgmma_fence();
+      wgmma_m64n64k32_e4m3(partial[1 - h], desc_advance_k16(desc_a0 + s * kStageA, k32),
+                           desc_advance_k16(desc_b0 + s * kStageB, k32) + (h ? 0 : kHalfB), 0);
+      wgmma_commit();
+      wgmma_wait<1>();
+      fence_accumulators(partial[h]);
+      promote_column_half<kGatedWeights>(acc, partial[h], ring, stage, blk, h, r);
+    }
+    // Every MMA reading this stage is done once the next stage's first step is; the last
+    // stage is read by the repeated step until the wait below.
+    if (next != stage && lane0) mbar_arrive(&ring.empty[stage]);
+    stage = next;
   }
+  wgmma_wait<0>();
+  if (lane0) mbar_arrive(&ring.empty[stage]);
 }
 
 }  // namespace mok::sm90
