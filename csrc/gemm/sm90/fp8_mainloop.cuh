@@ -237,8 +237,8 @@ __device__ __forceinline__ void consume_fp8_tile(Fp8StageRing<Fp8BlockScales>& r
 }
 
 // The bf16 column scales of one half (kFp8BlockN / 2 columns: a gated tile's gate or up rows)
-// of scale block `blk` that this thread applies (ColumnScaleLayout): 16-byte piece v holds
-// the pairs of the half's columns 8 j + 2 q and 8 j + 2 q + 1 for j = 4 v .. 4 v + 3.
+// of scale block `blk` that this thread applies (ColumnScaleLayout): 16-byte piece v (of 2)
+// holds the pairs of the half's columns 8 j + 2 q and 8 j + 2 q + 1 for j = 4 v .. 4 v + 3.
 template <bool kGatedWeights>
 __device__ __forceinline__ const uint4* column_scale_pieces(const uint16_t* stage, int blk,
                                                             int half) {
@@ -251,24 +251,25 @@ __device__ __forceinline__ const uint4* column_scale_pieces(const uint16_t* stag
                           half * (Layout::kGroup / 8));
 }
 
-// acc's half `half` += row scale x column scale x partial for scale block `blk` of `stage`.
-// partial x column scale is exact (a power of two), so each element is rounded once. A bf16
-// scale is the high half of its fp32.
-template <bool kGatedWeights>
-__device__ __forceinline__ void promote_column_half(float (&acc)[kFp8AccRegs],
-                                                    const float (&partial)[kFp8AccRegs / 2],
-                                                    const Fp8StageRing<Fp8ColumnScales>& ring,
-                                                    int stage, int blk, int half, int r) {
-  float a_scale[2];
+// This thread's two row scales (rows r, r + 8) of scale block `blk` of `stage`.
+__device__ __forceinline__ void load_row_scales(const Fp8StageRing<Fp8ColumnScales>& ring,
+                                                int stage, int blk, int r, float (&a_scale)[2]) {
 #pragma unroll
   for (int i = 0; i < 2; ++i) {
     a_scale[i] = e8m0_value(ring.a_scales[stage][blk * kFp8RowScaleBox + r + 8 * i]);
   }
-  const uint4* pieces = column_scale_pieces<kGatedWeights>(ring.b_scales[stage], blk, half);
+}
+
+// acc's half `half` += row scale x column scale x partial (column scales: the two pieces of
+// column_scale_pieces). partial x column scale is exact (a power of two), so each element is
+// rounded once. A bf16 scale is the high half of its fp32.
+__device__ __forceinline__ void promote_column_half(float (&acc)[kFp8AccRegs],
+                                                    const float (&partial)[kFp8AccRegs / 2],
+                                                    const float (&a_scale)[2],
+                                                    const uint4 (&pieces)[2], int half) {
 #pragma unroll
-  for (int v = 0; v < kFp8AccRegs / 32; ++v) {
-    const uint4 piece = pieces[v];
-    const uint32_t pairs[4] = {piece.x, piece.y, piece.z, piece.w};
+  for (int v = 0; v < 2; ++v) {
+    const uint32_t pairs[4] = {pieces[v].x, pieces[v].y, pieces[v].z, pieces[v].w};
 #pragma unroll
     for (int jj = 0; jj < 4; ++jj) {
       const float w_scale[2] = {__uint_as_float(pairs[jj] << 16),
@@ -303,6 +304,7 @@ __device__ __forceinline__ void consume_fp8_tile(Fp8StageRing<Fp8ColumnScales>& 
   const bool lane0 = threadIdx.x % 32 == 0;
   const int a_offset = consumer * (kFp8ATileBytes / kGemmConsumers);
   float partial[2][kFp8AccRegs / 2];
+  float a_scale[2];
 #pragma unroll
   for (int x = 0; x < kFp8AccRegs; ++x) acc[x] = 0.f;
   // Descriptors of stage 0; a stage's are these plus its offset (16-byte units).
@@ -333,9 +335,13 @@ __device__ __forceinline__ void consume_fp8_tile(Fp8StageRing<Fp8ColumnScales>& 
       wgmma_m64n64k32_e4m3(partial[1 - h], desc_advance_k16(desc_a0 + s * kStageA, k32),
                            desc_advance_k16(desc_b0 + s * kStageB, k32) + (h ? 0 : kHalfB), 0);
       wgmma_commit();
+      // This step's scales, loaded while the MMAs run (a block's row scales serve both halves).
+      if (h == 0) load_row_scales(ring, stage, blk, r, a_scale);
+      const uint4* src = column_scale_pieces<kGatedWeights>(ring.b_scales[stage], blk, h);
+      const uint4 pieces[2] = {ld_shared_16(src), ld_shared_16(src + 1)};
       wgmma_wait<1>();
       fence_accumulators(partial[h]);
-      promote_column_half<kGatedWeights>(acc, partial[h], ring, stage, blk, h, r);
+      promote_column_half(acc, partial[h], a_scale, pieces, h);
     }
     // Every MMA reading this stage is done once the next stage's first step is; the last
     // stage is read by the repeated step until the wait below.
