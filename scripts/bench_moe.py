@@ -391,9 +391,10 @@ def run_case(model, variant, tokens, peaks, args, group):
                 lambda: quantize_pair(w1.detach(), w2.detach(), gated=True), args.iters,
                 args.warmup)
             cached = quantize_pair(w1.detach(), w2.detach(), gated=True)
-            entry["weight_cache_bytes"] = sum(
-                t.untyped_storage().nbytes() for q in vars(cached).values()
-                for t in (q.codes, q.scales))
+            storages = {t.untyped_storage().data_ptr(): t.untyped_storage().nbytes()
+                        for q in vars(cached).values() for t in vars(q).values()
+                        if isinstance(t, torch.Tensor)}  # every tensor of the cache, once
+            entry["weight_cache_bytes"] = sum(storages.values())
             del cached
         if args.cuda_graph and name != "alltoall":
             entry = result["paths"][name]
