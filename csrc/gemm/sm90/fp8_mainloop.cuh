@@ -51,7 +51,6 @@ template <bool kGated>
 struct ColumnScaleLayout {
   static constexpr int kHalves = kGated ? 2 : 1;
   static constexpr int kGroup = kFp8BlockN / kHalves;
-  static constexpr int kPairsPerHalf = kGroup / 8;  // a thread's column pairs in one half
 };
 
 template <class Scales>
