@@ -6,7 +6,8 @@
 //   S = 32 (MXFP8): per 32 x 1 of each weight row, as bf16 powers of two in fragment order
 //     [E, ceil(K / 32), halves, N / halves rounded up to 128 / halves] (ColumnScaleLayout).
 // The products of the dequantized values are summed in fp32: per scale block of K by the
-// tensor cores, across blocks on the CUDA cores (gemm/sm90/fp8_mainloop.cuh).
+// tensor cores, across blocks on the CUDA cores (gemm/sm90/fp8_mainloop.cuh, and
+// gemm/sm90/fp8_column_consumer.cuh for MXFP8).
 //
 // Tiles, schedule and epilogue are the bf16 engine's (grouped_gemm.cu) with kFp8BlockN
 // columns: tiles expert-major from the device-side offsets, each output element computed by
@@ -18,6 +19,7 @@
 
 #include "common/error.cuh"
 #include "gemm/persistent_launch.cuh"
+#include "gemm/sm90/fp8_column_consumer.cuh"
 #include "gemm/sm90/fp8_mainloop.cuh"
 #include "gemm/sm90/tensor_map.h"
 #include "gemm/sm90/tile_engine.cuh"
