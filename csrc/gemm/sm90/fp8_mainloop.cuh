@@ -30,7 +30,7 @@ struct Fp8BlockScales {
 };
 
 // MXFP8: 1 x 32 row scales, one scale per 32 x 1 of each weight row (a column of the tile),
-// loaded with the stage as bf16 powers of two in fragment order (column_scale_layout below).
+// loaded with the stage as bf16 powers of two in fragment order (ColumnScaleLayout below).
 struct Fp8ColumnScales {
   static constexpr int kScaleK = kMxBlock;
   static constexpr bool kColumnScales = true;
