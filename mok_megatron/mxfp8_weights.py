@@ -34,6 +34,7 @@ from torch.optim.optimizer import register_optimizer_step_post_hook
 from torch.utils.weak import WeakIdKeyDictionary
 
 from . import ops
+from .fp8_blockwise import e8m0_values
 
 _TMA_ROW_BYTES = 16
 _generation = 0
@@ -56,15 +57,6 @@ class MxWeight:
     column_scales: torch.Tensor  # bf16 [E, ceil(K / 32), halves, N / halves padded to 128 / halves]
 
 
-def e8m0_as_bf16(codes: torch.Tensor) -> torch.Tensor:
-    """2^(code - 127) as bf16, exactly: code << 7 in bf16's exponent field, 2^-127 as the
-    subnormal 0x0040, NaN (0x7FC0) for the NaN code 255."""
-    c = codes.to(torch.int16)
-    bits = torch.where(c == 0, torch.full_like(c, 0x40), c << 7)
-    bits = torch.where(c == 255, torch.full_like(c, 0x7FC0), bits)
-    return bits.view(torch.bfloat16)
-
-
 def column_scales(scales: torch.Tensor, half_rows: int) -> torch.Tensor:
     """E8M0 scales [E, blocks, halves, >= half_rows] as the FP8 engine's column scales
     (csrc/gemm/sm90/fp8_mainloop.cuh, ColumnScaleLayout): bf16, each group of
@@ -74,7 +66,8 @@ def column_scales(scales: torch.Tensor, half_rows: int) -> torch.Tensor:
     group = ops.FP8_TILE_N // halves
     padded = -(-half_rows // group) * group
     s = torch.zeros(E, blocks, halves, padded, dtype=torch.bfloat16, device=scales.device)
-    s[..., :half_rows] = e8m0_as_bf16(scales[..., :half_rows])
+    # Powers of two 2^-127 .. 2^127 and NaN are exact in bf16 (fp32's exponent range).
+    s[..., :half_rows] = e8m0_values(scales[..., :half_rows]).to(torch.bfloat16)
     s = s.view(E, blocks, halves, padded // group, group // 8, 4, 2).transpose(-3, -2)
     return s.contiguous().view(E, blocks, halves, padded)
 

@@ -47,6 +47,13 @@ def rel_l2(a, b) -> float:
     return ((a.double() - b.double()).norm() / b.double().norm()).item()
 
 
+def check_agreement(errors: dict, what: str) -> None:
+    """Stops the run where a compared pair is beyond the tests' tolerance (or NaN)."""
+    bad = {k: v for k, v in errors.items() if not v <= MAX_REL_L2}
+    if bad:
+        raise RuntimeError(f"{what} disagree (rel-L2 > {MAX_REL_L2}): {bad}")
+
+
 def grouped_problem(model, local: int, tokens: int, seed: int):
     """One GPU's expert work: rows = tokens x topk routed uniformly at random over `local`
     experts (grouped by expert), and counts, offsets [E + 1] (int32), x, w1, w2, prob."""
@@ -97,9 +104,7 @@ def run_case(model, local: int, tokens: int, iters: int, warmup: int, seed: int,
     y_torch = fc2_torch()
     errors = {"h": rel_l2(h_ours, h_torch), "act": rel_l2(act_ours, act_torch),
               "fc2": rel_l2(y_ours, y_torch)}
-    bad = {k: v for k, v in errors.items() if not v <= MAX_REL_L2}
-    if bad:
-        raise RuntimeError(f"engine and torch disagree (rel-L2 > {MAX_REL_L2}): {bad}")
+    check_agreement(errors, "engine and torch")
     timed = [("fc1_ours", fc1_ours), ("fc1_torch", fc1_torch), ("fc2_ours", fc2_ours),
              ("fc2_torch", fc2_torch)]
     if mxfp8:
@@ -149,9 +154,7 @@ def run_case(model, local: int, tokens: int, iters: int, warmup: int, seed: int,
         errors.update(mx_fp8_h=rel_l2(h_f8[:rows], h_mx[:rows]),
                       mx_fp8_act=rel_l2(act_f8[:rows], act_mx[:rows]),
                       mx_fp8_fc2=rel_l2(y_f8[:rows], y_mx[:rows]))
-        bad = {k: v for k, v in errors.items() if k.startswith("mx_fp8") and not v <= MAX_REL_L2}
-        if bad:
-            raise RuntimeError(f"MXFP8 engines disagree (rel-L2 > {MAX_REL_L2}): {bad}")
+        check_agreement(errors, "MXFP8 engines")
         timed += [("fc1_mx", fc1_mx), ("fc2_mx", fc2_mx), ("fc1_mx_fp8", fc1_mx_fp8),
                   ("fc2_mx_fp8", fc2_mx_fp8),
                   ("quantize_x_mx", lambda: ops.fp8_quantize_rows(x, block=ops.MX_BLOCK)),
@@ -209,9 +212,7 @@ def run_fp8_blockwise(model, local: int, tokens: int, iters: int, warmup: int,
                      offsets, y_ref)
     torch.cuda.empty_cache()
     errors = {"fp8_act": rel_l2(act, act_ref), "fp8_fc2": rel_l2(y, y_ref)}
-    bad = {k: v for k, v in errors.items() if not v <= MAX_REL_L2}
-    if bad:
-        raise RuntimeError(f"FP8 engine and BF16 engine disagree (rel-L2 > {MAX_REL_L2}): {bad}")
+    check_agreement(errors, "FP8 engine and BF16 engine")
 
     def dense_fp8(n, k):
         a = torch.randn(rows, k, device="cuda").to(torch.float8_e4m3fn)

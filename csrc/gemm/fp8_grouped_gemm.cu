@@ -151,10 +151,19 @@ struct Fp8Launch {
 template <int kAct, class Scales>
 void launch(const Fp8Launch& l) {
   launch_persistent(fp8_grouped_gemm_kernel<kAct, Scales>, kFp8SharedBytes<Scales>, l.a_map,
-                    l.a_scales_map, l.w_map, l.w_scales_map, l.out_map, l.h_map, l.w, l.offsets, l.num_experts, l.n_out,
-                    l.k_dim, l.row_prob, l.out, l.out_stride, l.h_out, l.h_stride,
-                    static_cast<uint64_t>(l.timeout_ns),
+                    l.a_scales_map, l.w_map, l.w_scales_map, l.out_map, l.h_map, l.w,
+                    l.offsets, l.num_experts, l.n_out, l.k_dim, l.row_prob, l.out,
+                    l.out_stride, l.h_out, l.h_stride, static_cast<uint64_t>(l.timeout_ns),
                     timeout_report_device(kReportGroupedGemm, l.rank, l.timeout_ns));
+}
+
+template <class Scales>
+void launch_epilogue(const Fp8Launch& l, int64_t activation) {
+  if (activation == kPlain) {
+    launch<kPlain, Scales>(l);
+  } else {
+    MOK_DISPATCH_ACTIVATION(activation, KACT, (launch<KACT, Scales>(l)));
+  }
 }
 
 }  // namespace
@@ -269,15 +278,9 @@ void fp8_grouped_gemm(const at::Tensor& a, const at::Tensor& a_scales, const at:
   l.timeout_ns = timeout_ns;
   l.rank = rank;
   if (columns) {
-    if (activation == kPlain) {
-      launch<kPlain, Fp8ColumnScales>(l);
-    } else {
-      MOK_DISPATCH_ACTIVATION(activation, KACT, (launch<KACT, Fp8ColumnScales>(l)));
-    }
-  } else if (activation == kPlain) {
-    launch<kPlain, Fp8BlockScales>(l);
+    launch_epilogue<Fp8ColumnScales>(l, activation);
   } else {
-    MOK_DISPATCH_ACTIVATION(activation, KACT, (launch<KACT, Fp8BlockScales>(l)));
+    launch_epilogue<Fp8BlockScales>(l, activation);
   }
 }
 

@@ -10,6 +10,7 @@ import torch
 
 import gpu_checks
 from mok_megatron import mxfp8, ops
+from mok_megatron.activations import get_activation
 from test_backward_megakernel import ODD_SPECS
 from test_symm_moe import SPECS
 
@@ -291,8 +292,6 @@ def test_fp8_engine_matches_products_of_mxfp8_values(activation, k, n):
     err = ((got.float()[ok] - ref.bfloat16().float()[ok]).norm() / ref[ok].norm()).item()
     assert err <= 2e-3, err
     if activation is not None:
-        from mok_megatron.activations import get_activation
-
         # The epilogue's activation of the engine's own h (rows without a NaN in h: torch's
         # relu maps NaN to 0 where the epilogue keeps it).
         fin = ~h[:rows].isnan().any(dim=1)

@@ -33,7 +33,7 @@ __device__ __forceinline__ void load_row_scales(const Fp8StageRing<Fp8ColumnScal
                                                 int stage, int blk, int r, float (&a_scale)[2]) {
 #pragma unroll
   for (int i = 0; i < 2; ++i) {
-    a_scale[i] = e8m0_value(ring.a_scales[stage][blk * kFp8RowScaleBox + r + 8 * i]);
+    a_scale[i] = e8m0_factor(ring.a_scales[stage][blk * kFp8RowScaleBox + r + 8 * i]);
   }
 }
 

@@ -83,11 +83,6 @@ __device__ __forceinline__ void init_fp8_ring(Fp8StageRing<Scales>& ring) {
   fence_barrier_init();
 }
 
-// 2^(code - 127) for an E8M0 code; NaN for the NaN code (a block with a NaN or an Inf).
-__device__ __forceinline__ float e8m0_value(uint8_t code) {
-  return code == kE8m0Nan ? __uint_as_float(0x7FC00000u) : exact_exp2(int(code) - kE8m0Bias);
-}
-
 // Producer side of one tile (tile_engine.cuh: produce_tile, over the FP8 ring): A codes at
 // (k0, row0), the A rows' scale codes of the stage's blocks, the weight rows' codes of expert
 // e and, for column scales, their scales (w_scales_map: [E][blocks][halves][rows]).
@@ -206,11 +201,11 @@ __device__ __forceinline__ void consume_fp8_tile(Fp8StageRing<Fp8BlockScales>& r
               report);
     // The scales are read (and used) before this warp issues its MMAs, so they are in
     // registers before the stage can be released and overwritten.
-    const float w_scale[2] = {e8m0_value(w_next[0]), e8m0_value(w_next[1])};
+    const float w_scale[2] = {e8m0_factor(w_next[0]), e8m0_factor(w_next[1])};
     float s[2][2];
 #pragma unroll
     for (int i = 0; i < 2; ++i) {
-      const float a_scale = e8m0_value(ring.a_scales[stage][r + 8 * i]);
+      const float a_scale = e8m0_factor(ring.a_scales[stage][r + 8 * i]);
 #pragma unroll
       for (int h = 0; h < 2; ++h) s[i][h] = a_scale * w_scale[h];
     }
