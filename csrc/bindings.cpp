@@ -12,6 +12,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("stall_for_test", &mok::stall_for_test);
   m.def("publish_inputs", &mok::publish_inputs);
   m.def("pull_rows", &mok::pull_rows);
+  m.def("pull_fp8_rows", &mok::pull_fp8_rows);
   m.def("push_rows", &mok::push_rows);
   m.def("push_values", &mok::push_values);
 
@@ -29,6 +30,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("mx_round_segments", &mok::mx_round_segments);
   m.def("mx_quantize_columns", &mok::mx_quantize_columns);
   m.def("mx_quantize_rows_transposed", &mok::mx_quantize_rows_transposed);
+  m.def("quantize_wire_rows", &mok::quantize_wire_rows);
   m.def("fp8_quantize_weight_blocks", &mok::fp8_quantize_weight_blocks);
   m.def("fp8_grouped_gemm", &mok::fp8_grouped_gemm);
 

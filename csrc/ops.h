@@ -21,15 +21,19 @@ void build_schedule(const at::Tensor& peer_bases, int64_t ids_offset, int64_t pr
                     int64_t expert_begin, const at::Tensor& expert_position, at::Tensor& offsets,
                     at::Tensor& row_slot, at::Tensor& row_prob);
 
-// comm/publish.cu: x, ids, probs and the token count into this rank's workspace regions
-// (byte offsets into buffer); ids32 receives the int32 ids too.
+// comm/publish.cu: x (unless rows is false), ids, probs and the token count into this rank's
+// workspace regions (byte offsets into buffer); ids32 receives the int32 ids too.
 void publish_inputs(const at::Tensor& x, const at::Tensor& ids, const at::Tensor& probs,
                     at::Tensor& buffer, int64_t tokens_offset, int64_t ids_offset,
-                    int64_t probs_offset, int64_t count_offset, at::Tensor& ids32);
+                    int64_t probs_offset, int64_t count_offset, at::Tensor& ids32, bool rows);
 
 // comm/rows.cu
 void pull_rows(const at::Tensor& peer_bases, int64_t src_offset, const at::Tensor& row_slot,
                const at::Tensor& num_rows, int64_t max_tokens, int64_t topk, at::Tensor& out);
+void pull_fp8_rows(const at::Tensor& peer_bases, int64_t src_offset, const at::Tensor& row_slot,
+                   const at::Tensor& num_rows, int64_t max_tokens, int64_t topk,
+                   int64_t row_bytes, int64_t code_bytes, at::Tensor& codes,
+                   at::Tensor& scales);
 void push_rows(const at::Tensor& peer_bases, int64_t dst_offset, const at::Tensor& row_slot,
                const at::Tensor& num_rows, int64_t slots_per_rank, const at::Tensor& rows);
 void push_values(const at::Tensor& peer_bases, int64_t dst_offset, const at::Tensor& row_slot,
@@ -62,6 +66,11 @@ void mx_quantize_columns(const at::Tensor& x, const c10::optional<at::Tensor>& n
                          at::Tensor& codes, at::Tensor& scales, int64_t matrix_rows,
                          int64_t halves, int64_t block);
 void mx_quantize_rows_transposed(const at::Tensor& w, at::Tensor& codes, at::Tensor& scales);
+// x [T, H] as the wire rows a rank publishes under an FP8 recipe (comm/rows.cu's
+// pull_fp8_rows reads them): row t at buffer + offset + t * row_bytes, its E4M3 codes in the
+// first code_bytes, then its scale codes, one per `block` of the row.
+void quantize_wire_rows(const at::Tensor& x, at::Tensor& buffer, int64_t offset,
+                        int64_t row_bytes, int64_t code_bytes, int64_t block);
 
 // quant/block_quantize.cu: a stacked weight w [E, N, K] as E4M3 codes with one E8M0 scale
 // code per 128 x 128 block, scales [E, ceil(N / 128), ceil(K / 128)] (the blockwise recipe).

@@ -10,10 +10,12 @@ reads it, as the reference's expert MLP does (mxfp8.py, the table before ``_qmm`
     wgrad     dW2 = Q_n(dY)^T Q_n(act)            dW1 = Q_n(dh)^T Q_n(rows)
 
 Q along H, F, F1 ("columns") cuts each row; Q_n cuts each expert's rows from its first row
-(the schedule's offsets). Forward and dgrad run on the FP8 grouped GEMM
+(the schedule's offsets). FC1 and the dgrads run on the FP8 grouped GEMM
 (csrc/gemm/fp8_grouped_gemm.cu: E4M3 tensor-core MMAs, fp32 promotion per 32 of K with row x
-column scales) with the weights as MXFP8 codes (one byte each, quantized once per optimizer
-step: mxfp8_weights.py) and the activation operand quantized per call to codes by
+column scales), FC2 on the tile engine that dequantizes weight codes in shared memory, both
+with the weights as MXFP8 codes (one byte each, quantized once per optimizer step:
+mxfp8_weights.py); FC1's rows arrive as codes when forward dispatches FP8 rows
+(symm_moe.fp8_wire_row), every other activation operand is quantized per call by
 csrc/quant/mx_round.cu; FC1's activation is the engine's epilogue. Wgrad rounds both operands
 along the expert's rows and runs torch._grouped_mm. What forward keeps for backward stays
 BF16.
@@ -21,8 +23,8 @@ BF16.
 fp8_blockwise: the same table with 1 x 128 blocks along each row for the activation operands,
 128 x 128 blocks for the weights (fp8_block_weights.py) and 128 x 1 blocks along the expert's
 rows for wgrad (fp8_blockwise.py); forward and dgrad run on the FP8 grouped GEMM
-(csrc/gemm/fp8_grouped_gemm.cu: E4M3 tensor-core MMAs, fp32 promotion per 128 of K), the
-activation operand quantized per call to codes.
+(csrc/gemm/fp8_grouped_gemm.cu: E4M3 tensor-core MMAs, fp32 promotion per 128 of K), FC1's
+rows dispatched as codes as under mxfp8, the other activation operands quantized per call.
 """
 
 from __future__ import annotations
@@ -77,24 +79,44 @@ class Bf16Operands:
 
 
 class _QuantizedOperands(Bf16Operands, abc.ABC):
-    """Forward and dgrad on one of our engines with the weights quantized once per optimizer
-    step (``weights``: both orientations) and the activation operand quantized per call by
-    ``_engine``; wgrad rounds both operands along the expert's rows in blocks of
-    ``segment_block`` and runs torch._grouped_mm on the (exact in bf16) values."""
+    """Forward and dgrad on the FP8 grouped GEMM with the weights quantized once per optimizer
+    step (``weights``: both orientations) and the activation operand as E4M3 codes with one
+    scale code per 1 x ``block`` of each row - quantized per call here, or dispatched so by
+    the forward (``fc1_quantized``); wgrad rounds both operands along the expert's rows in
+    blocks of ``block`` and runs torch._grouped_mm on the (exact in bf16) values."""
 
-    segment_block: int
+    block: int
 
     def __init__(self, weights):
         self.weights = weights
 
     @abc.abstractmethod
-    def _engine(self, plan, sched, a, w, out, **epilogue):
-        """out = epilogue(Q(a) w^T) on the recipe's engine, a quantized per call."""
+    def _weight_scales(self, w) -> torch.Tensor:
+        """The scales the FP8 engine reads with the weight codes w.codes."""
+
+    def _quantize(self, sched, a):
+        return ops.fp8_quantize_rows(a, sched.num_rows, block=self.block)
+
+    def _gemm(self, plan, sched, a_quantized, w, out, **epilogue):
+        """out = epilogue(a w^T), a as (codes, scale codes) (ops.fp8_quantize_rows)."""
+        codes, scales = a_quantized
+        ops.fp8_grouped_gemm(codes, scales, w.codes, self._weight_scales(w), sched.offsets, out,
+                             scale_block=self.block, timeout_ns=plan.ws.timeout_ns,
+                             rank=plan.ws.rank, **epilogue)
+        return out
+
+    def _engine(self, plan, sched, a, w, out):
+        return self._gemm(plan, sched, self._quantize(sched, a), w, out)
 
     def fc1(self, plan, sched, rows):
-        h = _rows(sched, plan.w1.shape[1], rows)
-        act = self._engine(plan, sched, rows, self.weights.w1, _rows(sched, plan.ffn, rows),
-                           activation=plan.activation, row_prob=sched.row_prob, h_out=h)
+        return self.fc1_quantized(plan, sched, self._quantize(sched, rows))
+
+    def fc1_quantized(self, plan, sched, rows_quantized):
+        """FC1 of rows given as codes and scale codes (pulled so: separate_path.forward)."""
+        h = _rows(sched, plan.w1.shape[1], sched.row_slot)
+        act = self._gemm(plan, sched, rows_quantized, self.weights.w1,
+                         _rows(sched, plan.ffn, sched.row_slot), activation=plan.activation,
+                         row_prob=sched.row_prob, h_out=h)
         return h, act
 
     def fc2(self, plan, sched, act):
@@ -108,22 +130,28 @@ class _QuantizedOperands(Bf16Operands, abc.ABC):
                             _rows(sched, plan.w1.shape[2], dh))
 
     def wgrad(self, sched, dout, act, dh, rows):
-        return super().wgrad(sched, *(ops.mx_round_segments(x, sched.offsets,
-                                                            block=self.segment_block)
+        return super().wgrad(sched, *(ops.mx_round_segments(x, sched.offsets, block=self.block)
                                       for x in (dout, act, dh, rows)))
 
 
 class Mxfp8Operands(_QuantizedOperands):
     """The FP8 engine on MXFP8 codes: the activation operand per 1 x 32 of each row, the
-    weights per 32 x 1 of each weight row (mxfp8_weights.py)."""
+    weights per 32 x 1 of each weight row (mxfp8_weights.py) - except forward FC2, which runs
+    on the engine that dequantizes the weight codes to bf16 in shared memory: on FC2-shaped
+    GEMMs (K = F) it took 0.76-0.87x the FP8 engine's time on every shape measured (perf-log
+    session 16, bench_gemm.py --mxfp8), on FC1-shaped ones 1.04-1.25x. Both multiply the
+    same MXFP8 values with fp32 accumulation (the reference's semantics)."""
 
-    segment_block = ops.MX_BLOCK
+    block = ops.MX_BLOCK
 
-    def _engine(self, plan, sched, a, w, out, **epilogue):
-        codes, scales = ops.fp8_quantize_rows(a, sched.num_rows, block=ops.MX_BLOCK)
-        ops.fp8_grouped_gemm(codes, scales, w.codes, w.column_scales, sched.offsets, out,
-                             scale_block=ops.MX_BLOCK, timeout_ns=plan.ws.timeout_ns,
-                             rank=plan.ws.rank, **epilogue)
+    def _weight_scales(self, w):
+        return w.column_scales
+
+    def fc2(self, plan, sched, act):
+        out = _rows(sched, plan.w2.shape[1], act)
+        w2 = self.weights.w2
+        ops.grouped_gemm(ops.mx_round_columns(act, sched.num_rows), w2.codes, sched.offsets, out,
+                         w_scales=w2.scales, timeout_ns=plan.ws.timeout_ns, rank=plan.ws.rank)
         return out
 
 
@@ -131,10 +159,7 @@ class Fp8BlockwiseOperands(_QuantizedOperands):
     """The blockwise FP8 engine: the activation operand as E4M3 codes per 1 x 128 of each row,
     the weights per 128 x 128 block (fp8_block_weights.py)."""
 
-    segment_block = ops.FP8_BLOCK
+    block = ops.FP8_BLOCK
 
-    def _engine(self, plan, sched, a, w, out, **epilogue):
-        codes, scales = ops.fp8_quantize_rows(a, sched.num_rows)
-        ops.fp8_grouped_gemm(codes, scales, w.codes, w.scales, sched.offsets, out,
-                             timeout_ns=plan.ws.timeout_ns, rank=plan.ws.rank, **epilogue)
-        return out
+    def _weight_scales(self, w):
+        return w.scales

@@ -6,6 +6,7 @@ cost no device time (shapes, dtypes, devices); the C++ side checks again.
 
 from __future__ import annotations
 
+import dataclasses
 import enum
 import functools
 from typing import Optional
@@ -93,21 +94,75 @@ def build_schedule(peer_bases, ids_offset, probs_offset, count_offset, world, ma
                                row_slot, row_prob)
 
 
-def publish_inputs(x, ids, probs, buffer, offsets: dict, ids32) -> None:
-    """x (bf16 [T, H]), ids (int32/int64 [T, K], written as int32) and probs ([T, K], written
-    as fp32) into the workspace regions at `offsets` (WorkspaceLayout.offsets()) of `buffer`,
-    and T into its count; ids32 ([T, K] int32) receives the ids as well. One launch."""
+def _pad16(n: int) -> int:
+    return -(-n // 16) * 16
+
+
+@dataclasses.dataclass(frozen=True)
+class Fp8WireRow:
+    """A token row as a rank publishes it for dispatch under an FP8 recipe: its E4M3 codes
+    (``hidden`` bytes, padded to 16) and then one E8M0 scale code per ``block`` of the row
+    (padded to 16) - what the FP8 GEMM's A operand is, so the pull moves it as it is."""
+
+    hidden: int
+    block: int
+
+    @property
+    def blocks(self) -> int:
+        return -(-self.hidden // self.block)
+
+    @property
+    def code_bytes(self) -> int:
+        return _pad16(self.hidden)
+
+    @property
+    def row_bytes(self) -> int:
+        return self.code_bytes + _pad16(self.blocks)
+
+
+def publish_inputs(x, ids, probs, buffer, offsets: dict, ids32, rows: bool = True) -> None:
+    """x (bf16 [T, H]; skipped when not `rows`), ids (int32/int64 [T, K], written as int32)
+    and probs ([T, K], written as fp32) into the workspace regions at `offsets`
+    (WorkspaceLayout.offsets()) of `buffer`, and T into its count; ids32 ([T, K] int32)
+    receives the ids as well. One launch."""
     for name, t in (("x", x), ("ids", ids), ("probs", probs), ("buffer", buffer)):
         _cuda(name, t)
     _cuda("ids32", ids32, torch.int32)
     extension().publish_inputs(x, ids, probs, buffer, offsets["tokens"], offsets["ids"],
-                               offsets["probs"], offsets["count"], ids32)
+                               offsets["probs"], offsets["count"], ids32, rows)
+
+
+def publish_fp8_rows(x: torch.Tensor, buffer: torch.Tensor, offset: int,
+                     wire: Fp8WireRow) -> None:
+    """x (bf16 [T, H]) quantized along its rows into wire rows at `offset` of `buffer`: row t's
+    codes and scale codes are ``fp8_quantize_rows(x, block=wire.block)``'s row t."""
+    _cuda("x", x, torch.bfloat16)
+    _cuda("buffer", buffer, torch.uint8)
+    _check(x.shape[1] == wire.hidden, f"x has {x.shape[1]} columns, the wire rows {wire.hidden}")
+    extension().quantize_wire_rows(x, buffer, offset, wire.row_bytes, wire.code_bytes,
+                                   wire.block)
 
 
 def pull_rows(peer_bases, src_offset, row_slot, num_rows, max_tokens, topk, out):
     _cuda("row_slot", row_slot, torch.int32)
     _cuda("out", out)
     extension().pull_rows(peer_bases, src_offset, row_slot, num_rows, max_tokens, topk, out)
+
+
+def pull_fp8_rows(peer_bases, src_offset, row_slot, num_rows, max_tokens, topk,
+                  wire: Fp8WireRow) -> tuple[torch.Tensor, torch.Tensor]:
+    """The schedule's rows pulled from every rank's wire rows at `src_offset`, in the form
+    ``fp8_quantize_rows`` returns for the bf16 rows: codes [cap, H] and transposed scale codes
+    [blocks, cap padded to 16] (cap = row_slot's length; rows past the first num_rows are
+    left unwritten)."""
+    _cuda("row_slot", row_slot, torch.int32)
+    cap = row_slot.numel()
+    codes = torch.empty(cap, wire.code_bytes, dtype=torch.float8_e4m3fn,
+                        device=row_slot.device)[:, :wire.hidden]
+    scales = torch.empty(wire.blocks, _pad16(cap), dtype=torch.uint8, device=row_slot.device)
+    extension().pull_fp8_rows(peer_bases, src_offset, row_slot, num_rows, max_tokens, topk,
+                              wire.row_bytes, wire.code_bytes, codes, scales)
+    return codes, scales
 
 
 def push_rows(peer_bases, dst_offset, row_slot, num_rows, slots_per_rank, rows):

@@ -1,7 +1,8 @@
 """The separate-kernel path (v1): the expert stage of a MoE call as one kernel per step, kept
 as the baseline the megakernels are measured against and checked bit for bit with.
 
-forward   pull x rows from their source ranks | FC1 | act * p | FC2
+forward   pull x rows from their source ranks (FP8 rows under an FP8 recipe with recomputed
+          backward inputs) | FC1 | act * p | FC2
           push result rows to their (source rank, token, k) slots
 recompute pull x rows again (from the peers' republished inputs) | FC1, as forward did it
 backward  pull dY rows | dA = dY W2 | act backward (dh, act, dp)
@@ -41,8 +42,15 @@ def _pull_and_fc1(plan: Plan, sched: Schedule, region: str) -> ExpertInputs:
 
 
 def forward(plan: Plan, sched: Schedule) -> ExpertInputs:
+    """What forward keeps: the rows (None when they came as FP8 rows), h and act."""
     ws = plan.ws
-    kept = _pull_and_fc1(plan, sched, "tokens")
+    fp8_rows = ws.layout.fp8_rows
+    if fp8_rows is None:
+        kept = _pull_and_fc1(plan, sched, "tokens")
+    else:
+        rows = ops.pull_fp8_rows(ws.peer_bases, ws.offsets["tokens"], sched.row_slot,
+                                 sched.num_rows, ws.layout.max_tokens, plan.topk, fp8_rows)
+        kept = ExpertInputs(None, *plan.operands.fc1_quantized(plan, sched, rows))
     out_rows = plan.operands.fc2(plan, sched, kept.act)
     ops.push_rows(ws.peer_bases, ws.offsets["slots"], sched.row_slot, sched.num_rows,
                   ws.layout.max_tokens * plan.topk, out_rows)

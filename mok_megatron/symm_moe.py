@@ -3,7 +3,7 @@
 No host synchronization anywhere in forward or backward: the per-expert row counts exist only
 on the GPU. Per call, on each rank:
 
-forward   publish x, ids, probs, T into the workspace | barrier
+forward   publish x (FP8 rows under an FP8 recipe), ids, probs, T into the workspace | barrier
           schedule: every rank's routing -> per-expert row lists (GPU counting sort)
           expert stage: rows pulled from their source ranks, FC1, act * p, FC2, result rows
           pushed to (source rank, token, k) slots | barrier
@@ -90,8 +90,11 @@ class _SymmMoE(torch.autograd.Function):
         ws = plan.ws
         T, K = ids.shape
         ids32 = torch.empty(T, K, dtype=torch.int32, device=x.device)
+        fp8_rows = ws.layout.fp8_rows
         ops.publish_inputs(x, ids.contiguous(), probs.contiguous(), ws.buffer, ws.offsets,
-                           ids32)
+                           ids32, rows=fp8_rows is None)
+        if fp8_rows is not None:
+            ops.publish_fp8_rows(x, ws.buffer, ws.offsets["tokens"], fp8_rows)
         ws.barrier(ops.Stage.FORWARD_PUBLISHED)
         sched = _schedule(plan)
         keep = not plan.recompute
@@ -207,9 +210,20 @@ def check_kernel_call(call: MoECall, recipe: Recipe) -> None:
                          f"{ops.MAX_LOCAL_EXPERTS}")
 
 
+def fp8_wire_row(hidden: int, recipe: Recipe) -> Optional[ops.Fp8WireRow]:
+    """The FP8 rows forward dispatches under an FP8 recipe (x quantized once at its source,
+    as FC1 reads it), or None: bf16 rows. Only with recomputed backward inputs, whose wgrad
+    reads the bf16 rows pulled again from `inputs`; saved inputs keep forward's bf16 rows for
+    it (dW1 reads x quantized along each expert's rows, not along H)."""
+    if recipe.precision not in QUANTIZED_OPERANDS or recipe.kernel.backward_inputs != "recomputed":
+        return None
+    return ops.Fp8WireRow(hidden, QUANTIZED_OPERANDS[recipe.precision][0].block)
+
+
 def workspace_layout(topk: int, hidden: int, recipe: Recipe) -> WorkspaceLayout:
     return WorkspaceLayout(recipe.kernel.max_tokens_per_rank, topk, hidden,
-                           inputs=recipe.kernel.backward_inputs == "recomputed")
+                           inputs=recipe.kernel.backward_inputs == "recomputed",
+                           fp8_rows=fp8_wire_row(hidden, recipe))
 
 
 def moe_experts_cuda(call: MoECall, group: Optional[dist.ProcessGroup], recipe: Recipe,

@@ -8,7 +8,9 @@ peer's region is its base pointer plus the same offset:
     flags        [channels, MAX_RANKS] u32   barrier epochs written by peers
     count        int32                       tokens this rank published (T_r)
     ids, probs   [max_tokens, topk]          routing this rank published
-    tokens       [max_tokens, H] bf16        x (forward) or dY (backward), pulled by owners
+    tokens       [max_tokens, H] bf16        x (forward) or dY (backward), pulled by owners;
+                                             under an FP8 recipe forward's x as FP8 wire rows
+                                             (ops.Fp8WireRow) instead
     inputs       [max_tokens, H] bf16        x again in backward, only with
                                              kernel.backward_inputs: recomputed
     slots        [max_tokens * topk, H] bf16 owner results pushed back, one per (token, k)
@@ -46,6 +48,14 @@ class WorkspaceLayout:
     topk: int
     hidden: int
     inputs: bool = False  # the `inputs` region (backward recomputes from the token rows)
+    # Forward publishes x as these FP8 wire rows in the `tokens` region (None: bf16 rows).
+    fp8_rows: Optional[ops.Fp8WireRow] = None
+
+    @property
+    def token_row_bytes(self) -> int:
+        """Bytes per row of the `tokens` region: a bf16 row, or forward's wire row if longer."""
+        wire = 0 if self.fp8_rows is None else self.fp8_rows.row_bytes
+        return max(self.hidden * 2, wire)
 
     def offsets(self) -> dict[str, int]:
         sizes = {
@@ -53,7 +63,7 @@ class WorkspaceLayout:
             "count": 4,
             "ids": self.max_tokens * self.topk * 4,
             "probs": self.max_tokens * self.topk * 4,
-            "tokens": self.max_tokens * self.hidden * 2,
+            "tokens": self.max_tokens * self.token_row_bytes,
             "inputs": self.max_tokens * self.hidden * 2 if self.inputs else 0,
             "slots": self.max_tokens * self.topk * self.hidden * 2,
             "slot_values": self.max_tokens * self.topk * 4,
@@ -70,8 +80,8 @@ class WorkspaceLayout:
         return self.offsets()["end"]
 
     def matches(self, other: "WorkspaceLayout") -> bool:
-        return (self.max_tokens, self.topk, self.hidden, self.inputs) == (
-            other.max_tokens, other.topk, other.hidden, other.inputs)
+        return (self.max_tokens, self.topk, self.hidden, self.inputs, self.fp8_rows) == (
+            other.max_tokens, other.topk, other.hidden, other.inputs, other.fp8_rows)
 
 
 class Workspace:

@@ -40,6 +40,7 @@ sys.path.insert(0, str(REPO))
 from gpu_timing import mean_seconds, per_call_seconds  # noqa: E402
 from mok_megatron.config import KernelKnobs, Recipe, load_model  # noqa: E402
 from mok_megatron.functional import moe_experts  # noqa: E402
+from mok_megatron.symm_moe import fp8_wire_row  # noqa: E402
 from mok_megatron import fp8_block_weights, mxfp8_weights  # noqa: E402
 
 # The quantized recipes' paths: recipe precision and its once-per-step weight quantizer.
@@ -143,10 +144,23 @@ def mok_path(group, tokens, forward_kernel="separate", comm_sms=16,
                                        macrobatch_tokens=macrobatch_tokens,
                                        minibatch_tokens=minibatch_tokens))
 
-    def run(x, ids, probs, w1, w2):
-        return moe_experts(x, ids, probs, w1, w2, group=group, recipe=recipe)
+    return MokPath(group, recipe)
 
-    return run
+
+class MokPath:
+    """moe_experts on the group under one recipe."""
+
+    def __init__(self, group, recipe: Recipe):
+        self.group, self.recipe = group, recipe
+
+    def __call__(self, x, ids, probs, w1, w2):
+        return moe_experts(x, ids, probs, w1, w2, group=self.group, recipe=self.recipe)
+
+    def dispatch_bytes_per_row(self, hidden: int) -> int:
+        """What forward's pull moves per row: the bf16 row, or the FP8 wire row (codes and
+        scale codes) where the recipe dispatches one."""
+        wire = fp8_wire_row(hidden, self.recipe)
+        return hidden * 2 if wire is None else wire.row_bytes
 
 
 class MegatronAlltoAll:
@@ -357,10 +371,7 @@ def run_case(model, variant, tokens, peaks, args, group):
 
     result = {"model": model.name, "variant": variant, "experts": E, "tokens_per_gpu": tokens,
               "rows_max": rows, "remote_rows_max": remote, "check_rel_l2": check, "paths": {},
-              "grad_bytes": sum(t.numel() * t.element_size() for t in leaves),
-              # What dispatch moves per row on every mok path today: the bf16 row (the
-              # MXFP8 recipe rounds rows where its GEMMs read them, not on the wire yet).
-              "dispatch_bytes_per_row": model.hidden_size * 2}
+              "grad_bytes": sum(t.numel() * t.element_size() for t in leaves)}
     for name in checks:
         if name != "mok":
             result[f"check_rel_l2_{name}"] = checks[name]
@@ -379,6 +390,9 @@ def run_case(model, variant, tokens, peaks, args, group):
         for t in leaves:
             t.grad = None
         result["paths"][name] = {"fwd_s": tf, "both_s": tb, "bwd_s": tb - tf,
+                                 "dispatch_bytes_per_row": (
+                                     fn.dispatch_bytes_per_row(model.hidden_size)
+                                     if isinstance(fn, MokPath) else model.hidden_size * 2),
                                  "peak_both_bytes": peak_bytes(both),
                                  "kept_for_backward_bytes": kept_bytes(
                                      lambda: fn(x, ids, probs, w1, w2))}

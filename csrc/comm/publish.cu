@@ -1,6 +1,7 @@
 // Publishing a layer call's inputs into this rank's workspace, where the other ranks' kernels
-// read them: the token rows (bf16), the routing (expert ids as int32, probs as fp32) and the
-// token count, in one launch instead of a cast, three copies and a fill. ids32 receives the
+// read them: the token rows (bf16; under an FP8 recipe quant/mx_round.cu's quantize_wire_rows
+// publishes them instead), the routing (expert ids as int32, probs as fp32) and the token
+// count, in one launch instead of a cast, three copies and a fill. ids32 receives the
 // int32 ids as well: the workspace's copy is rewritten by the next layer's call, and backward
 // needs this layer's. int64 ids are saturated to int32, never wrapped: an id beyond int32 must
 // stay out of range for the schedule's check (a wrapped 2^32 + 1 would read as expert 1).
@@ -55,7 +56,8 @@ __global__ void publish_inputs_kernel(const uint16_t* __restrict__ x, int64_t x_
 
 void publish_inputs(const at::Tensor& x, const at::Tensor& ids, const at::Tensor& probs,
                     at::Tensor& buffer, int64_t tokens_offset, int64_t ids_offset,
-                    int64_t probs_offset, int64_t count_offset, at::Tensor& ids32) {
+                    int64_t probs_offset, int64_t count_offset, at::Tensor& ids32,
+                    bool rows) {
   MOK_HOST_CHECK(x.is_cuda() && ids.is_cuda() && probs.is_cuda() && buffer.is_cuda() &&
                      ids32.is_cuda(),
                  "publish_inputs: all tensors must be on the GPU");
@@ -77,7 +79,8 @@ void publish_inputs(const at::Tensor& x, const at::Tensor& ids, const at::Tensor
   const bool vector_rows = reinterpret_cast<uintptr_t>(x.data_ptr()) % 16 == 0 &&
                            reinterpret_cast<uintptr_t>(ws_tokens) % 16 == 0;
   c10::cuda::CUDAGuard guard(x.device());
-  const int64_t work = std::max(x.numel() / 8, slots);
+  const int64_t x_elems = rows ? x.numel() : 0;
+  const int64_t work = std::max(x_elems / 8, slots);
   const int max_blocks = at::cuda::getCurrentDeviceProperties()->multiProcessorCount *
                          kBlocksPerSm;
   const int blocks = static_cast<int>(
@@ -87,7 +90,7 @@ void publish_inputs(const at::Tensor& x, const at::Tensor& ids, const at::Tensor
     using Id = decltype(id_tag);
     using Prob = decltype(prob_tag);
     publish_inputs_kernel<Id, Prob><<<blocks, kActThreads, 0, stream>>>(
-        reinterpret_cast<const uint16_t*>(x.data_ptr()), x.numel(), vector_rows,
+        reinterpret_cast<const uint16_t*>(x.data_ptr()), x_elems, vector_rows,
         reinterpret_cast<const Id*>(ids.data_ptr()),
         reinterpret_cast<const Prob*>(probs.data_ptr()), slots, static_cast<int32_t>(tokens),
         ws_tokens, reinterpret_cast<int32_t*>(base + ids_offset),

@@ -43,6 +43,32 @@ __global__ void move_rows_kernel(const int64_t* __restrict__ peer_bases, int64_t
   }
 }
 
+// Pull-dispatch of FP8 rows (the FP8 recipes' forward): a source row is a wire row of
+// row_bytes, its E4M3 codes in the first code_bytes and then one E8M0 scale code per block of
+// the row (quant/mx_round.cu, quantize_wire_rows). Row r's codes land in row r of `codes`
+// (code_stride bytes apart) and its scale codes in column r of `scales` ([blocks, scale_stride]):
+// the FP8 grouped GEMM's A operand and A-scale layout, with no pass over the rows after the pull.
+__global__ void pull_fp8_rows_kernel(const int64_t* __restrict__ peer_bases,
+                                     int64_t peer_offset, const int32_t* __restrict__ row_slot,
+                                     const int32_t* __restrict__ num_rows, int64_t per_rank,
+                                     int topk, int64_t row_bytes, int code_bytes, int blocks,
+                                     uint8_t* __restrict__ codes, int64_t code_stride,
+                                     uint8_t* __restrict__ scales, int64_t scale_stride) {
+  const int lane = threadIdx.x % 32;
+  const int64_t warps = (int64_t)gridDim.x * (blockDim.x / 32);
+  const int rows = *num_rows;
+  for (int64_t r = blockIdx.x * (int64_t)(blockDim.x / 32) + threadIdx.x / 32; r < rows;
+       r += warps) {
+    const int64_t flat = row_slot[r];
+    const int64_t peer = flat / per_rank;
+    const uint8_t* remote = reinterpret_cast<const uint8_t*>(peer_bases[peer] + peer_offset) +
+                            (flat - peer * per_rank) / topk * row_bytes;
+    copy_row(reinterpret_cast<int4*>(codes + r * code_stride),
+             reinterpret_cast<const int4*>(remote), code_bytes / 16, lane);
+    for (int b = lane; b < blocks; b += 32) scales[b * scale_stride + r] = remote[code_bytes + b];
+  }
+}
+
 __global__ void push_values_kernel(const int64_t* __restrict__ peer_bases, int64_t dst_offset,
                                    const int32_t* __restrict__ row_slot,
                                    const int32_t* __restrict__ num_rows, int64_t per_rank,
@@ -80,6 +106,37 @@ void pull_rows(const at::Tensor& peer_bases, int64_t src_offset, const at::Tenso
       peer_bases.data_ptr<int64_t>(), src_offset, row_slot.data_ptr<int32_t>(),
       num_rows.data_ptr<int32_t>(), max_tokens * topk, static_cast<int>(topk),
       out.size(1) * out.element_size(), static_cast<char*>(out.data_ptr()));
+  MOK_LAUNCH_CHECK();
+}
+
+void pull_fp8_rows(const at::Tensor& peer_bases, int64_t src_offset, const at::Tensor& row_slot,
+                   const at::Tensor& num_rows, int64_t max_tokens, int64_t topk,
+                   int64_t row_bytes, int64_t code_bytes, at::Tensor& codes,
+                   at::Tensor& scales) {
+  MOK_HOST_CHECK(row_slot.scalar_type() == at::kInt && num_rows.scalar_type() == at::kInt,
+                 "pull_fp8_rows: row_slot and num_rows must be int32");
+  MOK_HOST_CHECK(codes.dim() == 2 && codes.element_size() == 1 && codes.stride(1) == 1 &&
+                     codes.stride(0) >= code_bytes && codes.stride(0) % 16 == 0 &&
+                     reinterpret_cast<uintptr_t>(codes.data_ptr()) % 16 == 0,
+                 "pull_fp8_rows: codes must be one-byte [cap, H] with 16-byte aligned rows of "
+                 "at least ", code_bytes, " bytes");
+  const int64_t cap = codes.size(0), cols = codes.size(1);
+  MOK_HOST_CHECK(row_slot.numel() >= cap, "pull_fp8_rows: row_slot shorter than the row buffer");
+  MOK_HOST_CHECK(scales.dim() == 2 && scales.scalar_type() == at::kByte &&
+                     scales.stride(1) == 1 && scales.size(1) >= cap &&
+                     row_bytes >= code_bytes + scales.size(0) && code_bytes >= cols &&
+                     code_bytes % 16 == 0 && row_bytes % 16 == 0,
+                 "pull_fp8_rows: scales [", scales.size(0), ", ", scales.size(1), "] and wire "
+                 "rows of ", row_bytes, " bytes (codes ", code_bytes, ") do not fit ", cap,
+                 " rows of ", cols, " codes");
+  if (cap == 0) return;
+  auto stream = at::cuda::getCurrentCUDAStream();
+  pull_fp8_rows_kernel<<<row_blocks(), kRowThreads, 0, stream>>>(
+      peer_bases.data_ptr<int64_t>(), src_offset, row_slot.data_ptr<int32_t>(),
+      num_rows.data_ptr<int32_t>(), max_tokens * topk, static_cast<int>(topk), row_bytes,
+      static_cast<int>(code_bytes), static_cast<int>(scales.size(0)),
+      static_cast<uint8_t*>(codes.data_ptr()), codes.stride(0), scales.data_ptr<uint8_t>(),
+      scales.stride(0));
   MOK_LAUNCH_CHECK();
 }
 

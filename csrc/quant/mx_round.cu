@@ -10,6 +10,8 @@
 // mx_quantize_columns writes the same blocks as E4M3 codes with one E8M0 scale code per block
 // instead, and mx_quantize_rows_transposed a weight's blocks along its rows as the codes of its
 // transpose: what the MXFP8 GEMMs read (1 byte per value, gemm/sm90/mx_weight_stage.cuh).
+// quantize_wire_rows writes x's row blocks as a rank publishes them for dispatch under an FP8
+// recipe: row t at t * row_bytes, its codes and then its scale codes (comm/rows.cu pulls them).
 //
 // A block with a NaN or an Inf becomes NaN throughout (its E8M0 code is 255).
 //   along columns   x [rows, cols], blocks along each row (x, act, dY, dh and the weights in
@@ -78,22 +80,32 @@ struct ScaleLayout {
   }
 };
 
+// The scales of wire rows (a rank's published x under an FP8 recipe, comm/rows.cu): each row
+// is its codes followed, at the same row stride, by its blocks' scale codes in order.
+struct RowScales {
+  uint8_t* scales;  // row 0's first scale code
+  int64_t row_stride;
+
+  __device__ int64_t at(int64_t row, int b) const { return row * row_stride + b; }
+};
+
 // Where a columns pass writes a block: rounded and dequantized to bf16 in place of x's values
-// (out), or as E4M3 codes (rows of code_stride bytes) and E8M0 scale codes.
+// (out), or as E4M3 codes (rows of code_stride bytes) and E8M0 scale codes at scales.at.
+template <class Scales>
 struct ColumnsOut {
   __nv_bfloat16* out;
   uint8_t* codes;
   int64_t code_stride;
-  ScaleLayout scales;
+  Scales scales;
 };
 
 // One 16-byte vector per lane: a block is kBlock / 8 consecutive lanes, a warp covers
 // 32 * 8 / kBlock blocks per pass. Every lane of a warp runs every pass (lanes past the end
 // hold zeros), so the shuffles that combine a block's lanes always see the whole warp.
-template <int kBlock, bool kCodes>
+template <int kBlock, bool kCodes, class Scales>
 __global__ void mx_round_columns_kernel(const __nv_bfloat16* __restrict__ x, int64_t rows,
                                         const int32_t* __restrict__ num_rows, int cols,
-                                        ColumnsOut dst) {
+                                        ColumnsOut<Scales> dst) {
   constexpr int kLanes = kBlock / 8;  // lanes of one block
   static_assert(kBlock % 8 == 0 && 32 % kLanes == 0, "a block is whole vectors of one warp");
   const int lane = threadIdx.x % 32;
@@ -249,12 +261,13 @@ void mx_round_columns(const at::Tensor& x, const c10::optional<at::Tensor>& num_
   if (x.numel() == 0) return;
   const int threads = kMxRoundThreads;
   const int blocks = at::cuda::getCurrentDeviceProperties()->multiProcessorCount * kBlocksPerSm;
-  mx_round_columns_kernel<kMxBlock, false>
+  mx_round_columns_kernel<kMxBlock, false, ScaleLayout>
       <<<blocks, threads, 0, at::cuda::getCurrentCUDAStream()>>>(
           reinterpret_cast<const __nv_bfloat16*>(x.data_ptr()), x.size(0),
           num_rows.has_value() ? num_rows->data_ptr<int32_t>() : nullptr,
           static_cast<int>(x.size(1)),
-          ColumnsOut{reinterpret_cast<__nv_bfloat16*>(out.data_ptr()), nullptr, 0, {}});
+          ColumnsOut<ScaleLayout>{reinterpret_cast<__nv_bfloat16*>(out.data_ptr()), nullptr, 0,
+                                  {}});
   MOK_LAUNCH_CHECK();
 }
 
@@ -385,6 +398,28 @@ void check_codes(const at::Tensor& codes, const at::Tensor& x, int64_t rows, int
                  "device, rows 16-byte aligned and evenly strided");
 }
 
+void check_quantized_operand(const at::Tensor& x, const char* what) {
+  MOK_HOST_CHECK(x.is_cuda() && x.dim() == 2 && x.scalar_type() == at::kBFloat16 &&
+                     x.is_contiguous() && x.size(1) % 8 == 0 &&
+                     reinterpret_cast<uintptr_t>(x.data_ptr()) % 16 == 0,
+                 what, ": x must be contiguous 2-D bf16 on the GPU with a multiple of 8 "
+                 "columns, got ", x.sizes());
+}
+
+// The codes pass over x's rows (the first *num_rows when given) into dst.
+template <class Scales>
+void launch_codes(const at::Tensor& x, const c10::optional<at::Tensor>& num_rows,
+                  const ColumnsOut<Scales>& dst, int64_t block) {
+  const int grid = at::cuda::getCurrentDeviceProperties()->multiProcessorCount * kBlocksPerSm;
+  auto kernel = block == kMxBlock ? mx_round_columns_kernel<kMxBlock, true, Scales>
+                                  : mx_round_columns_kernel<kFp8ScaleBlock, true, Scales>;
+  kernel<<<grid, kMxRoundThreads, 0, at::cuda::getCurrentCUDAStream()>>>(
+      reinterpret_cast<const __nv_bfloat16*>(x.data_ptr()), x.size(0),
+      num_rows.has_value() ? num_rows->data_ptr<int32_t>() : nullptr,
+      static_cast<int>(x.size(1)), dst);
+  MOK_LAUNCH_CHECK();
+}
+
 }  // namespace
 
 void mx_quantize_columns(const at::Tensor& x, const c10::optional<at::Tensor>& num_rows,
@@ -396,26 +431,37 @@ void mx_quantize_columns(const at::Tensor& x, const c10::optional<at::Tensor>& n
                        num_rows->device() == x.device(),
                    "mx_quantize_columns: num_rows must be one int32 on x's device");
   }
-  MOK_HOST_CHECK(x.is_cuda() && x.dim() == 2 && x.scalar_type() == at::kBFloat16 &&
-                     x.is_contiguous() && x.size(1) % 8 == 0 &&
-                     reinterpret_cast<uintptr_t>(x.data_ptr()) % 16 == 0,
-                 "mx_quantize_columns: x must be contiguous 2-D bf16 on the GPU with a "
-                 "multiple of 8 columns, got ", x.sizes());
+  check_quantized_operand(x, "mx_quantize_columns");
   const int64_t rows = x.size(0), cols = x.size(1), blocks = (cols + block - 1) / block;
   check_codes(codes, x, rows, cols, "mx_quantize_columns");
   const ScaleLayout layout =
       scale_layout(scales, x, rows, matrix_rows, halves, blocks, "mx_quantize_columns");
   if (x.numel() == 0) return;
-  const int blocks_grid =
-      at::cuda::getCurrentDeviceProperties()->multiProcessorCount * kBlocksPerSm;
-  auto kernel = block == kMxBlock ? mx_round_columns_kernel<kMxBlock, true>
-                                  : mx_round_columns_kernel<kFp8ScaleBlock, true>;
-  kernel<<<blocks_grid, kMxRoundThreads, 0, at::cuda::getCurrentCUDAStream()>>>(
-          reinterpret_cast<const __nv_bfloat16*>(x.data_ptr()), rows,
-          num_rows.has_value() ? num_rows->data_ptr<int32_t>() : nullptr, static_cast<int>(cols),
-          ColumnsOut{nullptr, reinterpret_cast<uint8_t*>(codes.data_ptr()), codes.stride(-2),
-                     layout});
-  MOK_LAUNCH_CHECK();
+  launch_codes(x, num_rows, ColumnsOut<ScaleLayout>{
+      nullptr, reinterpret_cast<uint8_t*>(codes.data_ptr()), codes.stride(-2), layout}, block);
+}
+
+void quantize_wire_rows(const at::Tensor& x, at::Tensor& buffer, int64_t offset,
+                        int64_t row_bytes, int64_t code_bytes, int64_t block) {
+  check_block(block, "quantize_wire_rows");
+  check_quantized_operand(x, "quantize_wire_rows");
+  const int64_t rows = x.size(0), cols = x.size(1), blocks = (cols + block - 1) / block;
+  MOK_HOST_CHECK(code_bytes >= cols && code_bytes % 16 == 0 && row_bytes % 16 == 0 &&
+                     row_bytes >= code_bytes + blocks && offset % 16 == 0,
+                 "quantize_wire_rows: rows of ", row_bytes, " bytes with codes in the first ",
+                 code_bytes, " do not hold ", cols, " codes and ", blocks, " scale codes in "
+                 "16-byte aligned rows");
+  MOK_HOST_CHECK(buffer.is_contiguous() && buffer.scalar_type() == at::kByte &&
+                     buffer.device() == x.device() &&
+                     reinterpret_cast<uintptr_t>(buffer.data_ptr()) % 16 == 0 &&
+                     offset >= 0 && offset + rows * row_bytes <= buffer.numel(),
+                 "quantize_wire_rows: ", rows, " rows of ", row_bytes, " bytes at ", offset,
+                 " do not fit the ", buffer.numel(), "-byte buffer on x's device");
+  if (x.numel() == 0) return;
+  uint8_t* wire = buffer.data_ptr<uint8_t>() + offset;
+  launch_codes(x, c10::nullopt,
+               ColumnsOut<RowScales>{nullptr, wire, row_bytes, {wire + code_bytes, row_bytes}},
+               block);
 }
 
 void mx_quantize_rows_transposed(const at::Tensor& w, at::Tensor& codes, at::Tensor& scales) {

@@ -7,7 +7,8 @@ import pytest
 import torch
 
 from mok_megatron import ops
-from mok_megatron.symm_moe import schedule_rows
+from mok_megatron.config import KernelKnobs, Recipe
+from mok_megatron.symm_moe import fp8_wire_row, schedule_rows, workspace_layout
 from mok_megatron.workspace import Workspace, WorkspaceLayout
 
 
@@ -27,6 +28,47 @@ def test_inputs_region_only_when_recomputing():
     recomputed = WorkspaceLayout(max_tokens=512, topk=2, hidden=256, inputs=True)
     assert recomputed.nbytes - saved.nbytes == 512 * 256 * 2
     assert not saved.matches(recomputed) and recomputed.matches(recomputed)
+
+
+@pytest.mark.parametrize("hidden,block,code_bytes,row_bytes", [
+    (7168, 32, 7168, 7392),   # DeepSeek-V3: 224 scale codes, 0.516 of the bf16 row
+    (7168, 128, 7168, 7232),  # 56 scale codes padded to 64
+    (200, 32, 208, 224),      # codes padded to 16 bytes, 7 scale codes padded to 16
+    (8, 128, 16, 32),         # a wire row longer than the bf16 row
+])
+def test_fp8_wire_row_bytes(hidden, block, code_bytes, row_bytes):
+    wire = ops.Fp8WireRow(hidden, block)
+    assert (wire.code_bytes, wire.row_bytes) == (code_bytes, row_bytes)
+    assert wire.blocks == -(-hidden // block)
+
+
+def test_tokens_region_holds_bf16_rows_and_fp8_wire_rows():
+    """The `tokens` region carries forward's x as wire rows and backward's dY as bf16 rows:
+    each row as long as the longer of the two."""
+    plain = WorkspaceLayout(max_tokens=64, topk=2, hidden=7168, inputs=True)
+    fp8 = WorkspaceLayout(max_tokens=64, topk=2, hidden=7168, inputs=True,
+                          fp8_rows=ops.Fp8WireRow(7168, 32))
+    assert fp8.offsets() == plain.offsets() and not fp8.matches(plain)
+    tiny = WorkspaceLayout(max_tokens=64, topk=2, hidden=8, fp8_rows=ops.Fp8WireRow(8, 128))
+    o = tiny.offsets()
+    assert o["inputs"] - o["tokens"] >= 64 * 32 > 64 * 8 * 2
+
+
+@pytest.mark.parametrize("precision,backward_inputs,block", [
+    ("bf16", "recomputed", None),
+    ("mxfp8", "recomputed", 32),
+    ("fp8_blockwise", "recomputed", 128),
+    ("mxfp8", "saved", None),  # wgrad reads forward's bf16 rows
+    ("fp8_blockwise", "saved", None),
+])
+def test_fp8_rows_on_the_wire_per_recipe(precision, backward_inputs, block):
+    recipe = Recipe(name="t", precision=precision, backend="cuda",
+                    kernel=KernelKnobs(backward_inputs=backward_inputs))
+    layout = workspace_layout(topk=2, hidden=256, recipe=recipe)
+    if block is None:
+        assert fp8_wire_row(256, recipe) is None and layout.fp8_rows is None
+    else:
+        assert layout.fp8_rows == fp8_wire_row(256, recipe) == ops.Fp8WireRow(256, block)
 
 
 def test_schedule_rows_is_the_capacity_fraction_of_the_worst_case():
