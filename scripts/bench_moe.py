@@ -507,6 +507,8 @@ def print_row(r):
              for n, p in r["paths"].items()))
     log0(f"{'':<20} kept from forward for backward: " + ", ".join(
         f"{n} {p['kept_for_backward_bytes'] / 2**30:.2f} GiB" for n, p in r["paths"].items()))
+    log0(f"{'':<20} dispatch bytes per row: " + ", ".join(
+        f"{n} {p['dispatch_bytes_per_row']}" for n, p in r["paths"].items()))
 
 
 def chart(results, path: Path):
