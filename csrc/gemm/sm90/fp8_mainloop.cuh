@@ -163,10 +163,12 @@ __device__ __forceinline__ int row_scale_index(int tile_row0, int consumer) {
          (t % 32) / 4;
 }
 
-// acc (+)= scale x partial, chunk j of the fragment (8 columns) scaled by s[i][half of j].
+// acc += scale x partial, chunk j of the fragment (8 columns) scaled by s[i][half of j]: one
+// FFMA per accumulator. (A first block written as partial x scale instead made ptxas issue a
+// predicated FMUL beside every FFMA, twice the promotion's instructions.)
 __device__ __forceinline__ void promote_block_scaled(float (&acc)[kFp8AccRegs],
                                                      const float (&partial)[kFp8AccRegs],
-                                                     const float (&s)[2][2], bool first) {
+                                                     const float (&s)[2][2]) {
 #pragma unroll
   for (int j = 0; j < kFp8AccRegs / 4; ++j) {
     const int h = j < kFp8AccRegs / 8 ? 0 : 1;
@@ -175,7 +177,7 @@ __device__ __forceinline__ void promote_block_scaled(float (&acc)[kFp8AccRegs],
 #pragma unroll
       for (int c = 0; c < 2; ++c) {
         const int x = 4 * j + 2 * i + c;
-        acc[x] = first ? partial[x] * s[i][h] : __fmaf_rn(partial[x], s[i][h], acc[x]);
+        acc[x] = __fmaf_rn(partial[x], s[i][h], acc[x]);
       }
     }
   }
@@ -194,6 +196,8 @@ __device__ __forceinline__ void consume_fp8_tile(Fp8StageRing<Fp8BlockScales>& r
                                                  uint64_t timeout_ns, int* report) {
   const int r = row_scale_index(tile_row0, consumer);
   float partial[kFp8AccRegs];
+#pragma unroll
+  for (int x = 0; x < kFp8AccRegs; ++x) acc[x] = 0.f;
   uint8_t w_next[2] = {__ldg(ws.half0), __ldg(ws.half1)};
   for (int kb = 0; kb < k_blocks; ++kb, ++it) {
     const int stage = it % kFp8Stages;
@@ -226,7 +230,7 @@ __device__ __forceinline__ void consume_fp8_tile(Fp8StageRing<Fp8BlockScales>& r
     wgmma_wait<0>();
     fence_accumulators(partial);
     if (leader) mbar_arrive(&ring.empty[stage]);
-    promote_block_scaled(acc, partial, s, kb == 0);
+    promote_block_scaled(acc, partial, s);
   }
 }
 
