@@ -36,6 +36,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from . import ops
+from .mxfp8_weights import column_scales
 
 if TYPE_CHECKING:
     from .mxfp8_weights import Mxfp8Weights
@@ -71,7 +72,7 @@ class Bf16Operands:
         """dX rows = dh W1 [cap, H]."""
         return _grouped(dh, plan.w1, sched.offs)
 
-    def wgrad(self, sched, dout, act, dh, rows):
+    def wgrad(self, plan, sched, dout, act, dh, rows):
         """-> (dW1, dW2), stacked."""
         dw2 = _grouped(dout.t(), act, sched.offs)
         dw1 = _grouped(dh.t(), rows, sched.offs)
@@ -129,9 +130,10 @@ class _QuantizedOperands(Bf16Operands, abc.ABC):
         return self._engine(plan, sched, dh, self.weights.w1_t,
                             _rows(sched, plan.w1.shape[2], dh))
 
-    def wgrad(self, sched, dout, act, dh, rows):
-        return super().wgrad(sched, *(ops.mx_round_segments(x, sched.offsets, block=self.block)
-                                      for x in (dout, act, dh, rows)))
+    def wgrad(self, plan, sched, dout, act, dh, rows):
+        return super().wgrad(plan, sched,
+                             *(ops.mx_round_segments(x, sched.offsets, block=self.block)
+                               for x in (dout, act, dh, rows)))
 
 
 class Mxfp8Operands(_QuantizedOperands):
@@ -157,9 +159,23 @@ class Mxfp8Operands(_QuantizedOperands):
 
 class Fp8BlockwiseOperands(_QuantizedOperands):
     """The blockwise FP8 engine: the activation operand as E4M3 codes per 1 x 128 of each row,
-    the weights per 128 x 128 block (fp8_block_weights.py)."""
+    the weights per 128 x 128 block (fp8_block_weights.py); wgrad on the FP8 wgrad kernel
+    (csrc/gemm/fp8_wgrad.cu) with both operands quantized 128 x 1 along each expert's rows,
+    written transposed (FP8 MMAs read K-major operands, and K is the rows)."""
 
     block = ops.FP8_BLOCK
 
     def _weight_scales(self, w):
         return w.scales
+
+    def wgrad(self, plan, sched, dout, act, dh, rows):
+        blocks = ops.segment_blocks(sched.offsets)
+
+        def gemm(a, b):
+            a_codes, a_scales = ops.fp8_quantize_segments(a, sched.offsets, blocks)
+            b_codes, b_scales = ops.fp8_quantize_segments(b, sched.offsets, blocks)
+            b_columns = column_scales(b_scales.view(1, -1, 1, b_scales.shape[1]), b.shape[1])
+            return ops.fp8_wgrad(a_codes, a_scales, b_codes, b_columns, blocks,
+                                 timeout_ns=plan.ws.timeout_ns, rank=plan.ws.rank)
+
+        return gemm(dh, rows), gemm(dout, act)

@@ -80,4 +80,4 @@ def backward(plan: Plan, sched: Schedule, kept: ExpertInputs):
     ops.push_values(ws.peer_bases, ws.offsets["slot_values"], sched.row_slot, sched.num_rows,
                     slots_per_rank, drow_prob)
     # Weight gradients while the peers finish their pushes.
-    return q.wgrad(sched, dout, act, dh, kept.rows)
+    return q.wgrad(plan, sched, dout, act, dh, kept.rows)

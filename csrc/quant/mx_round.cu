@@ -31,6 +31,7 @@
 #include "common/vec.cuh"
 #include "config/kernel_config.cuh"
 #include "ops.h"
+#include "quant/column_block.cuh"
 #include "quant/mx_format.cuh"
 
 namespace mok {
@@ -149,33 +150,6 @@ __global__ void mx_round_columns_kernel(const __nv_bfloat16* __restrict__ x, int
     }
   }
 }
-
-// A block along rows of 8 columns: `len` rows of one 16-byte vector each, `stride` vectors
-// apart from `first`. Per column the scale exponent of its finite values' amax, and whether
-// all of them are finite (a NaN or an Inf makes the column's block NaN).
-struct ColumnBlock {
-  int e[8];
-  bool finite[8];
-
-  __device__ ColumnBlock(const int4* first, int64_t stride, int len) {
-    float amax[8] = {0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f};
-#pragma unroll
-    for (int j = 0; j < 8; ++j) finite[j] = true;
-    for (int i = 0; i < len; ++i) {
-      Bf16x8 row;
-      row.raw = first[i * stride];
-#pragma unroll
-      for (int j = 0; j < 8; ++j) {
-        const float f = __bfloat162float(row.v[j]);
-        const bool ok = isfinite(f);
-        finite[j] &= ok;
-        if (ok) amax[j] = fmaxf(amax[j], fabsf(f));
-      }
-    }
-#pragma unroll
-    for (int j = 0; j < 8; ++j) e[j] = mx_scale_exponent(amax[j]);
-  }
-};
 
 // Segment e: rows [offsets[e], offsets[e+1]), or [e * segment_rows, (e+1) * segment_rows)
 // when offsets is null. Row blocks are numbered segment by segment; a CTA keeps the first

@@ -1,0 +1,42 @@
+// One block of a bf16 matrix along its rows, 8 columns wide: the scale exponent and
+// finiteness of each column's block, the first pass of every quantizer that cuts blocks along
+// rows (quant/mx_round.cu, quant/segment_quantize.cu).
+#pragma once
+
+#include <cuda_bf16.h>
+
+#include <cstdint>
+
+#include "common/vec.cuh"
+#include "quant/mx_format.cuh"
+
+namespace mok {
+
+// A block along rows of 8 columns: `len` rows of one 16-byte vector each, `stride` vectors
+// apart from `first`. Per column the scale exponent of its finite values' amax, and whether
+// all of them are finite (a NaN or an Inf makes the column's block NaN).
+struct ColumnBlock {
+  int e[8];
+  bool finite[8];
+
+  __device__ ColumnBlock(const int4* first, int64_t stride, int len) {
+    float amax[8] = {0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f};
+#pragma unroll
+    for (int j = 0; j < 8; ++j) finite[j] = true;
+    for (int i = 0; i < len; ++i) {
+      Bf16x8 row;
+      row.raw = first[i * stride];
+#pragma unroll
+      for (int j = 0; j < 8; ++j) {
+        const float f = __bfloat162float(row.v[j]);
+        const bool ok = isfinite(f);
+        finite[j] &= ok;
+        if (ok) amax[j] = fmaxf(amax[j], fabsf(f));
+      }
+    }
+#pragma unroll
+    for (int j = 0; j < 8; ++j) e[j] = mx_scale_exponent(amax[j]);
+  }
+};
+
+}  // namespace mok
