@@ -37,6 +37,26 @@ struct ColumnBlock {
 #pragma unroll
     for (int j = 0; j < 8; ++j) e[j] = mx_scale_exponent(amax[j]);
   }
+
+  // The E4M3 codes of the block's rows i0 .. i0 + 15 (`first`, `stride` as given to the
+  // constructor): column j's 16 codes in q[j], 4 per word; rows at or past `len` are zero
+  // codes.
+  __device__ void codes16(const int4* first, int64_t stride, int i0, int len,
+                          uint32_t (&q)[8][4]) const {
+#pragma unroll
+    for (int j = 0; j < 8; ++j) q[j][0] = q[j][1] = q[j][2] = q[j][3] = 0;
+#pragma unroll
+    for (int i = 0; i < 16; ++i) {
+      if (i0 + i >= len) break;
+      Bf16x8 row;
+      row.raw = first[(i0 + i) * stride];
+#pragma unroll
+      for (int j = 0; j < 8; ++j) {
+        const uint32_t code = finite[j] ? mx_code(__bfloat162float(row.v[j]), e[j]) : kE4m3Nan;
+        q[j][i / 4] |= code << (8 * (i % 4));
+      }
+    }
+  }
 };
 
 }  // namespace mok

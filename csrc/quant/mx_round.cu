@@ -307,20 +307,8 @@ __global__ void mx_quantize_rows_t_kernel(const __nv_bfloat16* __restrict__ w, i
     const int4* src = in + (e * r + r0) * vecs + v;
     const ColumnBlock block(src, vecs, len);
     for (int i0 = 0; i0 < len; i0 += 16) {
-      uint32_t q[8][4];  // column j's 16 codes, 4 per word
-#pragma unroll
-      for (int j = 0; j < 8; ++j) q[j][0] = q[j][1] = q[j][2] = q[j][3] = 0;
-#pragma unroll
-      for (int i = 0; i < 16; ++i) {
-        Bf16x8 row;
-        row.raw = i0 + i < len ? src[(i0 + i) * vecs] : make_int4(0, 0, 0, 0);
-#pragma unroll
-        for (int j = 0; j < 8; ++j) {
-          const uint32_t code =
-              block.finite[j] ? mx_code(__bfloat162float(row.v[j]), block.e[j]) : kE4m3Nan;
-          q[j][i / 4] |= code << (8 * (i % 4));
-        }
-      }
+      uint32_t q[8][4];
+      block.codes16(src, vecs, i0, len, q);
 #pragma unroll
       for (int j = 0; j < 8; ++j) {
         uint8_t* dst = codes + e * code_matrix + (8 * v + j) * code_row + r0 + i0;

@@ -50,22 +50,9 @@ __global__ void quantize_segments_t_kernel(const __nv_bfloat16* __restrict__ x, 
     const int4* src = in + r0 * vecs + v;
     const ColumnBlock block(src, vecs, len);
 #pragma unroll 1
-    for (int i0 = 0; i0 < kSegmentBlock; i0 += 16) {
-      uint32_t q[8][4];  // column j's 16 codes, 4 per word
-#pragma unroll
-      for (int j = 0; j < 8; ++j) q[j][0] = q[j][1] = q[j][2] = q[j][3] = 0;
-#pragma unroll
-      for (int i = 0; i < 16; ++i) {
-        if (i0 + i >= len) break;  // rows past the segment stay zero codes
-        Bf16x8 row;
-        row.raw = src[(i0 + i) * vecs];
-#pragma unroll
-        for (int j = 0; j < 8; ++j) {
-          const uint32_t code =
-              block.finite[j] ? mx_code(__bfloat162float(row.v[j]), block.e[j]) : kE4m3Nan;
-          q[j][i / 4] |= code << (8 * (i % 4));
-        }
-      }
+    for (int i0 = 0; i0 < kSegmentBlock; i0 += 16) {  // rows past the segment: zero codes
+      uint32_t q[8][4];
+      block.codes16(src, vecs, i0, len, q);
 #pragma unroll
       for (int j = 0; j < 8; ++j) {
         *reinterpret_cast<int4*>(codes + (8 * v + j) * code_row + b * kSegmentBlock + i0) =

@@ -130,6 +130,23 @@ __device__ __forceinline__ void produce_fp8_tile(Fp8StageRing<Scales>& ring, int
   }
 }
 
+// This warpgroup's 64 rows of `stage` times the whole B tile into fresh partial sums: four
+// m64n128k32 MMAs over the stage's 128 of K, committed and not waited for.
+template <class Scales>
+__device__ __forceinline__ void issue_stage_mmas(Fp8StageRing<Scales>& ring, int stage,
+                                                 int consumer, float (&partial)[kFp8AccRegs]) {
+  const uint64_t desc_a =
+      smem_desc_k_major_sw128(ring.a[stage] + consumer * (kFp8ATileBytes / kGemmConsumers));
+  const uint64_t desc_b = smem_desc_k_major_sw128(ring.b[stage]);
+  wgmma_fence();
+#pragma unroll
+  for (int k = 0; k < kFp8BlockK / 32; ++k) {
+    wgmma_m64n128k32_e4m3(partial, desc_advance_k16(desc_a, k), desc_advance_k16(desc_b, k),
+                          k > 0);
+  }
+  wgmma_commit();
+}
+
 // A consumer warpgroup with none of its rows in the tile releases each stage (pass_tile).
 template <class Scales>
 __device__ __forceinline__ void pass_fp8_tile(Fp8StageRing<Scales>& ring, int& it, int k_blocks,
@@ -222,16 +239,7 @@ __device__ __forceinline__ void consume_fp8_tile(Fp8StageRing<Fp8BlockScales>& r
 #pragma unroll
       for (int h = 0; h < 2; ++h) s[i][h] = a_scale * w_scale[h];
     }
-    const uint64_t desc_a =
-        smem_desc_k_major_sw128(ring.a[stage] + consumer * (kFp8ATileBytes / kGemmConsumers));
-    const uint64_t desc_b = smem_desc_k_major_sw128(ring.b[stage]);
-    wgmma_fence();
-#pragma unroll
-    for (int k = 0; k < kFp8BlockK / 32; ++k) {
-      wgmma_m64n128k32_e4m3(partial, desc_advance_k16(desc_a, k), desc_advance_k16(desc_b, k),
-                            k > 0);
-    }
-    wgmma_commit();
+    issue_stage_mmas(ring, stage, consumer, partial);
     if (kb + 1 < k_blocks) {  // the next block's weight scales, while the MMAs run
       w_next[0] = __ldg(ws.half0 + kb + 1);
       w_next[1] = __ldg(ws.half1 + kb + 1);

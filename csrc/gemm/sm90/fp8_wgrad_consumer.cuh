@@ -33,16 +33,7 @@ __device__ __forceinline__ void consume_fp8_wgrad_tile(Fp8StageRing<Fp8SegmentSc
     const int stage = it % kFp8Stages;
     mbar_wait(&ring.full[stage], (it / kFp8Stages) & 1, timeout_ns, kWaitMma, tile, stage,
               report);
-    const uint64_t desc_a =
-        smem_desc_k_major_sw128(ring.a[stage] + consumer * (kFp8ATileBytes / kGemmConsumers));
-    const uint64_t desc_b = smem_desc_k_major_sw128(ring.b[stage]);
-    wgmma_fence();
-#pragma unroll
-    for (int k = 0; k < kFp8BlockK / 32; ++k) {
-      wgmma_m64n128k32_e4m3(partial, desc_advance_k16(desc_a, k), desc_advance_k16(desc_b, k),
-                            k > 0);
-    }
-    wgmma_commit();
+    issue_stage_mmas(ring, stage, consumer, partial);
     // The stage's scales, loaded while the MMAs run.
     float a_scale[2];
     load_row_scales(ring, stage, 0, r, a_scale);
