@@ -24,7 +24,9 @@ fp8_blockwise: the same table with 1 x 128 blocks along each row for the activat
 128 x 128 blocks for the weights (fp8_block_weights.py) and 128 x 1 blocks along the expert's
 rows for wgrad (fp8_blockwise.py); forward and dgrad run on the FP8 grouped GEMM
 (csrc/gemm/fp8_grouped_gemm.cu: E4M3 tensor-core MMAs, fp32 promotion per 128 of K), FC1's
-rows dispatched as codes as under mxfp8, the other activation operands quantized per call.
+rows dispatched as codes as under mxfp8, the other activation operands quantized per call;
+wgrad on the FP8 wgrad kernel (csrc/gemm/fp8_wgrad.cu) over operands quantized along the
+expert's rows and written transposed.
 """
 
 from __future__ import annotations
@@ -83,8 +85,9 @@ class _QuantizedOperands(Bf16Operands, abc.ABC):
     """Forward and dgrad on the FP8 grouped GEMM with the weights quantized once per optimizer
     step (``weights``: both orientations) and the activation operand as E4M3 codes with one
     scale code per 1 x ``block`` of each row - quantized per call here, or dispatched so by
-    the forward (``fc1_quantized``); wgrad rounds both operands along the expert's rows in
-    blocks of ``block`` and runs torch._grouped_mm on the (exact in bf16) values."""
+    the forward (``fc1_quantized``); wgrad (unless a recipe overrides it) rounds both operands
+    along the expert's rows in blocks of ``block`` and runs torch._grouped_mm on the (exact in
+    bf16) values."""
 
     block: int
 

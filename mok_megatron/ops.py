@@ -318,7 +318,8 @@ def segment_k_pad(rows: int, segments: int, block: int = FP8_BLOCK) -> int:
 def fp8_quantize_segments(x: torch.Tensor, offsets: torch.Tensor,
                           block_offsets: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """x [rows, cols] bf16 quantized in blocks of 128 rows from each expert's first row
-    (``fp8_blockwise.quantize_segments`` values), written transposed for the FP8 wgrad:
+    (per expert e, ``fp8_blockwise.quantize_rows(x_e, dim=0)``), written transposed for the
+    FP8 wgrad:
     E4M3 codes [cols, K_pad] (expert e's blocks at ``block_offsets[e]`` ..., missing rows of
     a short block as zero codes) and E8M0 scale codes [K_pad / 128, cols padded to 16]."""
     _cuda("x", x, torch.bfloat16)

@@ -1,5 +1,6 @@
 // Wgrad's operands under the blockwise recipe (gemm/fp8_wgrad.cu), bit for bit as
-// fp8_blockwise.quantize_segments: x [rows, cols] (the schedule's rows of dY, act, dh or x)
+// fp8_blockwise.quantize_rows(x_e, dim=0) per expert e: x [rows, cols] (the schedule's rows of
+// dY, act, dh or x)
 // cut into experts' segments (offsets), each quantized in blocks of 128 rows from its first
 // row, written transposed - codes [cols, K_pad] with expert e's blocks at
 // block_offsets[e] .. block_offsets[e + 1] (a short last block's missing rows as zero codes)
