@@ -1,8 +1,7 @@
 // Wgrad's operands under the blockwise recipe (gemm/fp8_wgrad.cu), bit for bit as
 // fp8_blockwise.quantize_rows(x_e, dim=0) per expert e: x [rows, cols] (the schedule's rows of
-// dY, act, dh or x)
-// cut into experts' segments (offsets), each quantized in blocks of 128 rows from its first
-// row, written transposed - codes [cols, K_pad] with expert e's blocks at
+// dY, act, dh or x) cut into experts' segments (offsets), each quantized in blocks of 128
+// rows from its first row, written transposed - codes [cols, K_pad] with expert e's blocks at
 // block_offsets[e] .. block_offsets[e + 1] (a short last block's missing rows as zero codes)
 // and one E8M0 scale code per (block, column), [K_pad / 128, >= cols]. FP8 MMAs read K-major
 // operands only; K here is the rows, so the codes are the transpose. A thread owns 8 columns
