@@ -38,7 +38,6 @@ from typing import TYPE_CHECKING
 import torch
 
 from . import ops
-from .mxfp8_weights import column_scales
 
 if TYPE_CHECKING:
     from .mxfp8_weights import Mxfp8Weights
@@ -175,10 +174,9 @@ class Fp8BlockwiseOperands(_QuantizedOperands):
         blocks = ops.segment_blocks(sched.offsets)
 
         def gemm(a, b):
-            a_codes, a_scales = ops.fp8_quantize_segments(a, sched.offsets, blocks)
-            b_codes, b_scales = ops.fp8_quantize_segments(b, sched.offsets, blocks)
-            b_columns = column_scales(b_scales.view(1, -1, 1, b_scales.shape[1]), b.shape[1])
-            return ops.fp8_wgrad(a_codes, a_scales, b_codes, b_columns, blocks,
-                                 timeout_ns=plan.ws.timeout_ns, rank=plan.ws.rank)
+            a_q = ops.fp8_quantize_segments(a, sched.offsets, blocks)
+            b_q = ops.fp8_quantize_segments(b, sched.offsets, blocks, column_scales=True)
+            return ops.fp8_wgrad(*a_q, *b_q, blocks, timeout_ns=plan.ws.timeout_ns,
+                                 rank=plan.ws.rank)
 
         return gemm(dh, rows), gemm(dout, act)

@@ -315,19 +315,25 @@ def segment_k_pad(rows: int, segments: int, block: int = FP8_BLOCK) -> int:
     return (-(-rows // block) + segments) * block
 
 
-def fp8_quantize_segments(x: torch.Tensor, offsets: torch.Tensor,
-                          block_offsets: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+def fp8_quantize_segments(x: torch.Tensor, offsets: torch.Tensor, block_offsets: torch.Tensor,
+                          column_scales: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
     """x [rows, cols] bf16 quantized in blocks of 128 rows from each expert's first row
     (per expert e, ``fp8_blockwise.quantize_rows(x_e, dim=0)``), written transposed for the
-    FP8 wgrad:
-    E4M3 codes [cols, K_pad] (expert e's blocks at ``block_offsets[e]`` ..., missing rows of
-    a short block as zero codes) and E8M0 scale codes [K_pad / 128, cols padded to 16]."""
+    FP8 wgrad: E4M3 codes [cols, K_pad] (expert e's blocks at ``block_offsets[e]`` ..., missing
+    rows of a short block as zero codes) and the scales - E8M0 codes [K_pad / 128, cols padded
+    to 16] (wgrad's A operand), or with ``column_scales`` the FP8 engine's bf16 column scales
+    in fragment order [1, K_pad / 128, 1, cols padded to 128] (its B operand;
+    ``mxfp8_weights.column_scales`` of the codes)."""
     _cuda("x", x, torch.bfloat16)
     rows, cols = x.shape
     k_pad = segment_k_pad(rows, offsets.numel() - 1)
     codes = torch.empty(cols, k_pad, dtype=torch.float8_e4m3fn, device=x.device)
-    scales = torch.empty(k_pad // FP8_BLOCK, -(-cols // 16) * 16, dtype=torch.uint8,
-                         device=x.device)
+    if column_scales:
+        scales = torch.zeros(1, k_pad // FP8_BLOCK, 1, -(-cols // FP8_TILE_N) * FP8_TILE_N,
+                             dtype=torch.bfloat16, device=x.device)
+    else:
+        scales = torch.empty(k_pad // FP8_BLOCK, _pad16(cols), dtype=torch.uint8,
+                             device=x.device)
     extension().fp8_quantize_segments_t(x, offsets, block_offsets, codes, scales)
     return codes, scales
 
@@ -338,8 +344,8 @@ def fp8_wgrad(a_codes: torch.Tensor, a_scales: torch.Tensor, b_codes: torch.Tens
               rank: int = 0) -> torch.Tensor:
     """dW [E, M, N] bf16 with dW[e] = deq(A_e)^T deq(B_e) summed over expert e's rows
     (csrc/gemm/fp8_wgrad.cu: E4M3 MMAs, fp32 promotion per 128 rows): A, B the codes and
-    scales ``fp8_quantize_segments`` returns for [rows, M] and [rows, N], B's scales as
-    column scales in fragment order (``mxfp8_weights.column_scales`` of them, one half).
+    scales ``fp8_quantize_segments`` returns for [rows, M] and [rows, N] (B's with
+    ``column_scales``).
     ``out``: where dW goes (allocated when None); every element is written."""
     for name, t in (("a_codes", a_codes), ("b_codes", b_codes)):
         _check(t.is_cuda and t.dtype == torch.float8_e4m3fn,

@@ -210,6 +210,15 @@ def test_segment_quantizer_matches_reference(cols):
         assert torch.equal(got[:, :count][ok], ref_codes.view(torch.uint8).t()[ok]), \
             f"expert {e}: codes"
         assert not got[:, count:].any(), f"expert {e}: the short block's pad is not zero codes"
+    # The B operand's scales: the same scale codes as the FP8 engine's column scales.
+    codes_b, columns = ops.fp8_quantize_segments(x, offsets, blocks, column_scales=True)
+    used = int(blocks[-1])  # the blocks past the experts' are never written
+    k_used = used * 128
+    assert torch.equal(codes_b[:, :k_used].view(torch.uint8), codes[:, :k_used].view(torch.uint8))
+    want = column_scales(scales[:used, :cols].reshape(1, used, 1, cols), cols)
+    got = columns[:, :used]
+    assert torch.equal(got.isnan(), want.isnan())
+    assert torch.equal(got[~want.isnan()], want[~want.isnan()]), "column scales differ"
 
 
 @pytest.mark.parametrize("m,n", [(256, 384), (200, 136), (7168, 256)])
@@ -226,12 +235,10 @@ def test_fp8_wgrad_matches_products_of_the_quantized_values(m, n):
 
     def run():
         a_q = ops.fp8_quantize_segments(a, offsets, blocks)
-        b_codes, b_scales = ops.fp8_quantize_segments(b, offsets, blocks)
+        b_q = ops.fp8_quantize_segments(b, offsets, blocks, column_scales=True)
         out = torch.full((len(_SEGMENT_COUNTS), m, n), float("nan"), dtype=torch.bfloat16,
                          device="cuda")
-        return ops.fp8_wgrad(*a_q, b_codes,
-                             column_scales(b_scales.view(1, -1, 1, b_scales.shape[1]), n),
-                             blocks, out=out)
+        return ops.fp8_wgrad(*a_q, *b_q, blocks, out=out)
 
     first = run()
     second = run()
