@@ -29,7 +29,8 @@ step "tests/dist EP=$gpus" "$out/pytest_dist_ep$gpus.txt" \
     -p no:cacheprovider
 step "bench_moe EP=$gpus" "$out/bench_ep$gpus.txt" \
     "$py" -m torch.distributed.run --nproc-per-node "$gpus" scripts/bench_moe.py --megakernel \
-    --mxfp8 --comm-sms 12 --models qwen3_30b_a3b_like deepseek_v3_like --tokens 2048 4096 8192 \
+    --mxfp8 --fp8-blockwise --comm-sms 12 --models qwen3_30b_a3b_like deepseek_v3_like \
+    --tokens 2048 4096 8192 \
     --iters 20 --warmup 5 --out "$out/bench_ep$gpus"
 # The EP=1 figures are graph-replayed; a separate step, so a capture problem at EP > 1 leaves
 # the eager figures above standing.

@@ -88,22 +88,25 @@ def test_macrobatch_ring_bit_identical_to_no_ring(group, backward_kernel):
                                      backward_kernel=backward_kernel)
 
 
-MEGAKERNELS = {**MEGAKERNEL, "backward_kernel": "megakernel", "comm_sms_backward": 8}
-MXFP8 = {"precision": "mxfp8"}
+# Both megakernels (dY pulled and dX rows pushed over NVLink) and the FP8 recipes (the separate
+# kernels; forward pulls FP8 wire rows from the peers).
+SETTINGS = {
+    "megakernels": {**MEGAKERNEL, "backward_kernel": "megakernel", "comm_sms_backward": 8},
+    "mxfp8": {"precision": "mxfp8"},
+    "fp8_blockwise": {"precision": "fp8_blockwise"},
+}
 
 
 @pytest.mark.parametrize("index", range(6))
-@pytest.mark.parametrize("setting", ["megakernels", "mxfp8"])
-def test_backward_megakernel_and_mxfp8_match_reference(group, setting, index):
-    """Both megakernels (dY pulled and dX rows pushed over NVLink) and the MXFP8 recipe (the
-    separate kernels), each against the reference of its precision, bit-identical reruns."""
+@pytest.mark.parametrize("setting", list(SETTINGS))
+def test_megakernels_and_fp8_recipes_match_reference(group, setting, index):
+    """Each setting against the reference of its precision, bit-identical reruns."""
     spec = _spec(group, index)
-    knobs = MEGAKERNELS if setting == "megakernels" else MXFP8
-    errors = gpu_checks.check_against_reference(spec, dist.get_rank(group), group, **knobs)
+    errors = gpu_checks.check_against_reference(spec, dist.get_rank(group), group,
+                                                **SETTINGS[setting])
     print(setting, spec.name, dist.get_rank(group), {k: f"{v:.2e}" for k, v in errors.items()})
 
 
-@pytest.mark.parametrize("setting", ["megakernels", "mxfp8"])
-def test_backward_megakernel_and_mxfp8_cuda_graph_replay(group, setting):
-    knobs = MEGAKERNELS if setting == "megakernels" else MXFP8
-    gpu_checks.check_cuda_graph(_spec(group, 1), dist.get_rank(group), group, **knobs)
+@pytest.mark.parametrize("setting", list(SETTINGS))
+def test_megakernels_and_fp8_recipes_cuda_graph_replay(group, setting):
+    gpu_checks.check_cuda_graph(_spec(group, 1), dist.get_rank(group), group, **SETTINGS[setting])
