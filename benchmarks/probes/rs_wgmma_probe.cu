@@ -42,31 +42,6 @@ constexpr int kBBytes = kTokens * kK * 2;  // bf16, 128-byte swizzled rows
 constexpr int kACodeBytes = kRows * kK;    // E4M3 codes, fragment-permuted rows
 constexpr int kABf16Bytes = kRows * kK * 2;
 
-// D[64x128] (+)= A[64x16] (registers) * B[128x16]^T (shared, K-major).
-__device__ __forceinline__ void wgmma_rs_m64n128k16(float (&d)[64], const uint32_t (&a)[4],
-                                                    uint64_t desc_b, int scale_d) {
-  asm volatile(
-      "{\n"
-      ".reg .pred p;\n"
-      "setp.ne.b32 p, %69, 0;\n"
-      "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 {"
-      "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
-      "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, "
-      "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, "
-      "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63"
-      "}, {%64, %65, %66, %67}, %68, p, 1, 1, 0;\n"
-      "}\n"
-      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
-        "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
-        "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
-        "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]),
-        "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]),
-        "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]),
-        "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]),
-        "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "r"(scale_d));
-}
-
 // Two E4M3 codes (bytes sel of w) as a bf16 pair, exactly value x 2^-120: sign to bit 15,
 // exponent and mantissa bits to bits 4..10 of each half (E4M3's subnormal step lines up with
 // bf16's). Then one bf16x2 multiply by 2^(120 + e) applies the scale exactly.
@@ -166,7 +141,7 @@ __global__ void __launch_bounds__(256, 1)
       }
     } else {
 #pragma unroll
-      for (int k = 0; k < 4; ++k) wgmma_rs_m64n128k16(d, cur.a[k], desc_advance_k16(desc_b, k), 1);
+      for (int k = 0; k < 4; ++k) wgmma_m64n128k16_bf16_ra(d, cur.a[k], desc_advance_k16(desc_b, k), 1);
     }
     wgmma_commit();
     if constexpr (kMode == kRSConvert) {
