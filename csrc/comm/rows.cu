@@ -15,9 +15,18 @@
 
 namespace mok {
 
-// Moves rows between this GPU's row buffer (row r) and a peer's region. The peer-side row
-// of flat index f is (f mod per_rank) / slots_per_remote_row: pull reads the token row
-// (topk slots share one token), push writes the slot row (one per slot).
+// The peer-side row of flat index f in a region of rows of row_bytes: peer f / per_rank, row
+// (f mod per_rank) / slots_per_remote_row - the token row for a pull (topk slots share one
+// token), the slot row for a push (one per slot).
+__device__ __forceinline__ char* peer_row(const int64_t* __restrict__ peer_bases,
+                                          int64_t peer_offset, int64_t flat, int64_t per_rank,
+                                          int slots_per_remote_row, int64_t row_bytes) {
+  const int64_t peer = flat / per_rank;
+  return reinterpret_cast<char*>(peer_bases[peer] + peer_offset) +
+         (flat - peer * per_rank) / slots_per_remote_row * row_bytes;
+}
+
+// Moves rows between this GPU's row buffer (row r) and a peer's region (peer_row).
 template <bool kPull>
 __global__ void move_rows_kernel(const int64_t* __restrict__ peer_bases, int64_t peer_offset,
                                  const int32_t* __restrict__ row_slot,
@@ -30,10 +39,8 @@ __global__ void move_rows_kernel(const int64_t* __restrict__ peer_bases, int64_t
   const int vecs = static_cast<int>(row_bytes / 16);
   for (int64_t r = blockIdx.x * (int64_t)(blockDim.x / 32) + threadIdx.x / 32; r < rows;
        r += warps) {
-    const int64_t flat = row_slot[r];
-    const int64_t peer = flat / per_rank;
-    char* remote = reinterpret_cast<char*>(peer_bases[peer] + peer_offset) +
-                   (flat - peer * per_rank) / slots_per_remote_row * row_bytes;
+    char* remote = peer_row(peer_bases, peer_offset, row_slot[r], per_rank,
+                            slots_per_remote_row, row_bytes);
     int4* mine = reinterpret_cast<int4*>(local + r * row_bytes);
     if constexpr (kPull) {
       copy_row(mine, reinterpret_cast<const int4*>(remote), vecs, lane);
@@ -59,10 +66,8 @@ __global__ void pull_fp8_rows_kernel(const int64_t* __restrict__ peer_bases,
   const int rows = *num_rows;
   for (int64_t r = blockIdx.x * (int64_t)(blockDim.x / 32) + threadIdx.x / 32; r < rows;
        r += warps) {
-    const int64_t flat = row_slot[r];
-    const int64_t peer = flat / per_rank;
-    const uint8_t* remote = reinterpret_cast<const uint8_t*>(peer_bases[peer] + peer_offset) +
-                            (flat - peer * per_rank) / topk * row_bytes;
+    const uint8_t* remote = reinterpret_cast<const uint8_t*>(
+        peer_row(peer_bases, peer_offset, row_slot[r], per_rank, topk, row_bytes));
     copy_row(reinterpret_cast<int4*>(codes + r * code_stride),
              reinterpret_cast<const int4*>(remote), code_bytes / 16, lane);
     for (int b = lane; b < blocks; b += 32) scales[b * scale_stride + r] = remote[code_bytes + b];

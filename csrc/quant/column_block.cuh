@@ -1,6 +1,6 @@
 // One block of a bf16 matrix along its rows, 8 columns wide: the scale exponent and
 // finiteness of each column's block, the first pass of every quantizer that cuts blocks along
-// rows (quant/mx_round.cu, quant/segment_quantize.cu).
+// rows (quant/mx_round.cu, quant/segment_quantize.cu), and which segment a block belongs to.
 #pragma once
 
 #include <cuda_bf16.h>
@@ -58,5 +58,19 @@ struct ColumnBlock {
     }
   }
 };
+
+// The segment holding row block b, given where each segment's blocks start (first_block
+// [segments + 1]): the last s with first_block[s] <= b. An empty segment owns no blocks, so
+// the search passes over it to the segment that owns b.
+template <class Index>
+__device__ __forceinline__ int segment_of_block(const Index* first_block, int segments,
+                                                int64_t b) {
+  int lo = 0, hi = segments - 1;
+  while (lo < hi) {
+    const int mid = (lo + hi + 1) / 2;
+    if (first_block[mid] <= b) lo = mid; else hi = mid - 1;
+  }
+  return lo;
+}
 
 }  // namespace mok

@@ -179,12 +179,7 @@ __global__ void mx_round_segments_kernel(const __nv_bfloat16* __restrict__ x, in
   const int4* in = reinterpret_cast<const int4*>(x);
   int4* o = reinterpret_cast<int4*>(out);
   for (int64_t b = blockIdx.y; b < total; b += gridDim.y) {
-    // The segment holding row block b: the last s with first_block[s] <= b.
-    int lo = 0, hi = segments - 1;
-    while (lo < hi) {
-      const int mid = (lo + hi + 1) / 2;
-      if (first_block[mid] <= b) lo = mid; else hi = mid - 1;
-    }
+    const int lo = segment_of_block(first_block, segments, b);
     const int64_t seg_begin = offsets != nullptr ? offsets[lo] : lo * segment_rows;
     const int64_t seg_end = offsets != nullptr ? offsets[lo + 1] : (lo + 1) * segment_rows;
     const int64_t r0 = seg_begin + (b - first_block[lo]) * kBlock;

@@ -60,13 +60,7 @@ __global__ void quantize_segments_t_kernel(const __nv_bfloat16* __restrict__ x, 
   if (v >= vecs) return;
   const int4* in = reinterpret_cast<const int4*>(x);
   for (int64_t b = blockIdx.y; b < first_block[segments]; b += gridDim.y) {
-    // The segment holding block b: the last s with first_block[s] <= b (empty segments own no
-    // blocks, so the search lands on the one that does).
-    int lo = 0, hi = segments - 1;
-    while (lo < hi) {
-      const int mid = (lo + hi + 1) / 2;
-      if (first_block[mid] <= b) lo = mid; else hi = mid - 1;
-    }
+    const int lo = segment_of_block(first_block, segments, b);
     const int64_t r0 = offsets[lo] + (b - first_block[lo]) * kSegmentBlock;
     const int len = static_cast<int>(min(static_cast<int64_t>(kSegmentBlock), offsets[lo + 1] - r0));
     const int4* src = in + r0 * vecs + v;
