@@ -1,9 +1,11 @@
 """Where a MoE layer's backward spends its GPU time at EP=1: per kernel (torch.profiler), for
 the separate backward and the backward megakernel at several numbers of dY-pulling blocks
-(kernel.comm_sms_backward), on one model shape. Forward runs outside the profile.
+(kernel.comm_sms_backward), on one model shape; under an FP8 recipe (--precision) the
+separate kernels only (the megakernels run BF16). Forward runs outside the profile.
 
     python scripts/profile_backward.py --model qwen3_30b_a3b_like --variant full --tokens 4096 \
         --comm-sms-backward 4 8 16 32
+    python scripts/profile_backward.py --model deepseek_v3_like --variant ep64 --precision fp8_blockwise
 """
 
 from __future__ import annotations
@@ -75,6 +77,7 @@ def main():
     p.add_argument("--variant", default="full", choices=["full", "ep64"])
     p.add_argument("--tokens", type=int, default=4096)
     p.add_argument("--comm-sms-backward", type=int, nargs="+", default=[16])
+    p.add_argument("--precision", default="bf16", choices=["bf16", "mxfp8", "fp8_blockwise"])
     p.add_argument("--iters", type=int, default=5)
     p.add_argument("--out", type=Path, default=None)
     args = p.parse_args()
@@ -82,19 +85,22 @@ def main():
     spec = model if args.variant == "full" else model.ep64_equivalent(1)
     inputs, dy = problem(model, spec.num_experts, args.tokens)
     runs = {}
+    bf16 = args.precision == "bf16"
     settings = [("separate", {})] + [
         (f"megakernel comm_sms_backward={c}",
          {"backward_kernel": "megakernel", "comm_sms_backward": c})
-        for c in args.comm_sms_backward]
+        for c in (args.comm_sms_backward if bf16 else [])]
     for name, knobs in settings:
-        recipe = Recipe(name="profile", backend="cuda", kernel=KernelKnobs(
-            max_tokens_per_rank=args.tokens, forward_kernel="megakernel", comm_sms_forward=12,
-            **knobs))
+        recipe = Recipe(name="profile", precision=args.precision, backend="cuda",
+                        kernel=KernelKnobs(max_tokens_per_rank=args.tokens,
+                                           forward_kernel="megakernel" if bf16 else "separate",
+                                           comm_sms_forward=12, **knobs))
         runs[name] = backward_kernels(inputs, dy, recipe, args.iters)
         r = runs[name]
-        print(f"{args.model} {args.variant} E={spec.num_experts} T={args.tokens} {name}: "
+        print(f"{args.model} {args.variant} E={spec.num_experts} T={args.tokens} "
+              f"{args.precision} {name}: "
               f"backward {r['backward_us']:.0f} us")
-        for k, v in list(r["kernels_us"].items())[:8]:
+        for k, v in list(r["kernels_us"].items())[:12]:
             print(f"    {v:9.1f} us  {k}")
     if args.out is not None:
         args.out.parent.mkdir(parents=True, exist_ok=True)

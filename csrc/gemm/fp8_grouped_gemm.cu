@@ -262,7 +262,8 @@ void fp8_grouped_gemm(const at::Tensor& a, const at::Tensor& a_scales, const at:
   l.h_map = h_out ? sm90::staged_rows_map(h_ptr, h_out->size(0), n_out, halves, h_stride)
                   : CUtensorMap{};
   l.w_scales_map = columns ? sm90::fp8_column_scales_map(w_scales.data_ptr(), num_experts,
-                                                         k_blocks, halves, padded_rows)
+                                                         k_blocks, halves, padded_rows,
+                                                         kFp8BlockK / scale_block)
                            : CUtensorMap{};
   l.w = Fp8Weights{columns ? nullptr : w_scales.data_ptr<uint8_t>(),
                    static_cast<int>(row_blocks), static_cast<int>(n_out)};

@@ -161,12 +161,14 @@ void fp8_wgrad(const at::Tensor& a, const at::Tensor& a_scales, const at::Tensor
   if (out.numel() == 0) return;
   c10::cuda::CUDAGuard guard(a.device());
   const CUtensorMap a_map = sm90::fp8_row_tile_map(a.data_ptr(), m, k_pad, a.stride(0));
-  const CUtensorMap a_scales_map =
-      sm90::fp8_row_scales_map(a_scales.data_ptr(), k_blocks, m, a_scales.stride(0), 1);
+  // One scale block per stage (the ring's transaction bytes count boxes of this size).
+  constexpr int kBlocksPerStage = sm90::Fp8StageRing<sm90::Fp8SegmentScales>::kScaleBlocks;
+  const CUtensorMap a_scales_map = sm90::fp8_row_scales_map(a_scales.data_ptr(), k_blocks, m,
+                                                            a_scales.stride(0), kBlocksPerStage);
   const CUtensorMap b_map =
       sm90::fp8_expert_weight_map(b.data_ptr(), 1, n, k_pad, n * b.stride(0), b.stride(0), 1);
   const CUtensorMap b_scales_map =
-      sm90::fp8_column_scales_map(b_scales.data_ptr(), 1, k_blocks, 1, padded_n);
+      sm90::fp8_column_scales_map(b_scales.data_ptr(), 1, k_blocks, 1, padded_n, kBlocksPerStage);
   const CUtensorMap out_map =
       sm90::staged_rows_map(out.data_ptr(), num_experts * m, n, 1, n);
   launch_persistent(fp8_wgrad_kernel, kFp8WgradSharedBytes, a_map, a_scales_map, b_map,

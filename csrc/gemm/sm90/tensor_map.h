@@ -62,12 +62,14 @@ CUtensorMap expert_weight_scales_map(const void* base, uint64_t experts, uint64_
 // row); the A rows' E8M0 scale codes [k_blocks, rows] (row stride `row_stride`) in boxes of
 // kFp8RowScaleBox rows of a stage's blocks, read from a 16-aligned row; MXFP8's bf16 weight
 // column scales [E, k_blocks, halves, padded_rows] in boxes of one stage of one tile's half.
+// blocks_per_stage must be the stage ring's kScaleBlocks: the box is what the stage's
+// expected transaction bytes count (a larger box overruns the stage and its barriers).
 CUtensorMap fp8_row_tile_map(const void* base, uint64_t rows, uint64_t k, uint64_t row_stride);
 CUtensorMap fp8_expert_weight_map(const void* base, uint64_t experts, uint64_t rows, uint64_t k,
                                   uint64_t expert_stride, uint64_t row_stride, int halves);
 CUtensorMap fp8_row_scales_map(const void* base, uint64_t k_blocks, uint64_t rows,
                                uint64_t row_stride, int blocks_per_stage);
 CUtensorMap fp8_column_scales_map(const void* base, uint64_t experts, uint64_t k_blocks,
-                                  int halves, uint64_t padded_rows);
+                                  int halves, uint64_t padded_rows, int blocks_per_stage);
 
 }  // namespace mok::sm90
