@@ -33,8 +33,6 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("quantize_wire_rows", &mok::quantize_wire_rows);
   m.def("fp8_quantize_weight_blocks", &mok::fp8_quantize_weight_blocks);
   m.def("fp8_grouped_gemm", &mok::fp8_grouped_gemm);
-  m.def("fp8_quantize_segments_t", &mok::fp8_quantize_segments_t);
-  m.def("fp8_wgrad", &mok::fp8_wgrad);
 
   // grouped GEMM tile engine
   m.def("grouped_gemm", &mok::grouped_gemm);

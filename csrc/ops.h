@@ -76,14 +76,6 @@ void quantize_wire_rows(const at::Tensor& x, at::Tensor& buffer, int64_t offset,
 // code per 128 x 128 block, scales [E, ceil(N / 128), ceil(K / 128)] (the blockwise recipe).
 void fp8_quantize_weight_blocks(const at::Tensor& w, at::Tensor& codes, at::Tensor& scales);
 
-// quant/segment_quantize.cu: x [rows, cols] in experts' segments (offsets) quantized in blocks
-// of 128 rows from each segment's first row, written transposed: codes [cols, K_pad] with
-// segment e at 128-row blocks block_offsets[e] .. block_offsets[e + 1], E8M0 scales
-// [K_pad / 128, >= cols] (wgrad's operands under the blockwise recipe).
-void fp8_quantize_segments_t(const at::Tensor& x, const at::Tensor& offsets,
-                             const at::Tensor& block_offsets, at::Tensor& codes,
-                             at::Tensor& scales);
-
 // gemm/fp8_grouped_gemm.cu (FP8 engine): A codes [rows, K] with E8M0 scale codes
 // [ceil(K / S), >= rows] per 1 x S, W codes [E, N, K] with, for scale_block S = 128, E8M0
 // codes per 128 x 128 block, for S = 32 (MXFP8) bf16 column scales in fragment order;
@@ -93,14 +85,6 @@ void fp8_grouped_gemm(const at::Tensor& a, const at::Tensor& a_scales, const at:
                       const c10::optional<at::Tensor>& row_prob, int64_t activation,
                       at::Tensor& out, const c10::optional<at::Tensor>& h_out,
                       int64_t scale_block, int64_t timeout_ns, int64_t rank);
-
-// gemm/fp8_wgrad.cu: dW [E, M, N] bf16, dW[e] = sum over expert e's blocks of rows of
-// deq(A)^T deq(B), A and B as fp8_quantize_segments_t writes them (codes [M or N, K_pad]); A's
-// scales E8M0 [K_pad / 128, >= M], B's bf16 column scales in fragment order [1, K_pad / 128, 1,
-// N rounded up to 128].
-void fp8_wgrad(const at::Tensor& a, const at::Tensor& a_scales, const at::Tensor& b,
-               const at::Tensor& b_scales, const at::Tensor& block_offsets, at::Tensor& out,
-               int64_t timeout_ns, int64_t rank);
 
 // gemm/grouped_gemm.cu (sm90 tile engine). activation: -1 = plain store, else ActivationId
 // with row_prob folded in; h_out (optional) receives the bf16 pre-activation. rank: the EP

@@ -25,8 +25,9 @@ fp8_blockwise: the same table with 1 x 128 blocks along each row for the activat
 rows for wgrad (fp8_blockwise.py); forward and dgrad run on the FP8 grouped GEMM
 (csrc/gemm/fp8_grouped_gemm.cu: E4M3 tensor-core MMAs, fp32 promotion per 128 of K), FC1's
 rows dispatched as codes as under mxfp8, the other activation operands quantized per call;
-wgrad on the FP8 wgrad kernel (csrc/gemm/fp8_wgrad.cu) over operands quantized along the
-expert's rows and written transposed.
+wgrad as under mxfp8 (the operands rounded to their blocks, torch._grouped_mm): an FP8 wgrad
+kernel on operands quantized and written transposed took 1.37-1.56x its time on every layer
+shape (perf-log session 18).
 """
 
 from __future__ import annotations
@@ -161,22 +162,10 @@ class Mxfp8Operands(_QuantizedOperands):
 
 class Fp8BlockwiseOperands(_QuantizedOperands):
     """The blockwise FP8 engine: the activation operand as E4M3 codes per 1 x 128 of each row,
-    the weights per 128 x 128 block (fp8_block_weights.py); wgrad on the FP8 wgrad kernel
-    (csrc/gemm/fp8_wgrad.cu) with both operands quantized 128 x 1 along each expert's rows,
-    written transposed (FP8 MMAs read K-major operands, and K is the rows)."""
+    the weights per 128 x 128 block (fp8_block_weights.py); wgrad's operands rounded 128 x 1
+    along each expert's rows."""
 
     block = ops.FP8_BLOCK
 
     def _weight_scales(self, w):
         return w.scales
-
-    def wgrad(self, plan, sched, dout, act, dh, rows):
-        blocks = ops.segment_blocks(sched.offsets)
-
-        def gemm(a, b):
-            a_q = ops.fp8_quantize_segments(a, sched.offsets, blocks)
-            b_q = ops.fp8_quantize_segments(b, sched.offsets, blocks, column_scales=True)
-            return ops.fp8_wgrad(*a_q, *b_q, blocks, timeout_ns=plan.ws.timeout_ns,
-                                 rank=plan.ws.rank)
-
-        return gemm(dh, rows), gemm(dout, act)

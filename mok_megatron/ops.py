@@ -301,66 +301,6 @@ def fp8_grouped_gemm(a: torch.Tensor, a_scales: torch.Tensor, w: torch.Tensor,
                                  h_out, scale_block, timeout_ns, rank)
 
 
-def segment_blocks(offsets: torch.Tensor, block: int = FP8_BLOCK) -> torch.Tensor:
-    """int32 [E + 1]: where each expert's blocks of ``block`` rows start when every expert's
-    rows (``offsets``, int32 [E + 1] on the device) are cut into blocks from its first row -
-    the k-blocks of ``fp8_quantize_segments``' codes. Device ops only (no host sync)."""
-    blocks = (offsets[1:] - offsets[:-1] + block - 1) // block
-    return torch.cat([torch.zeros_like(offsets[:1]), blocks.cumsum(0).to(torch.int32)])
-
-
-def segment_k_pad(rows: int, segments: int, block: int = FP8_BLOCK) -> int:
-    """Rows of ``fp8_quantize_segments``' transposed codes for any split of `rows` rows into
-    `segments` experts: each expert's last block may be short, so one extra block each."""
-    return (-(-rows // block) + segments) * block
-
-
-def fp8_quantize_segments(x: torch.Tensor, offsets: torch.Tensor, block_offsets: torch.Tensor,
-                          column_scales: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
-    """x [rows, cols] bf16 quantized in blocks of 128 rows from each expert's first row
-    (per expert e, ``fp8_blockwise.quantize_rows(x_e, dim=0)``), written transposed for the
-    FP8 wgrad: E4M3 codes [cols, K_pad] (expert e's blocks at ``block_offsets[e]`` ..., missing
-    rows of a short block as zero codes) and the scales - E8M0 codes [K_pad / 128, cols padded
-    to 16] (wgrad's A operand), or with ``column_scales`` the FP8 engine's bf16 column scales
-    in fragment order [1, K_pad / 128, 1, cols padded to 128] (its B operand;
-    ``mxfp8_weights.column_scales`` of the codes)."""
-    _cuda("x", x, torch.bfloat16)
-    rows, cols = x.shape
-    k_pad = segment_k_pad(rows, offsets.numel() - 1)
-    codes = torch.empty(cols, k_pad, dtype=torch.float8_e4m3fn, device=x.device)
-    if column_scales:
-        scales = torch.zeros(1, k_pad // FP8_BLOCK, 1, -(-cols // FP8_TILE_N) * FP8_TILE_N,
-                             dtype=torch.bfloat16, device=x.device)
-    else:
-        scales = torch.empty(k_pad // FP8_BLOCK, _pad16(cols), dtype=torch.uint8,
-                             device=x.device)
-    extension().fp8_quantize_segments_t(x, offsets, block_offsets, codes, scales)
-    return codes, scales
-
-
-def fp8_wgrad(a_codes: torch.Tensor, a_scales: torch.Tensor, b_codes: torch.Tensor,
-              b_column_scales: torch.Tensor, block_offsets: torch.Tensor,
-              out: Optional[torch.Tensor] = None, timeout_ns: int = 10**10,
-              rank: int = 0) -> torch.Tensor:
-    """dW [E, M, N] bf16 with dW[e] = deq(A_e)^T deq(B_e) summed over expert e's rows
-    (csrc/gemm/fp8_wgrad.cu: E4M3 MMAs, fp32 promotion per 128 rows): A, B the codes and
-    scales ``fp8_quantize_segments`` returns for [rows, M] and [rows, N] (B's with
-    ``column_scales``).
-    ``out``: where dW goes (allocated when None); every element is written."""
-    for name, t in (("a_codes", a_codes), ("b_codes", b_codes)):
-        _check(t.is_cuda and t.dtype == torch.float8_e4m3fn,
-               f"{name} must be float8_e4m3fn codes on the GPU, got {t.dtype} on {t.device}")
-    _cuda("a_scales", a_scales, torch.uint8)
-    _cuda("b_column_scales", b_column_scales, torch.bfloat16)
-    _cuda("block_offsets", block_offsets, torch.int32)
-    if out is None:
-        out = torch.empty(block_offsets.numel() - 1, a_codes.shape[0], b_codes.shape[0],
-                          dtype=torch.bfloat16, device=a_codes.device)
-    extension().fp8_wgrad(a_codes, a_scales, b_codes, b_column_scales, block_offsets, out,
-                          timeout_ns, rank)
-    return out
-
-
 def mx_quantize_rows_transposed(w: torch.Tensor, codes: torch.Tensor,
                                 scales: torch.Tensor) -> None:
     """w [E, r, c] bf16 as MXFP8 with blocks along each matrix's rows, written transposed:

@@ -1,6 +1,7 @@
 // One block of a bf16 matrix along its rows, 8 columns wide: the scale exponent and
 // finiteness of each column's block, the first pass of every quantizer that cuts blocks along
-// rows (quant/mx_round.cu, quant/segment_quantize.cu), and which segment a block belongs to.
+// rows (quant/mx_round.cu: the segment rounding and the transposed weight quantizer), and
+// which segment a block belongs to.
 #pragma once
 
 #include <cuda_bf16.h>

@@ -390,22 +390,3 @@ def test_e8m0_values_are_exact_powers_of_two():
     want = torch.tensor([2.0 ** (c - 127) for c in range(255)], dtype=torch.float64)
     assert torch.equal(got[:255].double(), want)
     assert got[255].isnan()
-
-
-def test_segment_blocks_start_each_expert_at_a_block():
-    """Wgrad's transposed operands (ops.fp8_quantize_segments): expert e's 128-row blocks start
-    at segment_blocks(offsets)[e], a short last block each, empty experts none; segment_k_pad
-    holds the worst split of the rows."""
-    from mok_megatron import ops
-
-    counts = [0, 1, 127, 128, 129, 0, 300, 64]
-    offsets = torch.tensor([0] + torch.tensor(counts).cumsum(0).tolist(), dtype=torch.int32)
-    blocks = ops.segment_blocks(offsets)
-    assert blocks.dtype == torch.int32
-    assert blocks.tolist() == [0, 0, 1, 2, 3, 5, 5, 8, 9]
-    rows = sum(counts)
-    assert ops.segment_k_pad(rows, len(counts)) >= int(blocks[-1]) * 128
-    # The worst split: every expert one row past a whole block.
-    worst = [129] * 7 + [rows - 7 * 129]
-    worst_offsets = torch.tensor([0] + torch.tensor(worst).cumsum(0).tolist(), dtype=torch.int32)
-    assert ops.segment_k_pad(rows, 8) >= int(ops.segment_blocks(worst_offsets)[-1]) * 128

@@ -17,7 +17,6 @@ import torch
 from mok_megatron import fp8_blockwise, ops
 from mok_megatron.fp8_blockwise import e8m0_values, engine_row_values, engine_weight_values
 from mok_megatron.activations import get_activation
-from mok_megatron.mxfp8_weights import column_scales
 
 pytestmark = pytest.mark.gpu
 if not torch.cuda.is_available():
@@ -172,85 +171,3 @@ def test_fp8_grouped_gemm_rejects_bad_input():
         ops.fp8_grouped_gemm(a_codes, a_scales, c96, s96, offsets,
                              torch.empty(10, 96, device="cuda", dtype=torch.bfloat16),
                              activation="swiglu", row_prob=torch.ones(10, device="cuda"))
-
-
-# Ragged experts for wgrad: empty ones, a 1-row one, block edges and a long one.
-_SEGMENT_COUNTS = [0, 1, 127, 128, 129, 0, 300, 64]
-
-
-def _segment_offsets(counts) -> torch.Tensor:
-    return torch.tensor([0] + list(torch.tensor(counts).cumsum(0)), dtype=torch.int32,
-                        device="cuda")
-
-
-@pytest.mark.parametrize("cols", [128, 200, 7168])
-def test_segment_quantizer_matches_reference(cols):
-    """Wgrad's operand quantized 128 x 1 along each expert's rows and written transposed: per
-    expert, codes and scales as fp8_blockwise.quantize_rows(x_e, dim=0) gives them, a short
-    block's missing rows zero codes, and nothing written outside the expert's blocks read."""
-    g = torch.Generator(device="cuda").manual_seed(cols)
-    rows = sum(_SEGMENT_COUNTS)
-    x = special_rows(rows + 16, cols, g)  # rows past the last expert are never read
-    offsets = _segment_offsets(_SEGMENT_COUNTS)
-    blocks = ops.segment_blocks(offsets)
-    codes, scales = ops.fp8_quantize_segments(x, offsets, blocks)
-    assert blocks.tolist() == [0] + list(torch.tensor(
-        [-(-c // 128) for c in _SEGMENT_COUNTS]).cumsum(0).tolist())
-    for e, count in enumerate(_SEGMENT_COUNTS):
-        if count == 0:
-            continue
-        r0, b0, nb = int(offsets[e]), int(blocks[e]), -(-count // 128)
-        ref_codes, ref_scales = fp8_blockwise.quantize_rows(x[r0:r0 + count].float().cpu(), dim=0)
-        got_scales = e8m0_values(scales[b0:b0 + nb, :cols]).cpu()
-        assert torch.equal(got_scales.isnan(), ref_scales.isnan()), f"expert {e}: NaN blocks"
-        finite = ~ref_scales.isnan()
-        assert torch.equal(got_scales[finite], ref_scales[finite]), f"expert {e}: scales"
-        got = codes[:, b0 * 128:(b0 + nb) * 128].cpu().view(torch.uint8)
-        ok = finite.repeat_interleave(128, dim=0)[:count].t()
-        assert torch.equal(got[:, :count][ok], ref_codes.view(torch.uint8).t()[ok]), \
-            f"expert {e}: codes"
-        assert not got[:, count:].any(), f"expert {e}: the short block's pad is not zero codes"
-    # The B operand's scales: the same scale codes as the FP8 engine's column scales.
-    codes_b, columns = ops.fp8_quantize_segments(x, offsets, blocks, column_scales=True)
-    used = int(blocks[-1])  # the blocks past the experts' are never written
-    k_used = used * 128
-    assert torch.equal(codes_b[:, :k_used].view(torch.uint8), codes[:, :k_used].view(torch.uint8))
-    want = column_scales(scales[:used, :cols].reshape(1, used, 1, cols), cols)
-    got = columns[:, :used]
-    assert torch.equal(got.isnan(), want.isnan())
-    assert torch.equal(got[~want.isnan()], want[~want.isnan()]), "column scales differ"
-
-
-@pytest.mark.parametrize("m,n", [(256, 384), (200, 136), (7168, 256)])
-def test_fp8_wgrad_matches_products_of_the_quantized_values(m, n):
-    """dW[e] = Qn(A_e)^T Qn(B_e) on the FP8 wgrad kernel against fp32 products of the
-    reference's quantized values (rel-L2 <= 2e-3 per expert; zeros for an empty expert),
-    bit-identical over runs, output poisoned before each."""
-    g = torch.Generator(device="cuda").manual_seed(m + n)
-    rows = sum(_SEGMENT_COUNTS)
-    a = (torch.randn(rows, m, device="cuda", generator=g) * 0.1).bfloat16()
-    b = (torch.randn(rows, n, device="cuda", generator=g) * 3).bfloat16()
-    offsets = _segment_offsets(_SEGMENT_COUNTS)
-    blocks = ops.segment_blocks(offsets)
-
-    def run():
-        a_q = ops.fp8_quantize_segments(a, offsets, blocks)
-        b_q = ops.fp8_quantize_segments(b, offsets, blocks, column_scales=True)
-        out = torch.full((len(_SEGMENT_COUNTS), m, n), float("nan"), dtype=torch.bfloat16,
-                         device="cuda")
-        return ops.fp8_wgrad(*a_q, *b_q, blocks, out=out)
-
-    first = run()
-    second = run()
-    torch.cuda.synchronize()
-    assert torch.equal(first.view(torch.int16), second.view(torch.int16)), "runs differ"
-    qa = fp8_blockwise.fake_quantize_segments(a.float(), offsets.cpu())
-    qb = fp8_blockwise.fake_quantize_segments(b.float(), offsets.cpu())
-    for e, count in enumerate(_SEGMENT_COUNTS):
-        r0 = int(offsets[e])
-        if count == 0:
-            assert not first[e].any(), f"expert {e} has no rows: its gradient must be zero"
-            continue
-        ref = qa[r0:r0 + count].double().t() @ qb[r0:r0 + count].double()
-        err = rel_l2(first[e].float(), ref)
-        assert err <= MAX_REL_L2, f"expert {e}: rel-L2 {err:.2e}"

@@ -2,6 +2,7 @@
 # The third call on one H200 (session 18): where the blockwise fwd+bwd lost time after the FP8
 # wgrad went in - the two blockwise wgrads side by side (benchmarks/probes/blockwise_wgrad.py)
 # and the backward per kernel, bf16 against fp8_blockwise (scripts/profile_backward.py).
+# The probe was removed with the FP8 wgrad after this call: it lives at commit 70ac3b5.
 # Output: $OUT (call3/ here). Run from the repository root:
 #   bash benchmarks/results/h200_fp8_dispatch/run_wgrad.sh
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 PYTHONUNBUFFERED=1

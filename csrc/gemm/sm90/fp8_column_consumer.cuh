@@ -16,10 +16,11 @@ namespace mok::sm90 {
 // The bf16 column scales of one half (kFp8BlockN / 2 columns: a gated tile's gate or up rows)
 // of scale block `blk` that this thread applies (ColumnScaleLayout): 16-byte piece v (of 2)
 // holds the pairs of the half's columns 8 j + 2 q and 8 j + 2 q + 1 for j = 4 v .. 4 v + 3.
-template <bool kGatedWeights, int kBlocks = Fp8StageRing<Fp8ColumnScales>::kScaleBlocks>
+template <bool kGatedWeights>
 __device__ __forceinline__ const uint4* column_scale_pieces(const uint16_t* stage, int blk,
                                                             int half) {
   using Layout = ColumnScaleLayout<kGatedWeights>;
+  constexpr int kBlocks = Fp8StageRing<Fp8ColumnScales>::kScaleBlocks;
   const int q = threadIdx.x % 4;
   return reinterpret_cast<const uint4*>(
       kGatedWeights ? stage + (half * kBlocks + blk) * Layout::kGroup + q * (Layout::kGroup / 4)
@@ -28,9 +29,8 @@ __device__ __forceinline__ const uint4* column_scale_pieces(const uint16_t* stag
 }
 
 // This thread's two row scales (rows r, r + 8) of scale block `blk` of `stage`.
-template <class Scales>
-__device__ __forceinline__ void load_row_scales(const Fp8StageRing<Scales>& ring, int stage,
-                                                int blk, int r, float (&a_scale)[2]) {
+__device__ __forceinline__ void load_row_scales(const Fp8StageRing<Fp8ColumnScales>& ring,
+                                                int stage, int blk, int r, float (&a_scale)[2]) {
 #pragma unroll
   for (int i = 0; i < 2; ++i) {
     a_scale[i] = e8m0_factor(ring.a_scales[stage][blk * kFp8RowScaleBox + r + 8 * i]);

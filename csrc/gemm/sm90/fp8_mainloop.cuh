@@ -41,14 +41,6 @@ constexpr int kFp8BTileBytes = kFp8BlockN * kFp8BlockK;
 constexpr int kFp8AccRegs = kFp8BlockN / 2;  // m64 x n128 fp32 over 128 threads
 static_assert(kFp8BlockK == 128, "a stage's rows are one 128-byte swizzle row of codes");
 
-// Weight gradients under the blockwise recipe (gemm/fp8_wgrad.cu): K is an expert's rows and
-// both operands are quantized 128 x 1 along it, so A (dY^T, dh^T) has a scale per row and B
-// (act^T, x^T) one per column of the tile, each per 128 of K: one scale block per stage.
-struct Fp8SegmentScales {
-  static constexpr int kScaleK = kFp8ScaleBlock;
-  static constexpr bool kColumnScales = true;
-};
-
 // Column scales in fragment order: the scales of one tile's kFp8BlockN / halves weight rows
 // (per half) and one k32 block are stored so that accumulator-fragment thread q (= lane % 4),
 // whose columns are 8 j + 2 q + {0, 1}, finds its pairs side by side: column c of a group of
@@ -93,8 +85,7 @@ __device__ __forceinline__ void init_fp8_ring(Fp8StageRing<Scales>& ring) {
 
 // Producer side of one tile (tile_engine.cuh: produce_tile, over the FP8 ring): A codes at
 // (k0, row0), the A rows' scale codes of the stage's blocks, the weight rows' codes of expert
-// e and, for column scales, their scales (w_scales_map: [E][blocks][halves][rows]); k-blocks
-// kb0 .. kb0 + k_blocks of K (wgrad: the expert's blocks of rows; 0 for the whole K).
+// e and, for column scales, their scales (w_scales_map: [E][blocks][halves][rows]).
 template <class Scales, bool kGatedWeights>
 __device__ __forceinline__ void produce_fp8_tile(Fp8StageRing<Scales>& ring, int& it,
                                                  int k_blocks, int tile,
@@ -103,10 +94,10 @@ __device__ __forceinline__ void produce_fp8_tile(Fp8StageRing<Scales>& ring, int
                                                  const CUtensorMap* w_map,
                                                  const CUtensorMap* w_scales_map, int row0,
                                                  int n0, int expert, uint64_t timeout_ns,
-                                                 int* report, int kb0 = 0) {
+                                                 int* report) {
   using Ring = Fp8StageRing<Scales>;
   using Layout = ColumnScaleLayout<kGatedWeights>;
-  for (int kb = kb0; kb < kb0 + k_blocks; ++kb, ++it) {
+  for (int kb = 0; kb < k_blocks; ++kb, ++it) {
     const int stage = it % kFp8Stages;
     mbar_wait(&ring.empty[stage], ((it / kFp8Stages) & 1) ^ 1, timeout_ns, kWaitProducer, tile,
               stage, report);
