@@ -73,10 +73,35 @@ __device__ __forceinline__ void load_weight_codes(uint8_t* b, uint8_t* scales,
 
 constexpr uint32_t kMxStageTxBytes = kATileBytes + kMxCodeTileBytes + kMxScaleStageBytes;
 
-// 16 codes (one 16-byte chunk) times 2^e as bf16 into the two 16-byte chunks q, q + 1 of a
-// 128-byte-swizzled row (chunk q of row r sits at chunk q ^ (r % 8)).
-__device__ __forceinline__ void store_dequantized(uint8_t* row_base, int row, int q,
-                                                  const int4& codes, float factor) {
+// Shared-space accesses by 32-bit address. The stage buffers are reached through a generic
+// pointer into dynamic shared memory, which compiles to generic 64-bit loads and stores (LD.E /
+// ST.E): slower than LDS / STS, and their 64-bit addresses cost the registers the consumer does
+// not have (session 18's SASS of this file). Volatile: each stays on its side of the named
+// barriers.
+__device__ __forceinline__ uint4 lds_16(uint32_t addr) {
+  uint4 v;
+  asm volatile("ld.shared.v4.u32 {%0, %1, %2, %3}, [%4];"
+               : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+               : "r"(addr));
+  return v;
+}
+__device__ __forceinline__ uint32_t lds_u8(uint32_t addr) {
+  uint32_t v;
+  asm volatile("ld.shared.u8 %0, [%1];" : "=r"(v) : "r"(addr));
+  return v;
+}
+__device__ __forceinline__ void sts_16(uint32_t addr, uint32_t a, uint32_t b, uint32_t c,
+                                       uint32_t d) {
+  asm volatile("st.shared.v4.u32 [%0], {%1, %2, %3, %4};" ::"r"(addr), "r"(a), "r"(b), "r"(c),
+               "r"(d)
+               : "memory");
+}
+
+// 16 codes (one 16-byte chunk) times 2^e as bf16 into two 16-byte chunks of a 128-byte-swizzled
+// row: chunks q, q + 1 (q even) sit at q ^ (row % 8) and (q ^ (row % 8)) ^ 1, so `swizzled`
+// (the first's byte offset) gives both. `row`: the row's shared-space address.
+__device__ __forceinline__ void store_dequantized(uint32_t row, int swizzled, const uint4& codes,
+                                                  float factor) {
   const uint32_t* pairs = reinterpret_cast<const uint32_t*>(&codes);
 #pragma unroll
   for (int half = 0; half < 2; ++half) {
@@ -91,14 +116,20 @@ __device__ __forceinline__ void store_dequantized(uint8_t* row_base, int row, in
         o[2 * w + h] = pack_bf16x2(__fmul_rn(f.x, factor), __fmul_rn(f.y, factor));
       }
     }
-    *reinterpret_cast<int4*>(row_base + (((q + half) ^ (row % 8)) * 16)) =
-        make_int4(o[0], o[1], o[2], o[3]);
+    sts_16(row + (swizzled ^ (16 * half)), o[0], o[1], o[2], o[3]);
   }
 }
 
 // One consumer thread's share of every stage: tile rows r0 + kMxRowsPerPass * p (p < kMxPasses),
 // 16 codes from K offset 16 * chunk of each k-block. Everything it reads is in shared memory,
 // so nothing waits on global memory between the stage filling and its MMAs.
+//
+// Registers: the consumer runs at the 168-register launch bound with 128 accumulators, and
+// per-pass addresses and scale indices held across the k-loop were spilled and reloaded every
+// stage (session 18: ncu put 43% of the stall cycles on local-memory loads). So a thread keeps
+// four offsets and every pass adds compile-time constants: r0 < kMxRowsPerPass, so pass p's
+// row r0 + kMxRowsPerPass * p has r0's swizzle phase (row % 8) and lies in half
+// kMxRowsPerPass * p / kHalfRows.
 template <bool kGatedWeights, int kScaleBlock = kMxBlock>
 struct MxWeightStage {
   static_assert(kScaleBlock % 16 == 0, "16 consecutive codes share one scale");
@@ -107,41 +138,54 @@ struct MxWeightStage {
   // Passes whose bf16 rows lie below the codes: converted before the others are read.
   static constexpr int kLowPasses = kMxCodeOffset / 128 / kMxRowsPerPass;
   static_assert(kLowPasses >= 1 && kLowPasses < kMxPasses, "codes in the tile's upper rows");
+  static_assert(kHalfRows % kMxRowsPerPass == 0, "a pass's rows lie in one half");
 
-  int r0, chunk;
+  int code_offset;   // this thread's 16 codes in its first row (from the stage's codes)
+  int row_offset;    // its first bf16 row in the stage's tile
+  int swizzled;      // byte offset of its first 16-byte chunk within a row
+  int scale_offset;  // its first row's scale code (half 0, this thread's scale row)
 
-  __device__ explicit MxWeightStage(int consumer_thread)
-      : r0(consumer_thread / kMxChunksPerRow), chunk(consumer_thread % kMxChunksPerRow) {}
-
-  __device__ float factor(const uint8_t* scales, int p) const {
-    const int j = r0 + kMxRowsPerPass * p;
+  __device__ explicit MxWeightStage(int consumer_thread) {
+    const int r0 = consumer_thread / kMxChunksPerRow, chunk = consumer_thread % kMxChunksPerRow;
+    code_offset = r0 * kGemmBlockK + 16 * chunk;
+    row_offset = r0 * 128;
+    swizzled = ((2 * chunk) ^ (r0 % 8)) * 16;
     const int scale_row = kGemmBlockK >= kScaleBlock ? 16 * chunk / kScaleBlock : 0;
-    return e8m0_factor(scales[(j / kHalfRows) * kHalfRows * kScaleRows +
-                              scale_row * kHalfRows + j % kHalfRows]);
+    scale_offset = scale_row * kHalfRows + r0;
+  }
+
+  // Pass p's factor (p is a compile-time constant once the passes are unrolled); `scales`:
+  // this thread's first scale code's shared-space address.
+  __device__ float factor(uint32_t scales, int p) const {
+    const int rows = kMxRowsPerPass * p;
+    return e8m0_factor(static_cast<uint8_t>(
+        lds_u8(scales + (rows / kHalfRows) * kHalfRows * kScaleRows + rows % kHalfRows)));
   }
 
   // Dequantizes stage buffer b (codes at kMxCodeOffset, scale codes in `scales`) into the
   // bf16 tile. All kMxThreads threads call it per stage.
   __device__ void convert(uint8_t* b, const uint8_t* scales) const {
-    const uint8_t* code_rows = b + kMxCodeOffset + 16 * chunk;
+    const uint32_t tile = smem_addr(b);
+    const uint32_t codes = tile + kMxCodeOffset + code_offset;
+    const uint32_t rows = tile + row_offset;
+    const uint32_t scale_codes = smem_addr(scales) + scale_offset;
+    constexpr int kPassCodeBytes = kMxRowsPerPass * kGemmBlockK;
+    constexpr int kPassRowBytes = kMxRowsPerPass * 128;
 #pragma unroll
     for (int p = 0; p < kLowPasses; ++p) {
-      const int row = r0 + kMxRowsPerPass * p;
-      store_dequantized(b + row * 128, row, 2 * chunk,
-                        *reinterpret_cast<const int4*>(code_rows + row * kGemmBlockK),
-                        factor(scales, p));
+      store_dequantized(rows + p * kPassRowBytes, swizzled, lds_16(codes + p * kPassCodeBytes),
+                        factor(scale_codes, p));
     }
-    int4 high[kMxPasses - kLowPasses];
+    uint4 high[kMxPasses - kLowPasses];
 #pragma unroll
     for (int p = kLowPasses; p < kMxPasses; ++p) {
-      high[p - kLowPasses] = *reinterpret_cast<const int4*>(
-          code_rows + (r0 + kMxRowsPerPass * p) * kGemmBlockK);
+      high[p - kLowPasses] = lds_16(codes + p * kPassCodeBytes);
     }
     named_barrier_sync(kMxStageBarrier, kMxThreads);
 #pragma unroll
     for (int p = kLowPasses; p < kMxPasses; ++p) {
-      const int row = r0 + kMxRowsPerPass * p;
-      store_dequantized(b + row * 128, row, 2 * chunk, high[p - kLowPasses], factor(scales, p));
+      store_dequantized(rows + p * kPassRowBytes, swizzled, high[p - kLowPasses],
+                        factor(scale_codes, p));
     }
     fence_proxy_async_shared();  // the generic-proxy writes, before wgmma reads them
     named_barrier_sync(kMxStageBarrier, kMxThreads);
