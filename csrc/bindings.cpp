@@ -13,6 +13,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("publish_inputs", &mok::publish_inputs);
   m.def("pull_rows", &mok::pull_rows);
   m.def("pull_fp8_rows", &mok::pull_fp8_rows);
+  m.def("pull_fp8_rows_dequantized", &mok::pull_fp8_rows_dequantized);
   m.def("push_rows", &mok::push_rows);
   m.def("push_values", &mok::push_values);
 

@@ -34,6 +34,12 @@ void pull_fp8_rows(const at::Tensor& peer_bases, int64_t src_offset, const at::T
                    const at::Tensor& num_rows, int64_t max_tokens, int64_t topk,
                    int64_t row_bytes, int64_t code_bytes, at::Tensor& codes,
                    at::Tensor& scales);
+// The same wire rows as bf16 values (codes times their block's scale; block: codes per scale
+// code), for an FC1 that multiplies bf16.
+void pull_fp8_rows_dequantized(const at::Tensor& peer_bases, int64_t src_offset,
+                               const at::Tensor& row_slot, const at::Tensor& num_rows,
+                               int64_t max_tokens, int64_t topk, int64_t row_bytes,
+                               int64_t code_bytes, int64_t block, at::Tensor& rows);
 void push_rows(const at::Tensor& peer_bases, int64_t dst_offset, const at::Tensor& row_slot,
                const at::Tensor& num_rows, int64_t slots_per_rank, const at::Tensor& rows);
 void push_values(const at::Tensor& peer_bases, int64_t dst_offset, const at::Tensor& row_slot,

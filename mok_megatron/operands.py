@@ -90,6 +90,9 @@ class _QuantizedOperands(Bf16Operands, abc.ABC):
     bf16) values."""
 
     block: int
+    # What the FP8 wire's pull delivers to FC1 (separate_path.forward): codes and scale codes
+    # (fc1_quantized), or else bf16 rows of the codes' values (fc1_rounded).
+    fc1_reads_codes = True
 
     def __init__(self, weights):
         self.weights = weights
@@ -140,24 +143,39 @@ class _QuantizedOperands(Bf16Operands, abc.ABC):
 
 
 class Mxfp8Operands(_QuantizedOperands):
-    """The FP8 engine on MXFP8 codes: the activation operand per 1 x 32 of each row, the
-    weights per 32 x 1 of each weight row (mxfp8_weights.py) - except forward FC2, which runs
-    on the engine that dequantizes the weight codes to bf16 in shared memory: on FC2-shaped
-    GEMMs (K = F) it took 0.76-0.87x the FP8 engine's time on every shape measured (perf-log
-    session 16, bench_gemm.py --mxfp8), on FC1-shaped ones 1.04-1.25x. Both multiply the
-    same MXFP8 values with fp32 accumulation (the reference's semantics)."""
+    """MXFP8: the activation operand per 1 x 32 of each row, the weights per 32 x 1 of each
+    weight row (mxfp8_weights.py). Forward FC1 and FC2 run on the engine that dequantizes the
+    weight codes to bf16 in shared memory, on MX-rounded bf16 rows: it took 0.70-0.81x the FP8
+    engine's time on FC1 and 0.67-0.74x on FC2 on every shape measured (perf-log session 18,
+    bench_gemm.py --mxfp8); the dgrads stay on the FP8 engine (not measured apart). Both
+    multiply the same MXFP8 values with fp32 accumulation (the reference's semantics)."""
 
     block = ops.MX_BLOCK
+    fc1_reads_codes = False
 
     def _weight_scales(self, w):
         return w.column_scales
 
-    def fc2(self, plan, sched, act):
-        out = _rows(sched, plan.w2.shape[1], act)
-        w2 = self.weights.w2
-        ops.grouped_gemm(ops.mx_round_columns(act, sched.num_rows), w2.codes, sched.offsets, out,
-                         w_scales=w2.scales, timeout_ns=plan.ws.timeout_ns, rank=plan.ws.rank)
+    def _dequantizing(self, plan, sched, a_rounded, w, out, **epilogue):
+        """out = epilogue(a w^T) on the dequantizing engine, a MX-rounded bf16 rows."""
+        ops.grouped_gemm(a_rounded, w.codes, sched.offsets, out, w_scales=w.scales,
+                         timeout_ns=plan.ws.timeout_ns, rank=plan.ws.rank, **epilogue)
         return out
+
+    def fc1(self, plan, sched, rows):
+        return self.fc1_rounded(plan, sched, ops.mx_round_columns(rows, sched.num_rows))
+
+    def fc1_rounded(self, plan, sched, rows_rounded):
+        """FC1 of rows already holding MXFP8 values (pulled so: separate_path.forward)."""
+        h = _rows(sched, plan.w1.shape[1], sched.row_slot)
+        act = self._dequantizing(plan, sched, rows_rounded, self.weights.w1,
+                                 _rows(sched, plan.ffn, sched.row_slot),
+                                 activation=plan.activation, row_prob=sched.row_prob, h_out=h)
+        return h, act
+
+    def fc2(self, plan, sched, act):
+        return self._dequantizing(plan, sched, ops.mx_round_columns(act, sched.num_rows),
+                                  self.weights.w2, _rows(sched, plan.w2.shape[1], act))
 
 
 class Fp8BlockwiseOperands(_QuantizedOperands):

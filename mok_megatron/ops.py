@@ -165,6 +165,20 @@ def pull_fp8_rows(peer_bases, src_offset, row_slot, num_rows, max_tokens, topk,
     return codes, scales
 
 
+def pull_fp8_rows_dequantized(peer_bases, src_offset, row_slot, num_rows, max_tokens, topk,
+                              wire: Fp8WireRow) -> torch.Tensor:
+    """The schedule's rows pulled from every rank's wire rows at `src_offset` as bf16 [cap, H]:
+    each code times its block's scale - bit for bit ``mx_round_columns`` (MXFP8) of the
+    published x, for an FC1 that multiplies bf16 (rows past the first num_rows unwritten)."""
+    _cuda("row_slot", row_slot, torch.int32)
+    rows = torch.empty(row_slot.numel(), wire.hidden, dtype=torch.bfloat16,
+                       device=row_slot.device)
+    extension().pull_fp8_rows_dequantized(peer_bases, src_offset, row_slot, num_rows, max_tokens,
+                                          topk, wire.row_bytes, wire.code_bytes, wire.block,
+                                          rows)
+    return rows
+
+
 def push_rows(peer_bases, dst_offset, row_slot, num_rows, slots_per_rank, rows):
     _cuda("row_slot", row_slot, torch.int32)
     _cuda("rows", rows)

@@ -45,12 +45,16 @@ def forward(plan: Plan, sched: Schedule) -> ExpertInputs:
     """What forward keeps: the rows (None when they came as FP8 rows), h and act."""
     ws = plan.ws
     fp8_rows = ws.layout.fp8_rows
+    pull_from = (ws.peer_bases, ws.offsets["tokens"], sched.row_slot, sched.num_rows,
+                 ws.layout.max_tokens, plan.topk, fp8_rows)
     if fp8_rows is None:
         kept = _pull_and_fc1(plan, sched, "tokens")
-    else:
-        rows = ops.pull_fp8_rows(ws.peer_bases, ws.offsets["tokens"], sched.row_slot,
-                                 sched.num_rows, ws.layout.max_tokens, plan.topk, fp8_rows)
+    elif plan.operands.fc1_reads_codes:
+        rows = ops.pull_fp8_rows(*pull_from)
         kept = ExpertInputs(None, *plan.operands.fc1_quantized(plan, sched, rows))
+    else:  # the wire's values as bf16 rows (exact), for an FC1 that multiplies bf16
+        rows = ops.pull_fp8_rows_dequantized(*pull_from)
+        kept = ExpertInputs(None, *plan.operands.fc1_rounded(plan, sched, rows))
     out_rows = plan.operands.fc2(plan, sched, kept.act)
     ops.push_rows(ws.peer_bases, ws.offsets["slots"], sched.row_slot, sched.num_rows,
                   ws.layout.max_tokens * plan.topk, out_rows)

@@ -6,12 +6,14 @@
 // ever touch the same bytes and no atomics are needed. Only the first *num_rows rows (a
 // device-side count) are moved: the grid is sized for the worst case and idles past it.
 #include <ATen/cuda/CUDAContext.h>
+#include <cuda_bf16.h>
 #include <torch/extension.h>
 
 #include "common/error.cuh"
 #include "comm/copy_row.cuh"
 #include "config/kernel_config.cuh"
 #include "ops.h"
+#include "quant/mx_format.cuh"
 
 namespace mok {
 
@@ -71,6 +73,39 @@ __global__ void pull_fp8_rows_kernel(const int64_t* __restrict__ peer_bases,
     copy_row(reinterpret_cast<int4*>(codes + r * code_stride),
              reinterpret_cast<const int4*>(remote), code_bytes / 16, lane);
     for (int b = lane; b < blocks; b += 32) scales[b * scale_stride + r] = remote[code_bytes + b];
+  }
+}
+
+// The same pull for an FC1 that multiplies bf16 (MXFP8's dequantizing engine): row r's codes
+// times their block's scale, as bf16 in row r of `rows` - exactly the values the codes stand
+// for (quant/mx_format.cuh), so one byte per element crosses NVLink and two land in HBM. A
+// lane takes 16 codes at a time; `block` (a multiple of 16) codes share a scale code.
+__global__ void pull_fp8_rows_dequantized_kernel(
+    const int64_t* __restrict__ peer_bases, int64_t peer_offset,
+    const int32_t* __restrict__ row_slot, const int32_t* __restrict__ num_rows, int64_t per_rank,
+    int topk, int64_t row_bytes, int code_bytes, int cols, int block,
+    __nv_bfloat16* __restrict__ rows, int64_t row_stride) {
+  const int lane = threadIdx.x % 32;
+  const int64_t warps = (int64_t)gridDim.x * (blockDim.x / 32);
+  const int n = *num_rows;
+  for (int64_t r = blockIdx.x * (int64_t)(blockDim.x / 32) + threadIdx.x / 32; r < n;
+       r += warps) {
+    const uint8_t* remote = reinterpret_cast<const uint8_t*>(
+        peer_row(peer_bases, peer_offset, row_slot[r], per_rank, topk, row_bytes));
+    for (int c = lane; c * 16 < cols; c += 32) {
+      const int4 codes = reinterpret_cast<const int4*>(remote)[c];  // inside the padded codes
+      const float factor = e8m0_factor(remote[code_bytes + c * 16 / block]);
+      const uint32_t* four = reinterpret_cast<const uint32_t*>(&codes);
+      uint32_t o[8];
+#pragma unroll
+      for (int i = 0; i < 4; ++i) {
+        o[2 * i] = dequantize_pair(four[i], factor);
+        o[2 * i + 1] = dequantize_pair(four[i] >> 16, factor);
+      }
+      int4* dst = reinterpret_cast<int4*>(rows + r * row_stride + c * 16);
+      dst[0] = make_int4(o[0], o[1], o[2], o[3]);
+      if (c * 16 + 8 < cols) dst[1] = make_int4(o[4], o[5], o[6], o[7]);  // cols % 8 == 0
+    }
   }
 }
 
@@ -142,6 +177,34 @@ void pull_fp8_rows(const at::Tensor& peer_bases, int64_t src_offset, const at::T
       static_cast<int>(code_bytes), static_cast<int>(scales.size(0)),
       static_cast<uint8_t*>(codes.data_ptr()), codes.stride(0), scales.data_ptr<uint8_t>(),
       scales.stride(0));
+  MOK_LAUNCH_CHECK();
+}
+
+void pull_fp8_rows_dequantized(const at::Tensor& peer_bases, int64_t src_offset,
+                               const at::Tensor& row_slot, const at::Tensor& num_rows,
+                               int64_t max_tokens, int64_t topk, int64_t row_bytes,
+                               int64_t code_bytes, int64_t block, at::Tensor& rows) {
+  const char* what = "pull_fp8_rows_dequantized";
+  MOK_HOST_CHECK(row_slot.scalar_type() == at::kInt && num_rows.scalar_type() == at::kInt, what,
+                 ": row_slot and num_rows must be int32");
+  MOK_HOST_CHECK(rows.dim() == 2 && rows.scalar_type() == at::kBFloat16 && rows.stride(1) == 1 &&
+                     rows.stride(0) % 8 == 0 && rows.size(1) % 8 == 0 &&
+                     reinterpret_cast<uintptr_t>(rows.data_ptr()) % 16 == 0,
+                 what, ": rows must be bf16 [cap, H] with H and the row stride multiples of 8 "
+                 "and 16-byte aligned rows, got ", rows.sizes(), " stride ", rows.stride(0));
+  const int64_t cap = rows.size(0), cols = rows.size(1);
+  MOK_HOST_CHECK(row_slot.numel() >= cap, what, ": row_slot shorter than the row buffer");
+  MOK_HOST_CHECK(block > 0 && block % 16 == 0 && code_bytes >= cols && code_bytes % 16 == 0 &&
+                     row_bytes % 16 == 0 && row_bytes >= code_bytes + (cols + block - 1) / block,
+                 what, ": wire rows of ", row_bytes, " bytes (codes ", code_bytes, ", a scale "
+                 "code per ", block, ") do not hold ", cols, " codes");
+  if (cap == 0) return;
+  auto stream = at::cuda::getCurrentCUDAStream();
+  pull_fp8_rows_dequantized_kernel<<<row_blocks(), kRowThreads, 0, stream>>>(
+      peer_bases.data_ptr<int64_t>(), src_offset, row_slot.data_ptr<int32_t>(),
+      num_rows.data_ptr<int32_t>(), max_tokens * topk, static_cast<int>(topk), row_bytes,
+      static_cast<int>(code_bytes), static_cast<int>(cols), static_cast<int>(block),
+      reinterpret_cast<__nv_bfloat16*>(rows.data_ptr()), rows.stride(0));
   MOK_LAUNCH_CHECK();
 }
 

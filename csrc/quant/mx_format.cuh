@@ -1,6 +1,7 @@
-// MXFP8's number format on the device, shared by the quantizers (quant/mx_round.cu) and the
-// GEMM stages that dequantize weights (gemm/sm90/mx_weight_stage.cuh), so both produce the
-// same bf16 values bit for bit: an E4M3 code times 2^e, e from an E8M0 scale code.
+// MXFP8's number format on the device, shared by the quantizers (quant/mx_round.cu), the
+// GEMM stages that dequantize weights (gemm/sm90/mx_weight_stage.cuh) and the pull that
+// dequantizes wire rows (comm/rows.cu), so all produce the same bf16 values bit for bit: an
+// E4M3 code times 2^e, e from an E8M0 scale code.
 #pragma once
 
 #include <cuda_bf16.h>
@@ -8,6 +9,8 @@
 #include <cuda_fp8.h>
 
 #include <cstdint>
+
+#include "common/vec.cuh"
 
 namespace mok {
 
@@ -46,6 +49,14 @@ __device__ __forceinline__ float mx_value(__nv_fp8_storage_t q, int e) {
 // An E8M0 scale code as the fp32 factor 2^(code - 127); NaN for the NaN code.
 __device__ __forceinline__ float e8m0_factor(uint8_t code) {
   return code == kE8m0Nan ? __uint_as_float(0x7FC00000u) : exact_exp2(int(code) - kE8m0Bias);
+}
+
+// The two E4M3 codes in the low 16 bits of `pair` times `factor` (e8m0_factor of their
+// block's scale code) as a bf16 pair: mx_value of each, rounded to bf16 as mx_round does.
+__device__ __forceinline__ uint32_t dequantize_pair(uint32_t pair, float factor) {
+  const auto two = static_cast<__nv_fp8x2_storage_t>(pair);
+  const float2 f = __half22float2(__half2(__nv_cvt_fp8x2_to_halfraw2(two, __NV_E4M3)));
+  return pack_bf16x2(__fmul_rn(f.x, factor), __fmul_rn(f.y, factor));
 }
 
 }  // namespace mok

@@ -2,7 +2,9 @@
 at its source (ops.publish_fp8_rows) and pulled as codes and scale codes (ops.pull_fp8_rows)
 is, bit for bit, ops.fp8_quantize_rows of the pulled bf16 rows - what the FC1 GEMM read
 before - for both scale blocks, a hidden size whose rows need padding, edge values (zeros,
-subnormals, saturation, NaN/Inf blocks), and rows pulled from a peer of an emulated group.
+subnormals, saturation, NaN/Inf blocks), and rows pulled from a peer of an emulated group;
+pulled as bf16 values instead (ops.pull_fp8_rows_dequantized, MXFP8's FC1 input) they are
+each code times its block's scale and, under MXFP8, ops.mx_round_columns of the pulled rows.
 The layer under both recipes then gives the bf16 wire's results bit for bit: the recipes'
 recomputed-vs-saved checks compare the two wires (saved inputs keep the bf16 rows)."""
 
@@ -10,6 +12,7 @@ import pytest
 import torch
 
 from mok_megatron import ops
+from mok_megatron.fp8_blockwise import e8m0_values
 from mok_megatron.workspace import Workspace, WorkspaceLayout
 from test_mxfp8_kernels import _edge_rows
 
@@ -69,6 +72,22 @@ def test_pulled_fp8_rows_are_the_quantized_pulled_rows(block, hidden, world):
         "pulled codes differ from the quantized pulled rows"
     assert torch.equal(scales[:, :rows], want_scales[:, :rows]), \
         "pulled scale codes differ from the quantized pulled rows"
+
+    values = ops.pull_fp8_rows_dequantized(ws.peer_bases, ws.offsets["tokens"], row_slot,
+                                           num_rows, MAX_TOKENS, TOPK, wire)
+    factors = e8m0_values(scales[:, :rows]).t().repeat_interleave(block, dim=1)[:, :hidden]
+    _assert_same_bits(values[:rows], (codes[:rows].float() * factors).bfloat16(),
+                      "pulled bf16 rows differ from codes x scales")
+    if block == ops.MX_BLOCK:
+        _assert_same_bits(values[:rows], ops.mx_round_columns(bf16_rows, num_rows)[:rows],
+                          "pulled bf16 rows differ from the MX-rounded pulled rows")
+
+
+def _assert_same_bits(got: torch.Tensor, want: torch.Tensor, what: str) -> None:
+    """Equal bits where finite, NaN at the same places (a NaN block's payload may differ)."""
+    nan = want.isnan()
+    assert torch.equal(got.isnan(), nan), f"{what}: NaN in other places"
+    assert torch.equal(got[~nan].view(torch.int16), want[~nan].view(torch.int16)), what
 
 
 def test_publish_fp8_rows_refuses_a_row_layout_that_does_not_fit():

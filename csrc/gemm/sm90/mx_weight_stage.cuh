@@ -110,11 +110,7 @@ __device__ __forceinline__ void store_dequantized(uint32_t row, int swizzled, co
     for (int w = 0; w < 2; ++w) {
       const uint32_t four = pairs[2 * half + w];
 #pragma unroll
-      for (int h = 0; h < 2; ++h) {
-        const auto two = static_cast<__nv_fp8x2_storage_t>(four >> (16 * h));
-        const float2 f = __half22float2(__half2(__nv_cvt_fp8x2_to_halfraw2(two, __NV_E4M3)));
-        o[2 * w + h] = pack_bf16x2(__fmul_rn(f.x, factor), __fmul_rn(f.y, factor));
-      }
+      for (int h = 0; h < 2; ++h) o[2 * w + h] = dequantize_pair(four >> (16 * h), factor);
     }
     sts_16(row + (swizzled ^ (16 * half)), o[0], o[1], o[2], o[3]);
   }
