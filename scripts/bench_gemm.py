@@ -31,7 +31,7 @@ from gpu_timing import median_ms
 from mok_megatron import ops
 from mok_megatron.config import load_model
 from mok_megatron.fp8_blockwise import engine_row_values, engine_weight_values
-from mok_megatron.mxfp8_weights import quantize_pair, quantize_weight
+from mok_megatron.mxfp8_weights import quantize_pair, quantize_weight, quantize_weight_transposed
 
 
 def per_gpu_experts(model, variant: str, ep: int) -> int:
@@ -154,9 +154,26 @@ def run_case(model, local: int, tokens: int, iters: int, warmup: int, seed: int,
         errors.update(mx_fp8_h=rel_l2(h_f8[:rows], h_mx[:rows]),
                       mx_fp8_act=rel_l2(act_f8[:rows], act_mx[:rows]),
                       mx_fp8_fc2=rel_l2(y_f8[:rows], y_mx[:rows]))
+        # The dgrads on both engines (the layer's dact = dY W2 and dx = dh W1, the weights in
+        # their transposed orientation), each on operands rounded / quantized beforehand.
+        q1t, q2t = quantize_weight_transposed(w1), quantize_weight_transposed(w2)
+        dout = torch.randn(rows, H, device="cuda").bfloat16()
+        dh = torch.randn(rows, 2 * F, device="cuda").bfloat16()
+        dgrads = {}
+        for name, a, q, n in (("dgrad2", dout, q2t, F), ("dgrad1", dh, q1t, H)):
+            a_r, a_q = ops.mx_round_columns(a), ops.fp8_quantize_rows(a, block=ops.MX_BLOCK)
+            out_mx, out_f8 = (torch.empty(rows, n, device="cuda", dtype=torch.bfloat16)
+                              for _ in range(2))
+            dgrads[f"{name}_mx"] = (lambda a_r=a_r, q=q, o=out_mx: ops.grouped_gemm(
+                a_r, q.codes, offsets, o, w_scales=q.scales))
+            dgrads[f"{name}_mx_fp8"] = (lambda a_q=a_q, q=q, o=out_f8: ops.fp8_grouped_gemm(
+                *a_q, q.codes, q.column_scales, offsets, o, scale_block=ops.MX_BLOCK))
+            dgrads[f"{name}_mx"]()
+            dgrads[f"{name}_mx_fp8"]()
+            errors[f"mx_fp8_{name}"] = rel_l2(out_f8[:rows], out_mx[:rows])
         check_agreement(errors, "MXFP8 engines")
         timed += [("fc1_mx", fc1_mx), ("fc2_mx", fc2_mx), ("fc1_mx_fp8", fc1_mx_fp8),
-                  ("fc2_mx_fp8", fc2_mx_fp8),
+                  ("fc2_mx_fp8", fc2_mx_fp8), *dgrads.items(),
                   ("quantize_x_mx", lambda: ops.fp8_quantize_rows(x, block=ops.MX_BLOCK)),
                   ("quantize_weights", quantize)]
     t = {name: median_ms(fn, iters, warmup) for name, fn in timed}
@@ -283,6 +300,11 @@ def main(argv=None):
                           f"x{m['fc2_mx'] / m['fc2_mx_fp8']:.2f}) | quantize x "
                           f"{m['quantize_x_mx']:.3f} ms | err {r['errors']['mx_fp8_h']:.1e} "
                           f"{r['errors']['mx_fp8_fc2']:.1e}", flush=True)
+                    print(f"{'':31s} MXFP8 dgrads, dequantizing / FP8 engine: dY W2 "
+                          f"{m['dgrad2_mx']:7.3f} / {m['dgrad2_mx_fp8']:7.3f} ms, dh W1 "
+                          f"{m['dgrad1_mx']:7.3f} / {m['dgrad1_mx_fp8']:7.3f} ms | err "
+                          f"{r['errors']['mx_fp8_dgrad2']:.1e} "
+                          f"{r['errors']['mx_fp8_dgrad1']:.1e}", flush=True)
                 if args.fp8_blockwise:
                     r["fp8_blockwise"] = b = run_fp8_blockwise(model, local, tokens, args.iters,
                                                                args.warmup, args.seed)
