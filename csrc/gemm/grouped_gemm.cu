@@ -101,7 +101,7 @@ __global__ void __launch_bounds__(kGemmThreads, 1)
   const int consumer = warpgroup - 1;
   const bool leader = threadIdx.x % 128 == 0;
   float acc[kAccRegs];
-  const MxWeightStage<kGated> mx(threadIdx.x - 128);
+  const MxWeightStage<kGated> mx;
   int it = 0;
   for (int tile = blockIdx.x; tile < num_tiles; tile += gridDim.x) {
     const TileCoord tc = decode_tile(s.mblock_begin, num_experts, n_blocks, tile);

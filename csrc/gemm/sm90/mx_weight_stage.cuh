@@ -122,8 +122,8 @@ __device__ __forceinline__ void store_dequantized(uint32_t row, int swizzled, co
 //
 // Registers: the consumer runs at the 168-register launch bound with 128 accumulators, and
 // per-pass addresses and scale indices held across the k-loop were spilled and reloaded every
-// stage (session 18: ncu put 43% of the stall cycles on local-memory loads). So a thread keeps
-// four offsets and every pass adds compile-time constants: r0 < kMxRowsPerPass, so pass p's
+// stage (session 18: ncu put 43% of the stall cycles on local-memory loads). So a thread derives
+// four offsets per stage and every pass adds compile-time constants: r0 < kMxRowsPerPass, so pass p's
 // row r0 + kMxRowsPerPass * p has r0's swizzle phase (row % 8) and lies in half
 // kMxRowsPerPass * p / kHalfRows.
 template <bool kGatedWeights, int kScaleBlock = kMxBlock>
@@ -136,23 +136,29 @@ struct MxWeightStage {
   static_assert(kLowPasses >= 1 && kLowPasses < kMxPasses, "codes in the tile's upper rows");
   static_assert(kHalfRows % kMxRowsPerPass == 0, "a pass's rows lie in one half");
 
-  int code_offset;   // this thread's 16 codes in its first row (from the stage's codes)
-  int row_offset;    // its first bf16 row in the stage's tile
-  int swizzled;      // byte offset of its first 16-byte chunk within a row
-  int scale_offset;  // its first row's scale code (half 0, this thread's scale row)
+  // The thread's offsets, recomputed from %tid.x at every stage: a volatile read the compiler
+  // cannot hoist, so they cost a few integer operations per stage instead of registers held
+  // across the k-loop (held, two of them were spilled and reloaded every k-block).
+  struct Offsets {
+    int code;     // this thread's 16 codes in its first row (from the stage's codes)
+    int row;      // its first bf16 row in the stage's tile
+    int swizzle;  // byte offset of its first 16-byte chunk within a row
+    int scale;    // its first row's scale code (half 0, this thread's scale row)
+  };
 
-  __device__ explicit MxWeightStage(int consumer_thread) {
-    const int r0 = consumer_thread / kMxChunksPerRow, chunk = consumer_thread % kMxChunksPerRow;
-    code_offset = r0 * kGemmBlockK + 16 * chunk;
-    row_offset = r0 * 128;
-    swizzled = ((2 * chunk) ^ (r0 % 8)) * 16;
+  __device__ static Offsets offsets() {
+    uint32_t tid;
+    asm volatile("mov.u32 %0, %%tid.x;" : "=r"(tid));
+    const int t = static_cast<int>(tid) - 128;  // consumer threads follow the producer warpgroup
+    const int r0 = t / kMxChunksPerRow, chunk = t % kMxChunksPerRow;
     const int scale_row = kGemmBlockK >= kScaleBlock ? 16 * chunk / kScaleBlock : 0;
-    scale_offset = scale_row * kHalfRows + r0;
+    return {r0 * kGemmBlockK + 16 * chunk, r0 * 128, ((2 * chunk) ^ (r0 % 8)) * 16,
+            scale_row * kHalfRows + r0};
   }
 
   // Pass p's factor (p is a compile-time constant once the passes are unrolled); `scales`:
   // this thread's first scale code's shared-space address.
-  __device__ float factor(uint32_t scales, int p) const {
+  __device__ static float factor(uint32_t scales, int p) {
     const int rows = kMxRowsPerPass * p;
     return e8m0_factor(static_cast<uint8_t>(
         lds_u8(scales + (rows / kHalfRows) * kHalfRows * kScaleRows + rows % kHalfRows)));
@@ -161,10 +167,12 @@ struct MxWeightStage {
   // Dequantizes stage buffer b (codes at kMxCodeOffset, scale codes in `scales`) into the
   // bf16 tile. All kMxThreads threads call it per stage.
   __device__ void convert(uint8_t* b, const uint8_t* scales) const {
+    const Offsets o = offsets();
     const uint32_t tile = smem_addr(b);
-    const uint32_t codes = tile + kMxCodeOffset + code_offset;
-    const uint32_t rows = tile + row_offset;
-    const uint32_t scale_codes = smem_addr(scales) + scale_offset;
+    const uint32_t codes = tile + kMxCodeOffset + o.code;
+    const uint32_t rows = tile + o.row;
+    const uint32_t scale_codes = smem_addr(scales) + o.scale;
+    const int swizzled = o.swizzle;
     constexpr int kPassCodeBytes = kMxRowsPerPass * kGemmBlockK;
     constexpr int kPassRowBytes = kMxRowsPerPass * 128;
 #pragma unroll
