@@ -82,15 +82,14 @@ void quantize_wire_rows(const at::Tensor& x, at::Tensor& buffer, int64_t offset,
 // code per 128 x 128 block, scales [E, ceil(N / 128), ceil(K / 128)] (the blockwise recipe).
 void fp8_quantize_weight_blocks(const at::Tensor& w, at::Tensor& codes, at::Tensor& scales);
 
-// gemm/fp8_grouped_gemm.cu (FP8 engine): A codes [rows, K] with E8M0 scale codes
-// [ceil(K / S), >= rows] per 1 x S, W codes [E, N, K] with, for scale_block S = 128, E8M0
-// codes per 128 x 128 block, for S = 32 (MXFP8) bf16 column scales in fragment order;
-// epilogue and arguments as grouped_gemm's.
+// gemm/fp8_grouped_gemm.cu (FP8 engine, blockwise recipe): A codes [rows, K] with E8M0 scale
+// codes [ceil(K / 128), >= rows] per 1 x 128, W codes [E, N, K] with E8M0 codes per 128 x 128
+// block; epilogue and arguments as grouped_gemm's.
 void fp8_grouped_gemm(const at::Tensor& a, const at::Tensor& a_scales, const at::Tensor& w,
                       const at::Tensor& w_scales, const at::Tensor& offsets,
                       const c10::optional<at::Tensor>& row_prob, int64_t activation,
                       at::Tensor& out, const c10::optional<at::Tensor>& h_out,
-                      int64_t scale_block, int64_t timeout_ns, int64_t rank);
+                      int64_t timeout_ns, int64_t rank);
 
 // gemm/grouped_gemm.cu (sm90 tile engine). activation: -1 = plain store, else ActivationId
 // with row_prob folded in; h_out (optional) receives the bf16 pre-activation. rank: the EP

@@ -1,8 +1,7 @@
 """MXFP8 expert weights quantized once per optimizer step, in both orientations: the E4M3
-codes the MXFP8 grouped GEMMs read, one byte per weight instead of two, with their scales in
-each engine's layout, cached across micro-batches. The FP8 engine (csrc/gemm/fp8_grouped_gemm.cu,
-E4M3 MMAs) reads ``column_scales``; the engine that dequantizes codes to bf16 in shared memory
-(csrc/gemm/sm90/mx_weight_stage.cuh) reads ``scales``.
+codes the MXFP8 GEMMs read, one byte per weight instead of two, with their scales in the
+layout the engine that dequantizes codes to bf16 in shared memory loads them
+(csrc/gemm/sm90/mx_weight_stage.cuh), cached across micro-batches.
 
     forward  W1 [E, F1, H] blocks along H     h   = Q(rows) W1^T
              W2 [E, H, F]  blocks along F     out = Q(act) W2^T
@@ -10,10 +9,8 @@ E4M3 MMAs) reads ``column_scales``; the engine that dequantizes codes to bf16 in
              W1^T [E, H, F1] blocks along F1  dX  = Q(dh) W1
 
 Codes rows are padded to 16 bytes (TMA's stride unit; the pad is never read), scales are laid
-out as the GEMMs' stages load them: E8M0 [E, blocks, halves, rows of a half padded to 16], and
-for the FP8 engine the same powers of two as bf16 (exact, 2^-127 and NaN included) in
-fragment order (``column_scales``). Both orientations together hold about 1.1x the bytes of
-the bf16 weights themselves.
+out as the GEMM's stages load them: E8M0 [E, blocks, halves, rows of a half padded to 16]. Both
+orientations together hold about 1.03x the bytes of the bf16 weights themselves.
 
 When they are quantized again: after every torch optimizer step (a global step post-hook:
 Megatron's optimizers, the distributed one included, step a torch optimizer before they copy
@@ -34,7 +31,6 @@ from torch.optim.optimizer import register_optimizer_step_post_hook
 from torch.utils.weak import WeakIdKeyDictionary
 
 from . import ops
-from .fp8_blockwise import e8m0_values
 
 _TMA_ROW_BYTES = 16
 _generation = 0
@@ -54,22 +50,6 @@ register_optimizer_step_post_hook(lambda *_: weights_changed())
 class MxWeight:
     codes: torch.Tensor  # float8_e4m3fn [E, N, K], rows padded to 16 bytes
     scales: torch.Tensor  # uint8 E8M0 [E, ceil(K / 32), halves, N / halves padded to 16]
-    column_scales: torch.Tensor  # bf16 [E, ceil(K / 32), halves, N / halves padded to 128 / halves]
-
-
-def column_scales(scales: torch.Tensor, half_rows: int) -> torch.Tensor:
-    """E8M0 scales [E, blocks, halves, >= half_rows] as the FP8 engine's column scales
-    (csrc/gemm/sm90/fp8_mainloop.cuh, ColumnScaleLayout): bf16, each group of
-    G = 128 / halves rows of a half reordered so that row 8 j + 2 q + b sits at
-    q (G / 4) + 2 j + b - the order of the MMA accumulator fragment's columns."""
-    E, blocks, halves, _ = scales.shape
-    group = ops.FP8_TILE_N // halves
-    padded = -(-half_rows // group) * group
-    s = torch.zeros(E, blocks, halves, padded, dtype=torch.bfloat16, device=scales.device)
-    # Powers of two 2^-127 .. 2^127 and NaN are exact in bf16 (fp32's exponent range).
-    s[..., :half_rows] = e8m0_values(scales[..., :half_rows]).to(torch.bfloat16)
-    s = s.view(E, blocks, halves, padded // group, group // 8, 4, 2).transpose(-3, -2)
-    return s.contiguous().view(E, blocks, halves, padded)
 
 
 @dataclass
@@ -97,7 +77,7 @@ def quantize_weight(w: torch.Tensor, halves: int = 1) -> MxWeight:
                          device=w.device)
     ops.mx_quantize_columns(w.reshape(E * n, k).contiguous(), codes, scales, matrix_rows=n,
                             halves=halves)
-    return MxWeight(codes, scales, column_scales(scales, n // halves))
+    return MxWeight(codes, scales)
 
 
 def quantize_weight_transposed(w: torch.Tensor) -> MxWeight:
@@ -107,7 +87,7 @@ def quantize_weight_transposed(w: torch.Tensor) -> MxWeight:
     codes = torch.empty(E, c, _pad16(r), dtype=torch.float8_e4m3fn, device=w.device)[..., :r]
     scales = torch.zeros(E, _blocks(r), 1, _pad16(c), dtype=torch.uint8, device=w.device)
     ops.mx_quantize_rows_transposed(w.contiguous(), codes, scales)
-    return MxWeight(codes, scales, column_scales(scales, c))
+    return MxWeight(codes, scales)
 
 
 def quantize_pair(w1: torch.Tensor, w2: torch.Tensor, gated: bool) -> Mxfp8Weights:

@@ -10,29 +10,29 @@ reads it, as the reference's expert MLP does (mxfp8.py, the table before ``_qmm`
     wgrad     dW2 = Q_n(dY)^T Q_n(act)            dW1 = Q_n(dh)^T Q_n(rows)
 
 Q along H, F, F1 ("columns") cuts each row; Q_n cuts each expert's rows from its first row
-(the schedule's offsets). FC1 and the dgrads run on the FP8 grouped GEMM
-(csrc/gemm/fp8_grouped_gemm.cu: E4M3 tensor-core MMAs, fp32 promotion per 32 of K with row x
-column scales), FC2 on the tile engine that dequantizes weight codes in shared memory, both
-with the weights as MXFP8 codes (one byte each, quantized once per optimizer step:
-mxfp8_weights.py); FC1's rows arrive as codes when forward dispatches FP8 rows
-(symm_moe.fp8_wire_row), every other activation operand is quantized per call by
-csrc/quant/mx_round.cu; FC1's activation is the engine's epilogue. Wgrad rounds both operands
-along the expert's rows and runs torch._grouped_mm. What forward keeps for backward stays
-BF16.
+(the schedule's offsets). Forward and dgrad run on the tile engine that dequantizes weight
+codes to bf16 in shared memory (csrc/gemm/sm90/mx_weight_stage.cuh) with the weights as MXFP8
+codes (one byte each, quantized once per optimizer step in both orientations:
+mxfp8_weights.py) and the activation operand as bf16 rows holding MXFP8 values: FC1's rows
+as the FP8 wire's pull delivers them when forward dispatches FP8 rows
+(symm_moe.fp8_wire_row), every other activation operand rounded per call by
+csrc/quant/mx_round.cu. It beat the FP8 engine (E4M3 MMAs promoted per 32 of K with row x
+column scales) on every GEMM of the recipe, 0.62-0.81x its time (perf-log sessions 18-19),
+so that variant was removed. FC1's activation is the engine's epilogue. Wgrad rounds both
+operands along the expert's rows and runs torch._grouped_mm. What forward keeps for backward
+stays BF16.
 
 fp8_blockwise: the same table with 1 x 128 blocks along each row for the activation operands,
 128 x 128 blocks for the weights (fp8_block_weights.py) and 128 x 1 blocks along the expert's
 rows for wgrad (fp8_blockwise.py); forward and dgrad run on the FP8 grouped GEMM
 (csrc/gemm/fp8_grouped_gemm.cu: E4M3 tensor-core MMAs, fp32 promotion per 128 of K), FC1's
-rows dispatched as codes as under mxfp8, the other activation operands quantized per call;
-wgrad as under mxfp8 (the operands rounded to their blocks, torch._grouped_mm): an FP8 wgrad
+rows dispatched as FP8 codes as under mxfp8 and pulled as codes, the other activation
+operands quantized per call; wgrad as under mxfp8 (the operands rounded to their blocks, torch._grouped_mm): an FP8 wgrad
 kernel on operands quantized and written transposed took 1.37-1.56x its time on every layer
 shape (perf-log session 18).
 """
 
 from __future__ import annotations
-
-import abc
 
 from typing import TYPE_CHECKING
 
@@ -81,25 +81,74 @@ class Bf16Operands:
         return dw1, dw2
 
 
-class _QuantizedOperands(Bf16Operands, abc.ABC):
-    """Forward and dgrad on the FP8 grouped GEMM with the weights quantized once per optimizer
-    step (``weights``: both orientations) and the activation operand as E4M3 codes with one
-    scale code per 1 x ``block`` of each row - quantized per call here, or dispatched so by
-    the forward (``fc1_quantized``); wgrad (unless a recipe overrides it) rounds both operands
-    along the expert's rows in blocks of ``block`` and runs torch._grouped_mm on the (exact in
-    bf16) values."""
+class _QuantizedOperands(Bf16Operands):
+    """Forward and dgrad with the weights quantized once per optimizer step (``weights``: both
+    orientations); wgrad rounds both operands along the expert's rows in blocks of ``block``
+    and runs torch._grouped_mm on the (exact in bf16) values."""
 
     block: int
     # What the FP8 wire's pull delivers to FC1 (separate_path.forward): codes and scale codes
     # (fc1_quantized), or else bf16 rows of the codes' values (fc1_rounded).
-    fc1_reads_codes = True
+    fc1_reads_codes: bool
 
     def __init__(self, weights):
         self.weights = weights
 
-    @abc.abstractmethod
-    def _weight_scales(self, w) -> torch.Tensor:
-        """The scales the FP8 engine reads with the weight codes w.codes."""
+    def wgrad(self, plan, sched, dout, act, dh, rows):
+        return super().wgrad(plan, sched,
+                             *(ops.mx_round_segments(x, sched.offsets, block=self.block)
+                               for x in (dout, act, dh, rows)))
+
+
+class Mxfp8Operands(_QuantizedOperands):
+    """MXFP8: the activation operand per 1 x 32 of each row, the weights per 32 x 1 of each
+    weight row (mxfp8_weights.py), every forward and dgrad GEMM on the engine that dequantizes
+    the weight codes to bf16 in shared memory, on MX-rounded bf16 rows: it multiplies the same
+    MXFP8 values with fp32 accumulation (the reference's semantics)."""
+
+    block = ops.MX_BLOCK
+    fc1_reads_codes = False
+
+    def _dequantizing(self, plan, sched, a_rounded, w, out, **epilogue):
+        """out = epilogue(a w^T), a MX-rounded bf16 rows, w an mxfp8_weights.MxWeight."""
+        ops.grouped_gemm(a_rounded, w.codes, sched.offsets, out, w_scales=w.scales,
+                         timeout_ns=plan.ws.timeout_ns, rank=plan.ws.rank, **epilogue)
+        return out
+
+    def _rounded(self, plan, sched, a, w, out):
+        return self._dequantizing(plan, sched, ops.mx_round_columns(a, sched.num_rows), w, out)
+
+    def fc1(self, plan, sched, rows):
+        return self.fc1_rounded(plan, sched, ops.mx_round_columns(rows, sched.num_rows))
+
+    def fc1_rounded(self, plan, sched, rows_rounded):
+        """FC1 of rows already holding MXFP8 values (pulled so: separate_path.forward)."""
+        h = _rows(sched, plan.w1.shape[1], sched.row_slot)
+        act = self._dequantizing(plan, sched, rows_rounded, self.weights.w1,
+                                 _rows(sched, plan.ffn, sched.row_slot),
+                                 activation=plan.activation, row_prob=sched.row_prob, h_out=h)
+        return h, act
+
+    def fc2(self, plan, sched, act):
+        return self._rounded(plan, sched, act, self.weights.w2,
+                             _rows(sched, plan.w2.shape[1], act))
+
+    def fc2_dgrad(self, plan, sched, dout):
+        return self._rounded(plan, sched, dout, self.weights.w2_t, _rows(sched, plan.ffn, dout))
+
+    def fc1_dgrad(self, plan, sched, dh):
+        return self._rounded(plan, sched, dh, self.weights.w1_t,
+                             _rows(sched, plan.w1.shape[2], dh))
+
+
+class Fp8BlockwiseOperands(_QuantizedOperands):
+    """The blockwise FP8 engine (csrc/gemm/fp8_grouped_gemm.cu: E4M3 MMAs promoted per 128 of
+    K): the activation operand as E4M3 codes per 1 x 128 of each row - quantized per call, or
+    dispatched so by the forward (``fc1_quantized``) - the weights per 128 x 128 block
+    (fp8_block_weights.py); wgrad's operands rounded 128 x 1 along each expert's rows."""
+
+    block = ops.FP8_BLOCK
+    fc1_reads_codes = True
 
     def _quantize(self, sched, a):
         return ops.fp8_quantize_rows(a, sched.num_rows, block=self.block)
@@ -107,9 +156,8 @@ class _QuantizedOperands(Bf16Operands, abc.ABC):
     def _gemm(self, plan, sched, a_quantized, w, out, **epilogue):
         """out = epilogue(a w^T), a as (codes, scale codes) (ops.fp8_quantize_rows)."""
         codes, scales = a_quantized
-        ops.fp8_grouped_gemm(codes, scales, w.codes, self._weight_scales(w), sched.offsets, out,
-                             scale_block=self.block, timeout_ns=plan.ws.timeout_ns,
-                             rank=plan.ws.rank, **epilogue)
+        ops.fp8_grouped_gemm(codes, scales, w.codes, w.scales, sched.offsets, out,
+                             timeout_ns=plan.ws.timeout_ns, rank=plan.ws.rank, **epilogue)
         return out
 
     def _engine(self, plan, sched, a, w, out):
@@ -135,55 +183,3 @@ class _QuantizedOperands(Bf16Operands, abc.ABC):
     def fc1_dgrad(self, plan, sched, dh):
         return self._engine(plan, sched, dh, self.weights.w1_t,
                             _rows(sched, plan.w1.shape[2], dh))
-
-    def wgrad(self, plan, sched, dout, act, dh, rows):
-        return super().wgrad(plan, sched,
-                             *(ops.mx_round_segments(x, sched.offsets, block=self.block)
-                               for x in (dout, act, dh, rows)))
-
-
-class Mxfp8Operands(_QuantizedOperands):
-    """MXFP8: the activation operand per 1 x 32 of each row, the weights per 32 x 1 of each
-    weight row (mxfp8_weights.py). Forward FC1 and FC2 run on the engine that dequantizes the
-    weight codes to bf16 in shared memory, on MX-rounded bf16 rows: it took 0.70-0.81x the FP8
-    engine's time on FC1 and 0.67-0.74x on FC2 on every shape measured (perf-log session 18,
-    bench_gemm.py --mxfp8); the dgrads stay on the FP8 engine (not measured apart). Both
-    multiply the same MXFP8 values with fp32 accumulation (the reference's semantics)."""
-
-    block = ops.MX_BLOCK
-    fc1_reads_codes = False
-
-    def _weight_scales(self, w):
-        return w.column_scales
-
-    def _dequantizing(self, plan, sched, a_rounded, w, out, **epilogue):
-        """out = epilogue(a w^T) on the dequantizing engine, a MX-rounded bf16 rows."""
-        ops.grouped_gemm(a_rounded, w.codes, sched.offsets, out, w_scales=w.scales,
-                         timeout_ns=plan.ws.timeout_ns, rank=plan.ws.rank, **epilogue)
-        return out
-
-    def fc1(self, plan, sched, rows):
-        return self.fc1_rounded(plan, sched, ops.mx_round_columns(rows, sched.num_rows))
-
-    def fc1_rounded(self, plan, sched, rows_rounded):
-        """FC1 of rows already holding MXFP8 values (pulled so: separate_path.forward)."""
-        h = _rows(sched, plan.w1.shape[1], sched.row_slot)
-        act = self._dequantizing(plan, sched, rows_rounded, self.weights.w1,
-                                 _rows(sched, plan.ffn, sched.row_slot),
-                                 activation=plan.activation, row_prob=sched.row_prob, h_out=h)
-        return h, act
-
-    def fc2(self, plan, sched, act):
-        return self._dequantizing(plan, sched, ops.mx_round_columns(act, sched.num_rows),
-                                  self.weights.w2, _rows(sched, plan.w2.shape[1], act))
-
-
-class Fp8BlockwiseOperands(_QuantizedOperands):
-    """The blockwise FP8 engine: the activation operand as E4M3 codes per 1 x 128 of each row,
-    the weights per 128 x 128 block (fp8_block_weights.py); wgrad's operands rounded 128 x 1
-    along each expert's rows."""
-
-    block = ops.FP8_BLOCK
-
-    def _weight_scales(self, w):
-        return w.scales

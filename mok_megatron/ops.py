@@ -19,7 +19,6 @@ from . import stall_watch
 MAX_RANKS = 8
 MX_BLOCK = 32  # csrc/config/kernel_config.cuh kMxBlock (mxfp8.BLOCK)
 FP8_BLOCK = 128  # kFp8ScaleBlock (fp8_blockwise.BLOCK)
-FP8_TILE_N = 128  # kFp8BlockN: weight rows of one FP8-engine tile (MXFP8 column-scale groups)
 NUM_BARRIER_CHANNELS = 4
 MAX_LOCAL_EXPERTS = 1024  # kGemmMaxExperts: local experts one launch can schedule
 
@@ -296,23 +295,23 @@ def fp8_quantize_weight_blocks(w: torch.Tensor) -> tuple[torch.Tensor, torch.Ten
 def fp8_grouped_gemm(a: torch.Tensor, a_scales: torch.Tensor, w: torch.Tensor,
                      w_scales: torch.Tensor, offsets: torch.Tensor, out: torch.Tensor, *,
                      activation: Optional[str] = None, row_prob: Optional[torch.Tensor] = None,
-                     h_out: Optional[torch.Tensor] = None, scale_block: int = FP8_BLOCK,
-                     timeout_ns: int = 10**10, rank: int = 0) -> None:
-    """The FP8 grouped GEMM (csrc/gemm/fp8_grouped_gemm.cu): ``grouped_gemm``'s contract with
-    ``a`` and ``w`` as E4M3 codes and their scales - ``scale_block`` 128 (blockwise recipe):
-    ``fp8_quantize_rows`` / ``fp8_quantize_weight_blocks``; 32 (MXFP8): ``fp8_quantize_rows``
-    with block 32 and ``mxfp8_weights.MxWeight.column_scales``. The products of the
-    dequantized values are summed in fp32, promoted once per scale block of K."""
+                     h_out: Optional[torch.Tensor] = None, timeout_ns: int = 10**10,
+                     rank: int = 0) -> None:
+    """The blockwise FP8 grouped GEMM (csrc/gemm/fp8_grouped_gemm.cu): ``grouped_gemm``'s
+    contract with ``a`` and ``w`` as E4M3 codes and their E8M0 scales, 1 x 128 per row of a
+    (``fp8_quantize_rows``) and 128 x 128 per block of w (``fp8_quantize_weight_blocks``).
+    The products of the dequantized values are summed in fp32, promoted once per 128 of K.
+    (MXFP8 GEMMs run on ``grouped_gemm`` with ``w_scales``.)"""
     for name, t in (("a", a), ("w", w)):
         _check(t.is_cuda and t.dtype == torch.float8_e4m3fn,
                f"{name} must be float8_e4m3fn codes on the GPU, got {t.dtype} on {t.device}")
     _cuda("a_scales", a_scales, torch.uint8)
-    _cuda("w_scales", w_scales, torch.bfloat16 if scale_block == MX_BLOCK else torch.uint8)
+    _cuda("w_scales", w_scales, torch.uint8)
     _cuda("out", out, torch.bfloat16)
     _cuda("offsets", offsets, torch.int32)
     act_id = _epilogue_id(activation, row_prob, rank)
     extension().fp8_grouped_gemm(a, a_scales, w, w_scales, offsets, row_prob, act_id, out,
-                                 h_out, scale_block, timeout_ns, rank)
+                                 h_out, timeout_ns, rank)
 
 
 def mx_quantize_rows_transposed(w: torch.Tensor, codes: torch.Tensor,

@@ -7,10 +7,10 @@ FC1: ours with SwiGLU x prob fused (also writing h, as training needs) vs torch.
 followed by v1's activation kernel. FC2: ours (plain) vs torch._grouped_mm. Every timed pair is
 also compared for results (rel-L2; the run stops above the tests' tolerance). With --mxfp8,
 also the engine on MXFP8 weights (codes dequantized in shared memory, mxfp8_weights.py; the
-same operands' result bit for bit as on the rounded bf16 weights, which is checked), the FP8
-engine on MXFP8 codes of both operands (E4M3 MMAs, promotion per 32 of K; compared with the
-dequantizing engine on the same values; its 1 x 32 row quantization timed apart) and the
-once-per-step weight quantization. With --fp8-blockwise, the blockwise FP8 engine
+same operands' result bit for bit as on the rounded bf16 weights, which is checked), the
+recipe's dgrads on it (the weights in their transposed orientation, against torch._grouped_mm
+on the rounded operands and next to the BF16 recipe's torch dgrads), the 1 x 32 rounding of an
+activation operand and the once-per-step weight quantization. With --fp8-blockwise, the blockwise FP8 engine
 (run_fp8_blockwise) next to torch._scaled_mm. JSON to --out.
 
     python scripts/bench_gemm.py --out benchmarks/results/h200_gemm/gemm_engine.json
@@ -132,49 +132,29 @@ def run_case(model, local: int, tokens: int, iters: int, warmup: int, seed: int,
             if not torch.equal(a[:rows], b[:rows]):
                 raise RuntimeError("MXFP8 weights: not the engine's result on the rounded weights")
         del w1r, w2r
-        x_mx = ops.fp8_quantize_rows(x, block=ops.MX_BLOCK)
-        act_q = ops.fp8_quantize_rows(act_torch, block=ops.MX_BLOCK)
-        act_f8, h_f8, y_f8 = (torch.empty_like(t) for t in (act_ours, h_ours, y_ours))
-
-        def fc1_mx_fp8():
-            ops.fp8_grouped_gemm(*x_mx, q1.codes, q1.column_scales, offsets, act_f8,
-                                 activation="swiglu", row_prob=prob, h_out=h_f8,
-                                 scale_block=ops.MX_BLOCK)
-
-        def fc2_mx_fp8():
-            ops.fp8_grouped_gemm(*act_q, q2.codes, q2.column_scales, offsets, y_f8,
-                                 scale_block=ops.MX_BLOCK)
-
-        fc1_mx_fp8()
-        fc2_mx_fp8()
-        ops.grouped_gemm(ops.mx_round_columns(x), q1.codes, offsets, act_mx,
-                         activation="swiglu", row_prob=prob, h_out=h_mx, w_scales=q1.scales)
-        ops.grouped_gemm(ops.mx_round_columns(act_torch), q2.codes, offsets, y_mx,
-                         w_scales=q2.scales)
-        errors.update(mx_fp8_h=rel_l2(h_f8[:rows], h_mx[:rows]),
-                      mx_fp8_act=rel_l2(act_f8[:rows], act_mx[:rows]),
-                      mx_fp8_fc2=rel_l2(y_f8[:rows], y_mx[:rows]))
-        # The dgrads on both engines (the layer's dact = dY W2 and dx = dh W1, the weights in
-        # their transposed orientation), each on operands rounded / quantized beforehand.
+        # The dgrads (the layer's dact = dY W2 and dx = dh W1, the weights in their transposed
+        # orientation) on operands rounded beforehand, against torch on the rounded values,
+        # next to the BF16 recipe's torch._grouped_mm dgrads.
         q1t, q2t = quantize_weight_transposed(w1), quantize_weight_transposed(w2)
+        offs = offsets[1:]
         dout = torch.randn(rows, H, device="cuda").bfloat16()
         dh = torch.randn(rows, 2 * F, device="cuda").bfloat16()
         dgrads = {}
-        for name, a, q, n in (("dgrad2", dout, q2t, F), ("dgrad1", dh, q1t, H)):
-            a_r, a_q = ops.mx_round_columns(a), ops.fp8_quantize_rows(a, block=ops.MX_BLOCK)
-            out_mx, out_f8 = (torch.empty(rows, n, device="cuda", dtype=torch.bfloat16)
-                              for _ in range(2))
+        for name, a, w, q in (("dgrad2", dout, w2, q2t), ("dgrad1", dh, w1, q1t)):
+            E_, r_, c_ = w.shape
+            a_r = ops.mx_round_columns(a)
+            w_r = ops.mx_round_columns(w.transpose(1, 2).reshape(E_ * c_, r_)).view(E_, c_, r_)
+            out_mx = torch.empty(rows, c_, device="cuda", dtype=torch.bfloat16)
             dgrads[f"{name}_mx"] = (lambda a_r=a_r, q=q, o=out_mx: ops.grouped_gemm(
                 a_r, q.codes, offsets, o, w_scales=q.scales))
-            dgrads[f"{name}_mx_fp8"] = (lambda a_q=a_q, q=q, o=out_f8: ops.fp8_grouped_gemm(
-                *a_q, q.codes, q.column_scales, offsets, o, scale_block=ops.MX_BLOCK))
+            dgrads[f"{name}_torch"] = (lambda a=a, w=w: torch._grouped_mm(a, w, offs=offs))
             dgrads[f"{name}_mx"]()
-            dgrads[f"{name}_mx_fp8"]()
-            errors[f"mx_fp8_{name}"] = rel_l2(out_f8[:rows], out_mx[:rows])
-        check_agreement(errors, "MXFP8 engines")
-        timed += [("fc1_mx", fc1_mx), ("fc2_mx", fc2_mx), ("fc1_mx_fp8", fc1_mx_fp8),
-                  ("fc2_mx_fp8", fc2_mx_fp8), *dgrads.items(),
-                  ("quantize_x_mx", lambda: ops.fp8_quantize_rows(x, block=ops.MX_BLOCK)),
+            errors[f"mx_{name}"] = rel_l2(out_mx[:rows], torch._grouped_mm(
+                a_r, w_r.transpose(1, 2), offs=offs))
+            del w_r
+        check_agreement(errors, "MXFP8 dgrads and torch on the rounded operands")
+        timed += [("fc1_mx", fc1_mx), ("fc2_mx", fc2_mx), *dgrads.items(),
+                  ("round_x_mx", lambda: ops.mx_round_columns(x)),
                   ("quantize_weights", quantize)]
     t = {name: median_ms(fn, iters, warmup) for name, fn in timed}
     flops1, flops2 = 2 * rows * H * 2 * F, 2 * rows * F * H
@@ -293,18 +273,11 @@ def main(argv=None):
                           f"(x{r['speedup']['fc1_mx_vs_torch']:.2f} vs torch bf16) FC2 "
                           f"{m['fc2_mx']:7.3f} ms (x{r['speedup']['fc2_mx_vs_torch']:.2f}); "
                           f"weights quantized {m['quantize_weights']:.2f} ms", flush=True)
-                    print(f"{'':31s} MXFP8 on the FP8 engine: FC1 {m['fc1_mx_fp8']:7.3f} ms "
-                          f"(x{m['fc1_ours'] / m['fc1_mx_fp8']:.2f} vs our bf16, "
-                          f"x{m['fc1_mx'] / m['fc1_mx_fp8']:.2f} vs dequantizing) FC2 "
-                          f"{m['fc2_mx_fp8']:7.3f} ms (x{m['fc2_ours'] / m['fc2_mx_fp8']:.2f}, "
-                          f"x{m['fc2_mx'] / m['fc2_mx_fp8']:.2f}) | quantize x "
-                          f"{m['quantize_x_mx']:.3f} ms | err {r['errors']['mx_fp8_h']:.1e} "
-                          f"{r['errors']['mx_fp8_fc2']:.1e}", flush=True)
-                    print(f"{'':31s} MXFP8 dgrads, dequantizing / FP8 engine: dY W2 "
-                          f"{m['dgrad2_mx']:7.3f} / {m['dgrad2_mx_fp8']:7.3f} ms, dh W1 "
-                          f"{m['dgrad1_mx']:7.3f} / {m['dgrad1_mx_fp8']:7.3f} ms | err "
-                          f"{r['errors']['mx_fp8_dgrad2']:.1e} "
-                          f"{r['errors']['mx_fp8_dgrad1']:.1e}", flush=True)
+                    print(f"{'':31s} MXFP8 dgrads / torch bf16: dY W2 "
+                          f"{m['dgrad2_mx']:7.3f} / {m['dgrad2_torch']:7.3f} ms, dh W1 "
+                          f"{m['dgrad1_mx']:7.3f} / {m['dgrad1_torch']:7.3f} ms | round x "
+                          f"{m['round_x_mx']:.3f} ms | err {r['errors']['mx_dgrad2']:.1e} "
+                          f"{r['errors']['mx_dgrad1']:.1e}", flush=True)
                 if args.fp8_blockwise:
                     r["fp8_blockwise"] = b = run_fp8_blockwise(model, local, tokens, args.iters,
                                                                args.warmup, args.seed)

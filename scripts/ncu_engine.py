@@ -1,9 +1,8 @@
 """One engine FC1 (SwiGLU x prob, writing h) and one FC2 on a bench_gemm shape, twice, for
 Nsight Compute (the second launch of each is the one to profile: the first pays for loading).
 --engine: the BF16 tile engine (bf16), the same engine on MXFP8 weight codes dequantized in
-shared memory (mxfp8_dequant, activations MXFP8-rounded), or the FP8 engine under MXFP8
-(mxfp8: 1 x 32 row and 32 x 1 column scales) or the blockwise recipe (blockwise), on operands
-quantized beforehand.
+shared memory (mxfp8_dequant, activations MXFP8-rounded), or the FP8 engine under the blockwise
+recipe (blockwise), on operands quantized beforehand.
 
     ncu -k regex:grouped_gemm_kernel --launch-skip 2 --launch-count 2 --import-source yes \\
         --section SpeedOfLight --section WarpStateStats --section SourceCounters \\
@@ -24,7 +23,7 @@ def main(argv=None):
     p.add_argument("model")
     p.add_argument("local_experts", type=int)
     p.add_argument("tokens", type=int)
-    p.add_argument("--engine", default="bf16", choices=["bf16", "mxfp8_dequant", "mxfp8", "blockwise"])
+    p.add_argument("--engine", default="bf16", choices=["bf16", "mxfp8_dequant", "blockwise"])
     args = p.parse_args(argv)
     model = load_model(args.model)
     H, F, K = model.hidden_size, model.moe_ffn_hidden_size, model.topk
@@ -52,23 +51,16 @@ def main(argv=None):
         def fc2():
             ops.grouped_gemm(act, q2.codes, offsets, y, w_scales=q2.scales)
     else:
-        block = ops.MX_BLOCK if args.engine == "mxfp8" else ops.FP8_BLOCK
-        if args.engine == "mxfp8":
-            from mok_megatron.mxfp8_weights import quantize_weight
-
-            q1, q2 = quantize_weight(w1, halves=2), quantize_weight(w2)
-            w1_q, w2_q = (q1.codes, q1.column_scales), (q2.codes, q2.column_scales)
-        else:
-            w1_q, w2_q = ops.fp8_quantize_weight_blocks(w1), ops.fp8_quantize_weight_blocks(w2)
-        x_q = ops.fp8_quantize_rows(x, block=block)
-        act_q = ops.fp8_quantize_rows(act, block=block)
+        w1_q, w2_q = ops.fp8_quantize_weight_blocks(w1), ops.fp8_quantize_weight_blocks(w2)
+        x_q = ops.fp8_quantize_rows(x, block=ops.FP8_BLOCK)
+        act_q = ops.fp8_quantize_rows(act, block=ops.FP8_BLOCK)
 
         def fc1():
             ops.fp8_grouped_gemm(*x_q, *w1_q, offsets, act, activation="swiglu", row_prob=prob,
-                                 h_out=h, scale_block=block)
+                                 h_out=h)
 
         def fc2():
-            ops.fp8_grouped_gemm(*act_q, *w2_q, offsets, y, scale_block=block)
+            ops.fp8_grouped_gemm(*act_q, *w2_q, offsets, y)
     for _ in range(2):
         fc1()
         fc2()

@@ -56,12 +56,11 @@ constexpr int kGemmConsumerRegs = 232;
 constexpr int kGemmMaxExperts = 1024;  // local experts one launch can schedule
 constexpr int kMaxDynamicSmemBytes = 227 * 1024;  // sm_90: per block, opted in
 
-// FP8 grouped GEMM (gemm/fp8_grouped_gemm.cu): E4M3 x E4M3 wgmma m64n128k32 with fp32
-// partial sums promoted into the accumulators on the CUDA cores once per scale block of K:
-// kFp8ScaleBlock (blockwise recipe: row scale x weight-block scale) or kMxBlock (MXFP8: row
-// scale x weight-column scale). A tile is kGemmBlockM x kFp8BlockN: a consumer holds 64
-// accumulators and 64 partial sums (n256 would need 256 registers). A stage is one 128-byte
-// swizzle row of K (128 codes) per operand row: one blockwise scale block, four MXFP8 ones.
+// FP8 grouped GEMM (gemm/fp8_grouped_gemm.cu, blockwise recipe): E4M3 x E4M3 wgmma
+// m64n128k32 with fp32 partial sums promoted into the accumulators on the CUDA cores once per
+// kFp8ScaleBlock of K (row scale x weight-block scale). A tile is kGemmBlockM x kFp8BlockN: a
+// consumer holds 64 accumulators and 64 partial sums (n256 would need 256 registers). A stage
+// is one 128-byte swizzle row of K (128 codes) per operand row: one scale block.
 constexpr int kFp8BlockN = 128;
 constexpr int kFp8BlockK = 128;
 constexpr int kFp8ScaleBlock = 128;  // 1 x 128 activation blocks, 128 x 128 weight blocks
@@ -75,7 +74,6 @@ constexpr int kFp8RowScaleBox = kGemmBlockM + kFp8RowScaleAlign;
 // inside one block each when F is a multiple of 64 (checked at the call).
 static_assert(kFp8ScaleBlock == kFp8BlockK && kFp8BlockN == kFp8ScaleBlock,
               "a stage is one scale block along K, a tile's weight rows one block along N");
-static_assert(kFp8BlockK % kMxBlock == 0, "a stage is whole MXFP8 blocks along K");
 
 // Forward megakernel's row-pulling blocks: token rows go peer/local global -> shared -> row
 // buffer as 1-D bulk copies, through a ring of whole-row slots carved from the GEMM stage

@@ -1,13 +1,10 @@
 // FP8 grouped GEMM: out[rows of expert e] = epilogue(deq(A)[rows of e] @ deq(W[e])^T), all
 // local experts in one persistent launch, E4M3 tensor-core MMAs. A: E4M3 codes [rows, K] with
-// E8M0 scale codes per 1 x S of each row, stored transposed [ceil(K / S), rows padded to 16]
-// so a stage's rows are one TMA box; W: E4M3 codes [E, N, K] with
-//   S = 128 (blockwise recipe): E8M0 codes per 128 x 128 block [E, ceil(N / 128), ceil(K / 128)];
-//   S = 32 (MXFP8): per 32 x 1 of each weight row, as bf16 powers of two in fragment order
-//     [E, ceil(K / 32), halves, N / halves rounded up to 128 / halves] (ColumnScaleLayout).
-// The products of the dequantized values are summed in fp32: per scale block of K by the
-// tensor cores, across blocks on the CUDA cores (gemm/sm90/fp8_mainloop.cuh, and
-// gemm/sm90/fp8_column_consumer.cuh for MXFP8).
+// E8M0 scale codes per 1 x 128 of each row, stored transposed [ceil(K / 128), rows padded to
+// 16] so a stage's rows are one TMA box; W: E4M3 codes [E, N, K] with E8M0 codes per 128 x 128
+// block [E, ceil(N / 128), ceil(K / 128)] - the blockwise recipe. The products of the
+// dequantized values are summed in fp32: per scale block of K by the tensor cores, across
+// blocks on the CUDA cores (gemm/sm90/fp8_mainloop.cuh).
 //
 // Tiles, schedule and epilogue are the bf16 engine's (grouped_gemm.cu) with kFp8BlockN
 // columns: tiles expert-major from the device-side offsets, each output element computed by
@@ -19,7 +16,6 @@
 
 #include "common/error.cuh"
 #include "gemm/persistent_launch.cuh"
-#include "gemm/sm90/fp8_column_consumer.cuh"
 #include "gemm/sm90/fp8_mainloop.cuh"
 #include "gemm/sm90/tensor_map.h"
 #include "gemm/sm90/tile_engine.cuh"
@@ -35,30 +31,25 @@ using namespace sm90;
 // A consumer's staging buffer holds kFp8BlockN bf16 columns of its 64 rows (swizzled boxes).
 constexpr int kFp8StagedBytes = (kFp8BlockN / 64) * kStagedBoxBytes;
 
-template <class Scales>
 struct Fp8SharedStorage {
   uint8_t staged[kGemmConsumers][kFp8StagedBytes];  // first: 1024-aligned for TMA
-  Fp8StageRing<Scales> ring;
+  Fp8StageRing<Fp8BlockScales> ring;
   int32_t row_begin[kGemmMaxExperts + 1];
   int32_t mblock_begin[kGemmMaxExperts + 1];
 };
-template <class Scales>
-constexpr size_t kFp8SharedBytes = aligned_smem_bytes<Fp8SharedStorage<Scales>>();
-static_assert(kFp8SharedBytes<Fp8BlockScales> <= kMaxDynamicSmemBytes &&
-                  kFp8SharedBytes<Fp8ColumnScales> <= kMaxDynamicSmemBytes,
-              "shared memory of one block per SM");
+constexpr size_t kFp8SharedBytes = aligned_smem_bytes<Fp8SharedStorage>();
+static_assert(kFp8SharedBytes <= kMaxDynamicSmemBytes, "shared memory of one block per SM");
 
 struct Fp8Weights {
   const uint8_t* scales;  // block scales: [E, row_blocks, k_blocks] E8M0
   int row_blocks, half_rows;
 };
 
-template <int kAct, class Scales>
+template <int kAct>
 __global__ void __launch_bounds__(kGemmThreads, 1)
     fp8_grouped_gemm_kernel(const __grid_constant__ CUtensorMap a_map,
                             const __grid_constant__ CUtensorMap a_scales_map,
                             const __grid_constant__ CUtensorMap w_map,
-                            const __grid_constant__ CUtensorMap w_scales_map,
                             const __grid_constant__ CUtensorMap out_map,
                             const __grid_constant__ CUtensorMap h_map, Fp8Weights w,
                             const int32_t* __restrict__ offsets, int num_experts, int n_out,
@@ -69,7 +60,7 @@ __global__ void __launch_bounds__(kGemmThreads, 1)
   constexpr bool kGated = gated_epilogue<kAct>();
   constexpr int kTileN = tile_cols<kAct, kFp8BlockN>();
   extern __shared__ uint8_t smem_raw[];
-  Fp8SharedStorage<Scales>& s = aligned_smem<Fp8SharedStorage<Scales>>(smem_raw);
+  Fp8SharedStorage& s = aligned_smem<Fp8SharedStorage>(smem_raw);
 
   const int warpgroup = threadIdx.x / 128;
   const int n_blocks = (n_out + kTileN - 1) / kTileN;
@@ -87,14 +78,14 @@ __global__ void __launch_bounds__(kGemmThreads, 1)
     prefetch_tensor_map(&a_map);
     prefetch_tensor_map(&a_scales_map);
     prefetch_tensor_map(&w_map);
-    if constexpr (Scales::kColumnScales) prefetch_tensor_map(&w_scales_map);
     int it = 0;
     for (int tile = blockIdx.x; tile < num_tiles; tile += gridDim.x) {
       const TileCoord tc = decode_tile(s.mblock_begin, num_experts, n_blocks, tile);
       const int row0 = s.row_begin[tc.expert] + tc.m_block * kGemmBlockM;
-      produce_fp8_tile<Scales, kGated>(s.ring, it, k_blocks, tile, &a_map, &a_scales_map,
-                                       &w_map, &w_scales_map, row0, tc.n_block * kTileN,
-                                       tc.expert, timeout_ns, report);
+      produce_fp8_tile<Fp8BlockScales, kGated>(s.ring, it, k_blocks, tile, &a_map,
+                                               &a_scales_map, &w_map, row0,
+                                               tc.n_block * kTileN, tc.expert, timeout_ns,
+                                               report);
     }
     return;
   }
@@ -118,15 +109,10 @@ __global__ void __launch_bounds__(kGemmThreads, 1)
                     report);
       continue;
     }
-    if constexpr (Scales::kColumnScales) {
-      consume_fp8_tile<kGated>(s.ring, it, k_blocks, tile, consumer,
-                               s.row_begin[tc.expert] + m_row0, acc, timeout_ns, report);
-    } else {
-      const WeightBlockScales<kGated> ws(w.scales, tc.expert, w.row_blocks, k_blocks,
-                                         w.half_rows, tc.n_block * kTileN);
-      consume_fp8_tile<kGated>(s.ring, it, k_blocks, tile, consumer, leader, ws,
-                               s.row_begin[tc.expert] + m_row0, acc, timeout_ns, report);
-    }
+    const WeightBlockScales<kGated> ws(w.scales, tc.expert, w.row_blocks, k_blocks,
+                                       w.half_rows, tc.n_block * kTileN);
+    consume_fp8_tile<kGated>(s.ring, it, k_blocks, tile, consumer, leader, ws,
+                             s.row_begin[tc.expert] + m_row0, acc, timeout_ns, report);
     store_rows_staged<kAct, kFp8BlockN>(acc, s.staged[consumer],
                                         EpilogueTensor{&out_map, out, out_stride},
                                         EpilogueTensor{&h_map, h_out, h_stride}, row0,
@@ -137,7 +123,7 @@ __global__ void __launch_bounds__(kGemmThreads, 1)
 }
 
 struct Fp8Launch {
-  CUtensorMap a_map, a_scales_map, w_map, w_scales_map, out_map, h_map;
+  CUtensorMap a_map, a_scales_map, w_map, out_map, h_map;
   Fp8Weights w;
   const int32_t* offsets;
   int num_experts, n_out, k_dim;
@@ -148,21 +134,20 @@ struct Fp8Launch {
   int64_t h_stride, timeout_ns, rank;
 };
 
-template <int kAct, class Scales>
+template <int kAct>
 void launch(const Fp8Launch& l) {
-  launch_persistent(fp8_grouped_gemm_kernel<kAct, Scales>, kFp8SharedBytes<Scales>, l.a_map,
-                    l.a_scales_map, l.w_map, l.w_scales_map, l.out_map, l.h_map, l.w,
+  launch_persistent(fp8_grouped_gemm_kernel<kAct>, kFp8SharedBytes, l.a_map, l.a_scales_map,
+                    l.w_map, l.out_map, l.h_map, l.w,
                     l.offsets, l.num_experts, l.n_out, l.k_dim, l.row_prob, l.out,
                     l.out_stride, l.h_out, l.h_stride, static_cast<uint64_t>(l.timeout_ns),
                     timeout_report_device(kReportGroupedGemm, l.rank, l.timeout_ns));
 }
 
-template <class Scales>
 void launch_epilogue(const Fp8Launch& l, int64_t activation) {
   if (activation == kPlain) {
-    launch<kPlain, Scales>(l);
+    launch<kPlain>(l);
   } else {
-    MOK_DISPATCH_ACTIVATION(activation, KACT, (launch<KACT, Scales>(l)));
+    MOK_DISPATCH_ACTIVATION(activation, KACT, (launch<KACT>(l)));
   }
 }
 
@@ -172,12 +157,8 @@ void fp8_grouped_gemm(const at::Tensor& a, const at::Tensor& a_scales, const at:
                       const at::Tensor& w_scales, const at::Tensor& offsets,
                       const c10::optional<at::Tensor>& row_prob, int64_t activation,
                       at::Tensor& out, const c10::optional<at::Tensor>& h_out,
-                      int64_t scale_block, int64_t timeout_ns, int64_t rank) {
+                      int64_t timeout_ns, int64_t rank) {
   const char* what = "fp8_grouped_gemm";
-  MOK_HOST_CHECK(scale_block == kFp8ScaleBlock || scale_block == kMxBlock, what,
-                 ": scale_block must be ", kFp8ScaleBlock, " (blockwise) or ", kMxBlock,
-                 " (MXFP8), got ", scale_block);
-  const bool columns = scale_block == kMxBlock;
   MOK_HOST_CHECK(a.is_cuda() && w.is_cuda() && offsets.is_cuda() && out.is_cuda() &&
                      a_scales.device() == a.device() && w_scales.device() == w.device(),
                  what, ": all tensors must be on the GPU");
@@ -204,34 +185,22 @@ void fp8_grouped_gemm(const at::Tensor& a, const at::Tensor& a_scales, const at:
   const bool gated = activation != kPlain && is_gated(static_cast<int>(activation));
   const int64_t n_rows = w.size(1), n_out = gated ? n_rows / 2 : n_rows;
   const int halves = gated ? 2 : 1;
-  MOK_HOST_CHECK(columns || !gated || n_out % 64 == 0,
+  MOK_HOST_CHECK(!gated || n_out % 64 == 0,
                  what, ": a gated W's halves must be whole 64-row pieces of 128-row scale "
                  "blocks (F a multiple of 64), got F = ", n_out);
   MOK_HOST_CHECK(n_out % 8 == 0, what, ": N_out must be a multiple of 8");
-  const int64_t k_blocks = (k_dim + scale_block - 1) / scale_block;
+  const int64_t k_blocks = (k_dim + kFp8ScaleBlock - 1) / kFp8ScaleBlock;
   MOK_HOST_CHECK(a_scales.scalar_type() == at::kByte && a_scales.dim() == 2 &&
                      a_scales.size(0) == k_blocks && a_scales.size(1) >= rows &&
                      a_scales.stride(1) == 1 && a_scales.stride(0) % 16 == 0,
                  what, ": a_scales must be uint8 E8M0 [", k_blocks, ", >= ", rows,
                  "] with rows padded to 16, got ", a_scales.sizes());
   const int64_t row_blocks = (n_rows + kFp8ScaleBlock - 1) / kFp8ScaleBlock;
-  const int64_t group = kFp8BlockN / halves;  // ColumnScaleLayout::kGroup
-  const int64_t padded_rows = (n_out + group - 1) / group * group;
-  if (columns) {
-    MOK_HOST_CHECK(w_scales.scalar_type() == at::kBFloat16 && w_scales.is_contiguous() &&
-                       w_scales.dim() == 4 && w_scales.size(0) == num_experts &&
-                       w_scales.size(1) == k_blocks && w_scales.size(2) == halves &&
-                       w_scales.size(3) == padded_rows,
-                   what, ": w_scales must be contiguous bf16 column scales in fragment order [",
-                   num_experts, ", ", k_blocks, ", ", halves, ", ", padded_rows, "], got ",
-                   w_scales.sizes());
-  } else {
-    MOK_HOST_CHECK(w_scales.scalar_type() == at::kByte && w_scales.is_contiguous() &&
-                       w_scales.dim() == 3 && w_scales.size(0) == num_experts &&
-                       w_scales.size(1) == row_blocks && w_scales.size(2) == k_blocks,
-                   what, ": w_scales must be contiguous uint8 E8M0 [", num_experts, ", ",
-                   row_blocks, ", ", k_blocks, "], got ", w_scales.sizes());
-  }
+  MOK_HOST_CHECK(w_scales.scalar_type() == at::kByte && w_scales.is_contiguous() &&
+                     w_scales.dim() == 3 && w_scales.size(0) == num_experts &&
+                     w_scales.size(1) == row_blocks && w_scales.size(2) == k_blocks,
+                 what, ": w_scales must be contiguous uint8 E8M0 per 128 x 128 block [",
+                 num_experts, ", ", row_blocks, ", ", k_blocks, "], got ", w_scales.sizes());
   MOK_HOST_CHECK(out.size(0) >= rows && out.size(1) == n_out && out.stride(0) % 8 == 0,
                  what, ": out must be [>= rows, ", n_out, "] with rows 16-byte aligned");
   MOK_HOST_CHECK(activation == kPlain || (row_prob && row_prob->is_cuda() &&
@@ -255,18 +224,15 @@ void fp8_grouped_gemm(const at::Tensor& a, const at::Tensor& a_scales, const at:
   Fp8Launch l;
   l.a_map = sm90::fp8_row_tile_map(a.data_ptr(), rows, k_dim, a.stride(0));
   l.a_scales_map = sm90::fp8_row_scales_map(a_scales.data_ptr(), k_blocks, rows,
-                                            a_scales.stride(0), kFp8BlockK / scale_block);
+                                            a_scales.stride(0),
+                                            Fp8StageRing<Fp8BlockScales>::kScaleBlocks);
   l.w_map = sm90::fp8_expert_weight_map(w.data_ptr(), num_experts, n_rows, k_dim, w.stride(0),
                                         w.stride(1), halves);
   l.out_map = sm90::staged_rows_map(out.data_ptr(), out.size(0), n_out, 1, out.stride(0));
   l.h_map = h_out ? sm90::staged_rows_map(h_ptr, h_out->size(0), n_out, halves, h_stride)
                   : CUtensorMap{};
-  l.w_scales_map = columns ? sm90::fp8_column_scales_map(w_scales.data_ptr(), num_experts,
-                                                         k_blocks, halves, padded_rows,
-                                                         kFp8BlockK / scale_block)
-                           : CUtensorMap{};
-  l.w = Fp8Weights{columns ? nullptr : w_scales.data_ptr<uint8_t>(),
-                   static_cast<int>(row_blocks), static_cast<int>(n_out)};
+  l.w = Fp8Weights{w_scales.data_ptr<uint8_t>(), static_cast<int>(row_blocks),
+                   static_cast<int>(n_out)};
   l.offsets = offsets.data_ptr<int32_t>();
   l.num_experts = static_cast<int>(num_experts);
   l.n_out = static_cast<int>(n_out);
@@ -278,11 +244,7 @@ void fp8_grouped_gemm(const at::Tensor& a, const at::Tensor& a_scales, const at:
   l.h_stride = h_stride;
   l.timeout_ns = timeout_ns;
   l.rank = rank;
-  if (columns) {
-    launch_epilogue<Fp8ColumnScales>(l, activation);
-  } else {
-    launch_epilogue<Fp8BlockScales>(l, activation);
-  }
+  launch_epilogue(l, activation);
 }
 
 }  // namespace mok

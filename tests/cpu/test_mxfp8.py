@@ -251,33 +251,3 @@ def test_weight_cache_invalidation(monkeypatch):
     entries = len(mw._cache)
     del other
     assert len(mw._cache) == entries - 1  # the other owner's entry went with it
-
-
-@pytest.mark.parametrize("halves,half_rows", [(1, 384), (1, 200), (2, 64), (2, 40)])
-def test_column_scales_are_the_scales_in_fragment_order(halves, half_rows):
-    """The FP8 engine's weight scales (mxfp8_weights.column_scales): every E8M0 code as its
-    exact bf16 power of two (2^-127 and NaN included) at the position the accumulator
-    fragment's thread q = (row % 8) / 2 reads it from, pads zero."""
-    from mok_megatron import ops
-    from mok_megatron.mxfp8_weights import column_scales
-
-    g = torch.Generator().manual_seed(half_rows)
-    E, blocks = 2, 3
-    codes = torch.randint(0, 256, (E, blocks, halves, -(-half_rows // 16) * 16), generator=g,
-                          dtype=torch.int32).to(torch.uint8)
-    codes[0, 0, 0, :3] = torch.tensor([0, 255, 127], dtype=torch.uint8)
-    got = column_scales(codes, half_rows)
-    group = ops.FP8_TILE_N // halves
-    assert got.dtype == torch.bfloat16 and got.shape[-1] == -(-half_rows // group) * group
-    for row in range(got.shape[-1]):
-        g0, c = divmod(row, group)
-        pos = g0 * group + (c % 8) // 2 * (group // 4) + 2 * (c // 8) + c % 2
-        value = got[..., pos].float()
-        if row >= half_rows:
-            assert (value == 0).all()
-            continue
-        code = codes[..., row].to(torch.int32)
-        want = torch.exp2((code - 127).double()).float()
-        nan = code == 255
-        assert torch.equal(value.isnan(), nan), row
-        assert torch.equal(value[~nan], want[~nan]), row

@@ -237,16 +237,29 @@ def test_mx_weight_gemm_equals_engine_on_rounded_weights(activation, k, n):
             assert err < 1e-2, (e, float(err))
 
 
+def _products_of_mxfp8_values(a, w, offsets, w_dim):
+    """fp32 products of the reference's MXFP8 values: a rounded along its rows' K, each expert's
+    w [N, K] along K (w_dim 2: w given [E, N, K]) or, given [E, K, N] (w_dim 1: the dgrad
+    orientation, rounded along its rows), the same values transposed."""
+    av = mxfp8.fake_quantize(a.float(), dim=1)
+    wv = mxfp8.fake_quantize(w.float(), dim=w_dim)
+    if w_dim == 1:
+        wv = wv.transpose(1, 2)
+    return torch.cat([av[o0:o1] @ wv[e].t() for e, (o0, o1) in
+                      enumerate(zip(offsets[:-1].tolist(), offsets[1:].tolist()))])
+
+
 @pytest.mark.parametrize("activation", [None, "swiglu", "squared_relu"])
 @pytest.mark.parametrize("k,n", [(256, 384), (200, 80), (7168, 256)],
                          ids=["aligned", "odd", "deep"])
-def test_fp8_engine_matches_products_of_mxfp8_values(activation, k, n):
-    """The FP8 engine under MXFP8 (E4M3 MMAs per 32 of K, row x column scales): against
-    fp32 products of the reference's MXFP8 values of both operands, rel-L2 <= 2e-3 (the
-    values are the same; only fp32 summation order and the tensor cores' block sums differ,
-    then the shared bf16 rounding); NaN exactly where a NaN block reaches; rows outside the
-    experts untouched; bit-identical over 3 runs. "odd": K not a multiple of 32 or 128, a
-    gated F of 40 (not a multiple of 64: column scales have no 128-row blocks)."""
+def test_dequantizing_engine_matches_products_of_mxfp8_values(activation, k, n):
+    """The engine the recipe runs every forward GEMM on (weight codes dequantized in shared
+    memory, a MX-rounded by mx_round_columns): against fp32 products of the reference's MXFP8
+    values of both operands, rel-L2 <= 2e-3 (the values are the same; only fp32 summation
+    order differs, then the shared bf16 rounding), on rows at very different scales, a
+    non-finite activation block and a NaN weight; NaN exactly where one reaches; rows outside
+    the experts untouched; bit-identical over 3 runs. "odd": K not a multiple of 32, a gated F
+    of 40."""
     from mok_megatron.mxfp8_weights import quantize_weight
 
     g = torch.Generator(device="cuda").manual_seed(k + n)
@@ -266,15 +279,15 @@ def test_fp8_engine_matches_products_of_mxfp8_values(activation, k, n):
     gated = activation == "swiglu"
     n_out = n // 2 if gated else n
     q = quantize_weight(w, halves=2 if gated else 1)
-    a_codes, a_scales = ops.fp8_quantize_rows(a, block=mxfp8.BLOCK)
+    a_rounded = ops.mx_round_columns(a)
     epilogue = {} if activation is None else dict(activation=activation, row_prob=prob)
     results = []
     for _ in range(3):
         out = torch.full((rows + 5, n_out), float("nan"), dtype=torch.bfloat16, device="cuda")
         h = (torch.full((rows + 5, n), float("nan"), dtype=torch.bfloat16, device="cuda")
              if activation else None)
-        ops.fp8_grouped_gemm(a_codes, a_scales, q.codes, q.column_scales, offsets, out,
-                             h_out=h, scale_block=mxfp8.BLOCK, **epilogue)
+        ops.grouped_gemm(a_rounded, q.codes, offsets, out, h_out=h, w_scales=q.scales,
+                         **epilogue)
         results.append((out, h))
     for out, h in results[1:]:
         _assert_same(out, results[0][0], "out, run to run")
@@ -282,10 +295,7 @@ def test_fp8_engine_matches_products_of_mxfp8_values(activation, k, n):
             _assert_same(h, results[0][1], "h, run to run")
     out, h = results[0]
     assert out[rows:].isnan().all(), "rows outside the experts were written"
-    av = mxfp8.fake_quantize(a.float(), dim=1)
-    wv = mxfp8.fake_quantize(w.float(), dim=2)
-    ref = torch.cat([av[o0:o1] @ wv[e].t() for e, (o0, o1) in
-                     enumerate(zip(offsets[:-1].tolist(), offsets[1:].tolist()))])
+    ref = _products_of_mxfp8_values(a, w, offsets, w_dim=2)
     got = out[:rows] if activation is None else h[:rows]
     assert torch.equal(got.isnan(), ref.isnan()), "NaN in other places"
     ok = ~ref.isnan()
@@ -301,23 +311,55 @@ def test_fp8_engine_matches_products_of_mxfp8_values(activation, k, n):
         assert err <= 2e-3, ("act", err)
 
 
-def test_fp8_engine_rejects_block_scales_for_mxfp8():
-    """scale_block 32 reads bf16 column scales; E8M0 bytes (the other engine's layout) are
-    refused by name, as is a scale block the engine has no form for."""
+@pytest.mark.parametrize("r,c", [(7168, 256), (200, 72), (4096, 7168)],
+                         ids=["fc2_dgrad", "odd", "fc1_dgrad"])
+def test_dequantizing_engine_dgrad_orientation(r, c):
+    """The recipe's dgrads: a [rows, r] times a weight W [E, r, c] stored transposed by
+    quantize_weight_transposed (codes [E, c, r], blocks along r), against fp32 products of the
+    reference's MXFP8 values (W rounded along its rows), rel-L2 <= 2e-3, NaN where a NaN
+    weight block reaches, bit-identical over 3 runs."""
+    from mok_megatron.mxfp8_weights import quantize_weight_transposed
+
+    g = torch.Generator(device="cuda").manual_seed(r + c)
+    E, rows = len(_COUNTS), sum(_COUNTS)
+    offsets = torch.tensor([0] + torch.tensor(_COUNTS).cumsum(0).tolist(), dtype=torch.int32,
+                           device="cuda")
+    a = (torch.randn(rows, r, device="cuda", generator=g)
+         * torch.exp2(torch.randint(-6, 6, (rows, 1), device="cuda", generator=g).float()))
+    a = a.bfloat16()
+    w = torch.randn(E, r, c, device="cuda", generator=g) * r**-0.5
+    w[:, :, : c // 3] *= 16.0
+    w[2, r - 1, 5] = float("nan")  # expert 2's output column 5 (its last block along r)
+    w = w.bfloat16()
+    q = quantize_weight_transposed(w)
+    a_rounded = ops.mx_round_columns(a)
+    outs = []
+    for _ in range(3):
+        out = torch.full((rows, c), float("nan"), dtype=torch.bfloat16, device="cuda")
+        ops.grouped_gemm(a_rounded, q.codes, offsets, out, w_scales=q.scales)
+        outs.append(out)
+    for out in outs[1:]:
+        _assert_same(out, outs[0], "dgrad, run to run")
+    ref = _products_of_mxfp8_values(a, w, offsets, w_dim=1)
+    got = outs[0]
+    assert torch.equal(got.isnan(), ref.isnan()), "NaN in other places"
+    ok = ~ref.isnan()
+    err = ((got.float()[ok] - ref.bfloat16().float()[ok]).norm() / ref[ok].norm()).item()
+    assert err <= 2e-3, err
+
+
+def test_fp8_engine_refuses_mxfp8_scales():
+    """The FP8 engine runs the blockwise recipe only: MXFP8 weight scales (per 32 of K) are
+    refused by name before anything runs."""
     from mok_megatron.mxfp8_weights import quantize_weight
 
     w = torch.randn(2, 128, 256, device="cuda").bfloat16()
     q = quantize_weight(w)
-    a_codes, a_scales = ops.fp8_quantize_rows(torch.randn(8, 256, device="cuda").bfloat16(),
-                                              block=mxfp8.BLOCK)
+    a_codes, a_scales = ops.fp8_quantize_rows(torch.randn(8, 256, device="cuda").bfloat16())
     offsets = torch.tensor([0, 4, 8], dtype=torch.int32, device="cuda")
     out = torch.empty(8, 128, dtype=torch.bfloat16, device="cuda")
-    with pytest.raises(ValueError, match="w_scales"):
-        ops.fp8_grouped_gemm(a_codes, a_scales, q.codes, q.scales, offsets, out,
-                             scale_block=mxfp8.BLOCK)
-    with pytest.raises(RuntimeError, match="scale_block"):
-        ops.extension().fp8_grouped_gemm(a_codes, a_scales, q.codes, q.column_scales, offsets,
-                                         None, -1, out, None, 64, 10**10, 0)
+    with pytest.raises(RuntimeError, match="w_scales must be contiguous uint8 E8M0 per 128"):
+        ops.fp8_grouped_gemm(a_codes, a_scales, q.codes, q.scales, offsets, out)
 
 
 def test_mx_weight_gemm_rejects_unaligned_codes():

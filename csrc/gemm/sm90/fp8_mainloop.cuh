@@ -1,15 +1,15 @@
 // The FP8 tile engine's stage ring and k-loops (gemm/fp8_grouped_gemm.cu): E4M3 operands with
-// power-of-two scales, one per 1 x kScaleK of an activation row, and for the weights either one
-// per 128 x 128 block (Fp8BlockScales: the blockwise recipe) or one per kScaleK x 1 of a weight
-// row (Fp8ColumnScales: MXFP8, kScaleK = 32).
+// power-of-two scales, one per 1 x kScaleK of an activation row and one per 128 x 128 block of
+// a weight (Fp8BlockScales: the blockwise recipe). MXFP8 runs on the engine that dequantizes
+// weight codes in shared memory instead (gemm/sm90/mx_weight_stage.cuh): promoting per 32 of K
+// with a row x column scale per accumulator cost more than the conversion (perf-log session 19).
 //
 // A stage is 128 codes of K: the A tile (kGemmBlockM rows), the B tile (kFp8BlockN weight
-// rows), both 128-byte swizzled by TMA, the A rows' scale codes of the stage's scale blocks and,
-// for column scales, the weight columns' scales. A consumer warpgroup multiplies its 64 rows
-// one scale block at a time (k32 wgmmas into fresh partial sums) and adds the partial sums to
-// its fp32 accumulators times (row scale x weight scale) on the CUDA cores: the tensor cores'
-// own accumulation never spans more than one scale block, and the promotion of one warpgroup
-// overlaps the other's MMAs.
+// rows), both 128-byte swizzled by TMA, and the A rows' scale codes of the stage's scale blocks.
+// A consumer warpgroup multiplies its 64 rows one scale block at a time (k32 wgmmas into fresh
+// partial sums) and adds the partial sums to its fp32 accumulators times (row scale x weight
+// scale) on the CUDA cores: the tensor cores' own accumulation never spans more than one scale
+// block.
 #pragma once
 
 #include <cstdint>
@@ -26,14 +26,6 @@ namespace mok::sm90 {
 // global memory, [E, ceil(N / 128), ceil(K / 128)] E8M0).
 struct Fp8BlockScales {
   static constexpr int kScaleK = kFp8ScaleBlock;
-  static constexpr bool kColumnScales = false;
-};
-
-// MXFP8: 1 x 32 row scales, one scale per 32 x 1 of each weight row (a column of the tile),
-// loaded with the stage as bf16 powers of two in fragment order (ColumnScaleLayout below).
-struct Fp8ColumnScales {
-  static constexpr int kScaleK = kMxBlock;
-  static constexpr bool kColumnScales = true;
 };
 
 constexpr int kFp8ATileBytes = kGemmBlockM * kFp8BlockK;  // one byte per code
@@ -41,35 +33,15 @@ constexpr int kFp8BTileBytes = kFp8BlockN * kFp8BlockK;
 constexpr int kFp8AccRegs = kFp8BlockN / 2;  // m64 x n128 fp32 over 128 threads
 static_assert(kFp8BlockK == 128, "a stage's rows are one 128-byte swizzle row of codes");
 
-// Column scales in fragment order: the scales of one tile's kFp8BlockN / halves weight rows
-// (per half) and one k32 block are stored so that accumulator-fragment thread q (= lane % 4),
-// whose columns are 8 j + 2 q + {0, 1}, finds its pairs side by side: column c of a group of
-// kGroup at q (kGroup / 4) + 2 (c / 8) + c % 2 with q = (c % 8) / 2. Global memory holds
-// [E, ceil(K / 32), halves, N / halves rounded up to kGroup] bf16; a stage holds
-// [halves][kScaleBlocks][kGroup].
-template <bool kGated>
-struct ColumnScaleLayout {
-  static constexpr int kHalves = kGated ? 2 : 1;
-  static constexpr int kGroup = kFp8BlockN / kHalves;
-};
-
 template <class Scales>
 struct Fp8StageRing {
   static constexpr int kScaleBlocks = kFp8BlockK / Scales::kScaleK;  // per stage
   static constexpr int kRowScaleBytes = kFp8RowScaleBox * kScaleBlocks;
-  static constexpr int kColumnScaleElems = Scales::kColumnScales ? kScaleBlocks * kFp8BlockN : 8;
-  // Who releases a stage, per consumer warpgroup: its leader after the MMAs (block scales are
-  // used before the MMAs are issued), or each warp once its promotion has used the stage's
-  // column scales (so no shared-memory read of them is still in flight at the release).
-  static constexpr int kReleasesPerConsumer = Scales::kColumnScales ? 4 : 1;
-  static constexpr uint32_t kTxBytes =
-      kFp8ATileBytes + kFp8BTileBytes + kRowScaleBytes +
-      (Scales::kColumnScales ? kColumnScaleElems * 2 : 0);
+  static constexpr uint32_t kTxBytes = kFp8ATileBytes + kFp8BTileBytes + kRowScaleBytes;
 
   uint8_t a[kFp8Stages][kFp8ATileBytes];  // each 1024-aligned: the swizzle atom
   uint8_t b[kFp8Stages][kFp8BTileBytes];
   alignas(128) uint8_t a_scales[kFp8Stages][(kRowScaleBytes + 127) / 128 * 128];  // E8M0
-  alignas(128) uint16_t b_scales[kFp8Stages][kColumnScaleElems];  // bf16 bits, column scales
   uint64_t full[kFp8Stages];
   uint64_t empty[kFp8Stages];
 };
@@ -78,25 +50,23 @@ template <class Scales>
 __device__ __forceinline__ void init_fp8_ring(Fp8StageRing<Scales>& ring) {
   for (int i = 0; i < kFp8Stages; ++i) {
     mbar_init(&ring.full[i], 1);
-    mbar_init(&ring.empty[i], kGemmConsumers * Fp8StageRing<Scales>::kReleasesPerConsumer);
+    mbar_init(&ring.empty[i], kGemmConsumers);  // each consumer's leader, after its MMAs
   }
   fence_barrier_init();
 }
 
 // Producer side of one tile (tile_engine.cuh: produce_tile, over the FP8 ring): A codes at
-// (k0, row0), the A rows' scale codes of the stage's blocks, the weight rows' codes of expert
-// e and, for column scales, their scales (w_scales_map: [E][blocks][halves][rows]).
+// (k0, row0), the A rows' scale codes of the stage's blocks and the weight rows' codes of
+// expert e (the weight-block scales are read by the consumers from global memory).
 template <class Scales, bool kGatedWeights>
 __device__ __forceinline__ void produce_fp8_tile(Fp8StageRing<Scales>& ring, int& it,
                                                  int k_blocks, int tile,
                                                  const CUtensorMap* a_map,
                                                  const CUtensorMap* a_scales_map,
-                                                 const CUtensorMap* w_map,
-                                                 const CUtensorMap* w_scales_map, int row0,
+                                                 const CUtensorMap* w_map, int row0,
                                                  int n0, int expert, uint64_t timeout_ns,
                                                  int* report) {
   using Ring = Fp8StageRing<Scales>;
-  using Layout = ColumnScaleLayout<kGatedWeights>;
   for (int kb = 0; kb < k_blocks; ++kb, ++it) {
     const int stage = it % kFp8Stages;
     mbar_wait(&ring.empty[stage], ((it / kFp8Stages) & 1) ^ 1, timeout_ns, kWaitProducer, tile,
@@ -110,13 +80,6 @@ __device__ __forceinline__ void produce_fp8_tile(Fp8StageRing<Scales>& ring, int
     tma_load_4d(ring.b[stage], w_map, full, k0, n0, 0, expert);
     if constexpr (kGatedWeights) {
       tma_load_4d(ring.b[stage] + kFp8BTileBytes / 2, w_map, full, k0, n0, 1, expert);
-    }
-    if constexpr (Scales::kColumnScales) {
-#pragma unroll
-      for (int h = 0; h < Layout::kHalves; ++h) {
-        tma_load_4d(ring.b_scales[stage] + h * Ring::kScaleBlocks * Layout::kGroup, w_scales_map,
-                    full, n0, h, kb * Ring::kScaleBlocks, expert);
-      }
     }
   }
 }
@@ -148,9 +111,7 @@ __device__ __forceinline__ void pass_fp8_tile(Fp8StageRing<Scales>& ring, int& i
       const int stage = (it + kb) % kFp8Stages;
       mbar_wait(&ring.full[stage], ((it + kb) / kFp8Stages) & 1, timeout_ns, kWaitMma, tile,
                 stage, report);
-      for (int i = 0; i < Fp8StageRing<Scales>::kReleasesPerConsumer; ++i) {
-        mbar_arrive(&ring.empty[stage]);
-      }
+      mbar_arrive(&ring.empty[stage]);
     }
   }
   it += k_blocks;

@@ -139,14 +139,4 @@ CUtensorMap fp8_row_scales_map(const void* base, uint64_t k_blocks, uint64_t row
                    CU_TENSOR_MAP_SWIZZLE_NONE);
 }
 
-CUtensorMap fp8_column_scales_map(const void* base, uint64_t experts, uint64_t k_blocks,
-                                  int halves, uint64_t padded_rows, int blocks_per_stage) {
-  const uint64_t row_bytes = padded_rows * 2;
-  return encode_4d(CU_TENSOR_MAP_DATA_TYPE_UINT16, base,
-                   {padded_rows, uint64_t(halves), k_blocks, experts},
-                   {row_bytes, row_bytes * halves, row_bytes * halves * k_blocks},
-                   {uint32_t(kFp8BlockN / halves), 1, uint32_t(blocks_per_stage), 1},
-                   CU_TENSOR_MAP_SWIZZLE_NONE);
-}
-
 }  // namespace mok::sm90

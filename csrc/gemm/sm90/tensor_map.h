@@ -69,7 +69,5 @@ CUtensorMap fp8_expert_weight_map(const void* base, uint64_t experts, uint64_t r
                                   uint64_t expert_stride, uint64_t row_stride, int halves);
 CUtensorMap fp8_row_scales_map(const void* base, uint64_t k_blocks, uint64_t rows,
                                uint64_t row_stride, int blocks_per_stage);
-CUtensorMap fp8_column_scales_map(const void* base, uint64_t experts, uint64_t k_blocks,
-                                  int halves, uint64_t padded_rows, int blocks_per_stage);
 
 }  // namespace mok::sm90
