@@ -114,8 +114,21 @@ class KernelKnobs:
     spin_timeout_ms: int = _bounded(30000, min=1)
     # Validate expert ids / probs values on the host before each call (synchronizes).
     check_inputs: bool = False
+    # precision mxfp8: how the expert weights' MXFP8 values are kept between optimizer steps
+    # (both orientations, quantized once per step; the products are the same either way).
+    # "codes": E4M3 codes + E8M0 scales, 1 byte per weight, dequantized to bf16 per GEMM tile
+    # in shared memory. "rounded": the MXFP8 values as bf16, 2 bytes per weight, multiplied by
+    # the BF16 recipe's grouped GEMMs (no per-tile conversion). "auto": rounded where a call's
+    # average rows per local expert (tokens x topk / local experts, known from shapes) reach
+    # MXFP8_ROUNDED_MIN_ROWS (the GEMMs are compute-bound there), codes below.
+    mxfp8_weights: Literal["auto", "codes", "rounded"] = "auto"
 
 
+# kernel.mxfp8_weights: auto keeps a layer's MXFP8 weights rounded to bf16 from this many
+# average rows per local expert up, as codes below (perf-log session 20: the per-tile
+# conversion costs more than the weight bytes it saves once a weight tile is reused by this
+# many rows).
+MXFP8_ROUNDED_MIN_ROWS = 256
 # Precisions whose expert GEMMs read FP8 operands (mxfp8.py, fp8_blockwise.py).
 FP8_PRECISIONS = ("mxfp8", "fp8_blockwise")
 # Precisions the cuda backend has kernels for; the others run on the reference backend only.
@@ -372,6 +385,9 @@ def _model_problems(m: ModelConfig) -> Iterator[tuple[str, str]]:
 
 def recipe_problems(r: Recipe) -> Iterator[tuple[str, str]]:
     """What a recipe's precision needs of its kernels (also checked at a cuda call)."""
+    if r.precision != "mxfp8" and r.kernel.mxfp8_weights != "auto":
+        yield ("kernel.mxfp8_weights", f"only precision mxfp8 reads it (this recipe's is "
+                                       f"{r.precision}): leave it at auto")
     if r.precision in FP8_PRECISIONS:
         for name in ("forward_kernel", "backward_kernel"):
             if getattr(r.kernel, name) != "separate":

@@ -46,6 +46,11 @@ def weights_changed() -> None:
 register_optimizer_step_post_hook(lambda *_: weights_changed())
 
 
+def clear() -> None:
+    """Drop every layer's cached weights now (their memory back; the next call quantizes)."""
+    _cache.clear()
+
+
 @dataclass
 class MxWeight:
     codes: torch.Tensor  # float8_e4m3fn [E, N, K], rows padded to 16 bytes
@@ -96,11 +101,36 @@ def quantize_pair(w1: torch.Tensor, w2: torch.Tensor, gated: bool) -> Mxfp8Weigh
                         quantize_weight_transposed(w1), quantize_weight_transposed(w2))
 
 
+@dataclass
+class RoundedWeights:
+    """The same MXFP8 values as bf16 (exact: E4M3 codes times powers of two), for the BF16
+    GEMMs (kernel.mxfp8_weights: rounded): 2 bytes per weight and orientation."""
+    w1: torch.Tensor  # FC1 [E, F1, H], blocks along H
+    w2: torch.Tensor  # FC2 [E, H, F], blocks along F
+    w1_t: torch.Tensor  # FC1-dgrad: W1 [E, F1, H] with blocks along F1 (its rows)
+    w2_t: torch.Tensor  # FC2-dgrad: W2 [E, H, F] with blocks along H (its rows)
+
+
+def round_pair(w1: torch.Tensor, w2: torch.Tensor, gated: bool) -> RoundedWeights:
+    """Both orientations of a layer's stacked weights as MXFP8 values in bf16 (``gated`` is
+    part of the cache key only: rounding along a row does not depend on it)."""
+    def along_k(w):
+        E, n, k = w.shape
+        return ops.mx_round_columns(w.reshape(E * n, k).contiguous()).view(E, n, k)
+
+    def along_rows(w):
+        E, n, k = w.shape
+        return ops.mx_round_segments(w.reshape(E * n, k).contiguous(),
+                                     segment_rows=n).view(E, n, k)
+
+    return RoundedWeights(along_k(w1), along_k(w2), along_rows(w1), along_rows(w2))
+
+
 def layer_weights(owner: torch.Tensor, w1: torch.Tensor, w2: torch.Tensor, version: int,
                   gated: bool, quantize: Optional[Callable] = None):
     """The layer's quantized weights (``quantize(w1, w2, gated)``: MXFP8's quantize_pair when
-    None, or fp8_block_weights.quantize_pair), quantized again only when the module docstring
-    says.
+    None, round_pair, or fp8_block_weights.quantize_pair), quantized again only when the
+    module docstring says.
     `owner`: the tensor the cache entry lives and dies with (the layer's first weight);
     `version`: the sum of the version counters of every weight tensor the caller was given;
     `gated`: FC1 is [gate | up] (a gated activation)."""

@@ -10,17 +10,21 @@ reads it, as the reference's expert MLP does (mxfp8.py, the table before ``_qmm`
     wgrad     dW2 = Q_n(dY)^T Q_n(act)            dW1 = Q_n(dh)^T Q_n(rows)
 
 Q along H, F, F1 ("columns") cuts each row; Q_n cuts each expert's rows from its first row
-(the schedule's offsets). Forward and dgrad run on the tile engine that dequantizes weight
-codes to bf16 in shared memory (csrc/gemm/sm90/mx_weight_stage.cuh) with the weights as MXFP8
-codes (one byte each, quantized once per optimizer step in both orientations:
-mxfp8_weights.py) and the activation operand as bf16 rows holding MXFP8 values: FC1's rows
+(the schedule's offsets). The activation operand is bf16 rows holding MXFP8 values: FC1's rows
 as the FP8 wire's pull delivers them when forward dispatches FP8 rows
 (symm_moe.fp8_wire_row), every other activation operand rounded per call by
-csrc/quant/mx_round.cu. It beat the FP8 engine (E4M3 MMAs promoted per 32 of K with row x
-column scales) on every GEMM of the recipe, 0.62-0.81x its time (perf-log sessions 18-19),
-so that variant was removed. FC1's activation is the engine's epilogue. Wgrad rounds both
-operands along the expert's rows and runs torch._grouped_mm. What forward keeps for backward
-stays BF16.
+csrc/quant/mx_round.cu. The weights are quantized once per optimizer step in both
+orientations (mxfp8_weights.py) and kept in one of two forms (kernel.mxfp8_weights):
+- codes (one byte each): forward and dgrad on the tile engine that dequantizes them to bf16
+  in shared memory per tile (csrc/gemm/sm90/mx_weight_stage.cuh), FC1's activation its
+  epilogue. It beat the FP8 engine (E4M3 MMAs promoted per 32 of K with row x column scales)
+  on every GEMM of the recipe, 0.62-0.81x its time (perf-log sessions 18-19), so that variant
+  was removed;
+- rounded (their bf16 values, two bytes each): the BF16 recipe's GEMMs, no per-tile
+  conversion - faster where a weight tile is reused by many rows (auto picks by the call's
+  rows per local expert, config.MXFP8_ROUNDED_MIN_ROWS).
+Wgrad rounds both operands along the expert's rows and runs torch._grouped_mm. What forward
+keeps for backward stays BF16.
 
 fp8_blockwise: the same table with 1 x 128 blocks along each row for the activation operands,
 128 x 128 blocks for the weights (fp8_block_weights.py) and 128 x 1 blocks along the expert's
@@ -53,15 +57,20 @@ def _rows(sched: "Schedule", cols: int, like: torch.Tensor) -> torch.Tensor:
     return torch.empty(sched.capacity, cols, dtype=torch.bfloat16, device=like.device)
 
 
+def _fc1(plan: "Plan", sched: "Schedule", rows: torch.Tensor, w1: torch.Tensor):
+    """-> (h = rows w1^T [cap, F1], act = act(h) * p [cap, F]) on the BF16 GEMM."""
+    h = _grouped(rows, w1.transpose(1, 2), sched.offs)
+    act = _rows(sched, plan.ffn, rows)
+    ops.activation_forward(h, sched.row_prob, sched.num_rows, plan.activation, act)
+    return h, act
+
+
 class Bf16Operands:
     """The BF16 recipe: every operand as it is."""
 
     def fc1(self, plan: "Plan", sched: "Schedule", rows: torch.Tensor):
         """-> (h [cap, F1], act = act(h) * p [cap, F])."""
-        h = _grouped(rows, plan.w1.transpose(1, 2), sched.offs)
-        act = _rows(sched, plan.ffn, rows)
-        ops.activation_forward(h, sched.row_prob, sched.num_rows, plan.activation, act)
-        return h, act
+        return _fc1(plan, sched, rows, plan.w1)
 
     def fc2(self, plan, sched, act):
         return _grouped(act, plan.w2.transpose(1, 2), sched.offs)
@@ -100,14 +109,44 @@ class _QuantizedOperands(Bf16Operands):
                                for x in (dout, act, dh, rows)))
 
 
-class Mxfp8Operands(_QuantizedOperands):
-    """MXFP8: the activation operand per 1 x 32 of each row, the weights per 32 x 1 of each
-    weight row (mxfp8_weights.py), every forward and dgrad GEMM on the engine that dequantizes
-    the weight codes to bf16 in shared memory, on MX-rounded bf16 rows: it multiplies the same
-    MXFP8 values with fp32 accumulation (the reference's semantics)."""
+class _Mxfp8Operands(_QuantizedOperands):
+    """MXFP8: the activation operand per 1 x 32 of each row, rounded per call on the GPU
+    (csrc/quant/mx_round.cu; FC1's rows as the FP8 wire's pull delivers them), the weights per
+    32 x 1 of each weight row, quantized once per optimizer step (mxfp8_weights.py); every
+    product is one of MXFP8 values with fp32 accumulation (the reference's semantics)."""
 
     block = ops.MX_BLOCK
     fc1_reads_codes = False
+
+    def fc1(self, plan, sched, rows):
+        return self.fc1_rounded(plan, sched, ops.mx_round_columns(rows, sched.num_rows))
+
+
+class Mxfp8RoundedOperands(_Mxfp8Operands):
+    """MXFP8 weights kept as their bf16 values (mxfp8_weights.RoundedWeights,
+    kernel.mxfp8_weights: rounded) and the BF16 recipe's GEMMs on the rounded operands."""
+
+    def fc1_rounded(self, plan, sched, rows_rounded):
+        """FC1 of rows already holding MXFP8 values (pulled so: separate_path.forward)."""
+        return _fc1(plan, sched, rows_rounded, self.weights.w1)
+
+    def fc2(self, plan, sched, act):
+        return _grouped(ops.mx_round_columns(act, sched.num_rows),
+                        self.weights.w2.transpose(1, 2), sched.offs)
+
+    def fc2_dgrad(self, plan, sched, dout):
+        return _grouped(ops.mx_round_columns(dout, sched.num_rows), self.weights.w2_t,
+                        sched.offs)
+
+    def fc1_dgrad(self, plan, sched, dh):
+        return _grouped(ops.mx_round_columns(dh, sched.num_rows), self.weights.w1_t,
+                        sched.offs)
+
+
+class Mxfp8Operands(_Mxfp8Operands):
+    """MXFP8 weights as E4M3 codes (kernel.mxfp8_weights: codes), every forward and dgrad GEMM
+    on the engine that dequantizes them to bf16 in shared memory per tile, on MX-rounded bf16
+    rows."""
 
     def _dequantizing(self, plan, sched, a_rounded, w, out, **epilogue):
         """out = epilogue(a w^T), a MX-rounded bf16 rows, w an mxfp8_weights.MxWeight."""
@@ -117,9 +156,6 @@ class Mxfp8Operands(_QuantizedOperands):
 
     def _rounded(self, plan, sched, a, w, out):
         return self._dequantizing(plan, sched, ops.mx_round_columns(a, sched.num_rows), w, out)
-
-    def fc1(self, plan, sched, rows):
-        return self.fc1_rounded(plan, sched, ops.mx_round_columns(rows, sched.num_rows))
 
     def fc1_rounded(self, plan, sched, rows_rounded):
         """FC1 of rows already holding MXFP8 values (pulled so: separate_path.forward)."""

@@ -32,12 +32,14 @@ import torch.distributed as dist
 
 from . import fp8_block_weights, megakernel_path, mxfp8_weights, ops, separate_path
 from .activations import get_activation
-from .config import CUDA_PRECISIONS, Recipe, no_cuda_kernels, recipe_problems
+from .config import (CUDA_PRECISIONS, MXFP8_ROUNDED_MIN_ROWS, Recipe, no_cuda_kernels,
+                     recipe_problems)
 from .expert_weights import stack_expert_pair
 from .inputs import MoECall, check_call, check_routing_values
 from .main_grad import main_grad_targets, placeholder_grads
 from .mxfp8_weights import layer_weights
-from .operands import Bf16Operands, Fp8BlockwiseOperands, Mxfp8Operands
+from .operands import (Bf16Operands, Fp8BlockwiseOperands, Mxfp8Operands,
+                       Mxfp8RoundedOperands)
 from .plan import ExpertInputs, Plan, Schedule
 from .workspace import Workspace, WorkspaceLayout, get_workspace
 
@@ -45,7 +47,8 @@ from .workspace import Workspace, WorkspaceLayout, get_workspace
 _positions: dict[tuple, torch.Tensor] = {}
 
 
-# The recipes whose expert GEMMs read quantized operands: their operands and weight quantizer.
+# The recipes whose expert GEMMs read quantized operands: their operands and weight quantizer
+# (mxfp8's by default: quantized_operands picks by the form of its weights).
 QUANTIZED_OPERANDS = {
     "mxfp8": (Mxfp8Operands, mxfp8_weights.quantize_pair),
     "fp8_blockwise": (Fp8BlockwiseOperands, fp8_block_weights.quantize_pair),
@@ -249,6 +252,23 @@ def moe_experts_on_workspace(ws: Workspace, x, ids, probs, w1, w2, *, activation
     return _run(ws, call, recipe, accumulate_main_grad)
 
 
+def mxfp8_weight_form(recipe: Recipe, tokens: int, topk: int, num_local: int) -> str:
+    """kernel.mxfp8_weights for a call of `tokens` per rank: auto picks from the average rows
+    per local expert (tokens x topk / local experts: shapes only, no device sync)."""
+    form = recipe.kernel.mxfp8_weights
+    if form == "auto":
+        form = "rounded" if tokens * topk / num_local >= MXFP8_ROUNDED_MIN_ROWS else "codes"
+    return form
+
+
+def quantized_operands(recipe: Recipe, tokens: int, topk: int, num_local: int) -> tuple:
+    """(operands type, weight quantizer) of a quantized recipe's call."""
+    if (recipe.precision == "mxfp8"
+            and mxfp8_weight_form(recipe, tokens, topk, num_local) == "rounded"):
+        return Mxfp8RoundedOperands, mxfp8_weights.round_pair
+    return QUANTIZED_OPERANDS[recipe.precision]
+
+
 def _run(ws: Workspace, call: MoECall, recipe: Recipe, accumulate_main_grad: bool
          ) -> torch.Tensor:
     w1_stack, w2_stack, order = stack_expert_pair(call.w1, call.w2)
@@ -267,7 +287,8 @@ def _run(ws: Workspace, call: MoECall, recipe: Recipe, accumulate_main_grad: boo
     if recipe.precision == "bf16":
         operands = Bf16Operands()
     else:  # check_kernel_call let through only the precisions with kernels
-        operands_type, quantize = QUANTIZED_OPERANDS[recipe.precision]
+        operands_type, quantize = quantized_operands(recipe, call.x.shape[0], call.topk,
+                                                     call.num_local)
         version = sum(w._version for w in w_inputs)
         gated = get_activation(call.activation).gated
         operands = operands_type(layer_weights(w_inputs[0], w1_stack, w2_stack, version, gated,

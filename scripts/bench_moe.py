@@ -40,12 +40,15 @@ sys.path.insert(0, str(REPO))
 from gpu_timing import mean_seconds, per_call_seconds  # noqa: E402
 from mok_megatron.config import KernelKnobs, Recipe, load_model  # noqa: E402
 from mok_megatron.functional import moe_experts  # noqa: E402
-from mok_megatron.symm_moe import fp8_wire_row  # noqa: E402
-from mok_megatron import fp8_block_weights, mxfp8_weights  # noqa: E402
+from mok_megatron import mxfp8_weights  # noqa: E402
+from mok_megatron.symm_moe import fp8_wire_row, quantized_operands  # noqa: E402
 
-# The quantized recipes' paths: recipe precision and its once-per-step weight quantizer.
-QUANTIZED_PATHS = {"mok_mxfp8": ("mxfp8", mxfp8_weights.quantize_pair),
-                   "mok_fp8_blockwise": ("fp8_blockwise", fp8_block_weights.quantize_pair)}
+# The quantized recipes' paths: recipe precision and kernel.mxfp8_weights ("auto" for
+# mok_mxfp8; the forms forced by --mxfp8-weights get paths of their own).
+QUANTIZED_PATHS = {"mok_mxfp8": ("mxfp8", "auto"),
+                   "mok_mxfp8_codes": ("mxfp8", "codes"),
+                   "mok_mxfp8_rounded": ("mxfp8", "rounded"),
+                   "mok_fp8_blockwise": ("fp8_blockwise", "auto")}
 
 
 def log0(*a):
@@ -134,9 +137,11 @@ def mok_path(group, tokens, forward_kernel="separate", comm_sms=16,
              backward_inputs=KernelKnobs.backward_inputs,
              macrobatch_tokens=KernelKnobs.macrobatch_tokens,
              minibatch_tokens=KernelKnobs.minibatch_tokens, backward_kernel="separate",
-             comm_sms_backward=KernelKnobs.comm_sms_backward, precision="bf16"):
+             comm_sms_backward=KernelKnobs.comm_sms_backward, precision="bf16",
+             mxfp8_weights="auto"):
     recipe = Recipe(name="bench", precision=precision, backend="cuda",
                     kernel=KernelKnobs(max_tokens_per_rank=max(tokens, 1),
+                                       mxfp8_weights=mxfp8_weights,
                                        forward_kernel=forward_kernel, comm_sms_forward=comm_sms,
                                        backward_kernel=backward_kernel,
                                        comm_sms_backward=comm_sms_backward,
@@ -334,12 +339,14 @@ def run_case(model, variant, tokens, peaks, args, group):
                                                      "saved", backward_kernel="megakernel",
                                                      comm_sms_backward=args.comm_sms_backward)
     # The quantized recipes (operands.py: the separate kernels on quantized operands, the
-    # weights as codes quantized once per optimizer step - timed apart below, as the bench
-    # steps no optimizer).
-    for name, wanted in (("mok_mxfp8", args.mxfp8), ("mok_fp8_blockwise", args.fp8_blockwise)):
-        if wanted:
-            paths[name] = mok_path(group, tokens, backward_inputs=args.backward_inputs,
-                                   precision=QUANTIZED_PATHS[name][0])
+    # weights quantized once per optimizer step - timed apart below, as the bench steps no
+    # optimizer).
+    wanted = ([f"mok_mxfp8_{f}" if f != "auto" else "mok_mxfp8" for f in args.mxfp8_weights]
+              if args.mxfp8 else []) + (["mok_fp8_blockwise"] if args.fp8_blockwise else [])
+    for name in wanted:
+        precision, form = QUANTIZED_PATHS[name]
+        paths[name] = mok_path(group, tokens, backward_inputs=args.backward_inputs,
+                               precision=precision, mxfp8_weights=form)
     leaves = [x.requires_grad_(), probs.requires_grad_(), w1, w2]
 
     # Weight gradients are compared on the first experts only: full clones of both paths'
@@ -361,7 +368,7 @@ def run_case(model, variant, tokens, peaks, args, group):
     check = checks["mok"]
     # BF16 paths agree with alltoall to bf16 rounding; MXFP8 rounds every GEMM operand to 3
     # mantissa bits (rel-L2 6.8e-2 against alltoall in h200_mxfp8_separate/).
-    bound = {"mok_mxfp8": 0.15, "mok_fp8_blockwise": 0.15}
+    bound = {name: 0.15 for name in QUANTIZED_PATHS}
     worst = torch.tensor(max(max(c.values()) / bound.get(n, 2e-2) for n, c in checks.items()),
                          device="cuda")
     dist.all_reduce(worst, op=dist.ReduceOp.MAX)
@@ -400,14 +407,19 @@ def run_case(model, variant, tokens, peaks, args, group):
             t.grad = None
         if name in QUANTIZED_PATHS:
             entry = result["paths"][name]
-            quantize_pair = QUANTIZED_PATHS[name][1]
+            operands, quantize_pair = quantized_operands(fn.recipe, tokens, model.topk,
+                                                         E // world)
+            entry["operands"] = operands.__name__
+            mxfp8_weights.clear()  # the layer's cache out of the way of the copies timed here
             entry["weight_quantize_s"] = timed(
                 lambda: quantize_pair(w1.detach(), w2.detach(), gated=True), args.iters,
                 args.warmup)
             cached = quantize_pair(w1.detach(), w2.detach(), gated=True)
+            tensors = [t for v in vars(cached).values()
+                       for t in ([v] if isinstance(v, torch.Tensor) else vars(v).values())
+                       if isinstance(t, torch.Tensor)]
             storages = {t.untyped_storage().data_ptr(): t.untyped_storage().nbytes()
-                        for q in vars(cached).values() for t in vars(q).values()
-                        if isinstance(t, torch.Tensor)}  # every tensor of the cache, once
+                        for t in tensors}  # every tensor of the cache, once
             entry["weight_cache_bytes"] = sum(storages.values())
             del cached
         if args.cuda_graph and name != "alltoall":
@@ -495,7 +507,7 @@ def print_row(r):
         if name not in r["paths"]:
             continue
         q, m = r["paths"][name], r["paths"]["mok"]
-        log0(f"{'':<20} {QUANTIZED_PATHS[name][0]} fwd {q['fwd_s']*1e3:7.2f} ms "
+        log0(f"{'':<20} {name[4:]} [{q['operands']}] fwd {q['fwd_s']*1e3:7.2f} ms "
              f"(x{m['fwd_s'] / q['fwd_s']:.2f} vs bf16) fwd+bwd {q['both_s']*1e3:7.2f} ms "
              f"(x{m['both_s'] / q['both_s']:.2f} vs bf16), vs alltoall rel-L2 "
              f"{max(r['check_rel_l2_' + name].values()):.1e}; weights quantized once per step "
@@ -522,11 +534,13 @@ def chart(results, path: Path):
     for ax, key, title in ((axes[0], "fwd_s", "forward"), (axes[1], "both_s", "forward+backward")):
         xs = range(len(results))
         names = [n for n in ("mok", "mok_megakernel_fwd_only", "mok_megakernel",
-                             "mok_megakernel_saved", "mok_mxfp8", "mok_fp8_blockwise",
-                             "alltoall") if n in results[0]["paths"]]
+                             "mok_megakernel_saved", "mok_mxfp8", "mok_mxfp8_codes",
+                             "mok_mxfp8_rounded", "mok_fp8_blockwise", "alltoall")
+                 if n in results[0]["paths"]]
         colors = {"mok": "tab:red", "mok_megakernel_fwd_only": "tab:orange",
                   "mok_megakernel": "tab:green", "mok_megakernel_saved": "tab:olive",
-                  "mok_mxfp8": "tab:purple", "mok_fp8_blockwise": "tab:brown",
+                  "mok_mxfp8": "tab:purple", "mok_mxfp8_codes": "tab:pink",
+                  "mok_mxfp8_rounded": "tab:cyan", "mok_fp8_blockwise": "tab:brown",
                   "alltoall": "tab:blue"}
         width = 0.8 / len(names)
         for i, name in enumerate(names):
@@ -561,6 +575,10 @@ def main(argv=None):
                         "separate backward")
     p.add_argument("--mxfp8", action="store_true",
                    help="also time the mxfp8 recipe (path mok_mxfp8: the separate kernels)")
+    p.add_argument("--mxfp8-weights", nargs="+", default=["auto"],
+                   choices=["auto", "codes", "rounded"],
+                   help="with --mxfp8: the kernel.mxfp8_weights forms to time, each its own "
+                        "path (auto: mok_mxfp8, the recipe's default)")
     p.add_argument("--fp8-blockwise", action="store_true",
                    help="also time the fp8_blockwise recipe (path mok_fp8_blockwise: the "
                         "separate kernels on the FP8 grouped GEMM)")

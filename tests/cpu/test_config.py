@@ -132,6 +132,10 @@ BROKEN = [
     ("recipes", "bf16", "kernel.backward_inputs", "dropped", "kernel.backward_inputs",
      "expected one of 'saved', 'recomputed'"),
     ("recipes", "bf16", "kernel", [1], "kernel", "expected a mapping, got list [1]"),
+    ("recipes", "bf16", "kernel.mxfp8_weights", "codes", "kernel.mxfp8_weights",
+     "only precision mxfp8 reads it (this recipe's is bf16): leave it at auto"),
+    ("recipes", "mxfp8", "kernel.mxfp8_weights", "fp8", "kernel.mxfp8_weights",
+     "expected one of 'auto', 'codes', 'rounded'"),
     ("recipes", "bf16", "megatron_args.bf16", False, "megatron_args.bf16",
      "expected true (a bare flag)"),
     ("recipes", "bf16", "megatron_args.--bf16", True, "megatron_args.--bf16",
@@ -346,3 +350,23 @@ def test_cuda_precisions_are_the_ones_the_cuda_backend_builds_operands_for():
     from mok_megatron.config import CUDA_PRECISIONS
 
     assert set(CUDA_PRECISIONS) == {"bf16", *symm_moe.QUANTIZED_OPERANDS}
+
+
+def test_mxfp8_weight_form_auto_picks_by_rows_per_local_expert():
+    """kernel.mxfp8_weights: auto keeps rounded bf16 weights from MXFP8_ROUNDED_MIN_ROWS
+    average rows per local expert (tokens x topk / local experts) up, codes below; a forced
+    form is kept whatever the shape."""
+    from mok_megatron.config import MXFP8_ROUNDED_MIN_ROWS, KernelKnobs, Recipe
+    from mok_megatron.operands import Mxfp8Operands, Mxfp8RoundedOperands
+    from mok_megatron.symm_moe import mxfp8_weight_form, quantized_operands
+
+    auto = Recipe(precision="mxfp8")
+    at = MXFP8_ROUNDED_MIN_ROWS
+    assert mxfp8_weight_form(auto, at, 8, 8) == "rounded"  # exactly the threshold
+    assert mxfp8_weight_form(auto, at - 1, 8, 8) == "codes"
+    assert mxfp8_weight_form(auto, 4096, 8, 256) == "codes"  # 128 rows per expert
+    assert quantized_operands(auto, 4096, 8, 8)[0] is Mxfp8RoundedOperands
+    assert quantized_operands(auto, 64, 8, 8)[0] is Mxfp8Operands
+    for form in ("codes", "rounded"):
+        forced = Recipe(precision="mxfp8", kernel=KernelKnobs(mxfp8_weights=form))
+        assert {mxfp8_weight_form(forced, t, 8, 8) for t in (1, 4096, 10**6)} == {form}

@@ -17,6 +17,9 @@ from test_symm_moe import SPECS
 pytestmark = pytest.mark.gpu
 
 MXFP8 = {"precision": "mxfp8"}
+# kernel.mxfp8_weights forced both ways (auto picks by rows per expert: the small specs here
+# would all get codes).
+FORMS = {f: {**MXFP8, "mxfp8_weights": f} for f in ("codes", "rounded")}
 
 
 def _edge_rows(cols: int, g: torch.Generator) -> torch.Tensor:
@@ -92,45 +95,52 @@ def test_segments_uniform_is_a_weight_per_expert():
         _assert_same(got[e].cpu(), want, f"expert {e}")
 
 
+@pytest.mark.parametrize("form", FORMS)
 @pytest.mark.parametrize("spec", SPECS + ODD_SPECS, ids=lambda s: s.name)
-def test_layer_matches_mxfp8_reference_and_is_deterministic(spec):
-    errors = gpu_checks.check_against_reference(spec, 0, None, **MXFP8)
-    print(spec.name, {k: f"{v:.2e}" for k, v in errors.items()})
+def test_layer_matches_mxfp8_reference_and_is_deterministic(spec, form):
+    errors = gpu_checks.check_against_reference(spec, 0, None, **FORMS[form])
+    print(spec.name, form, {k: f"{v:.2e}" for k, v in errors.items()})
 
 
+@pytest.mark.parametrize("form", FORMS)
 @pytest.mark.parametrize("spec", SPECS[:3], ids=lambda s: s.name)
-def test_layer_against_bf16_reference(spec):
+def test_layer_against_bf16_reference(spec, form):
     """What the recipe costs in accuracy: the issue's bounds against the BF16 reference."""
-    ratios = gpu_checks.check_against_bf16_reference(spec, **MXFP8)
-    print(spec.name, {k: f"{v:.2e}" for k, v in ratios.items()})
+    ratios = gpu_checks.check_against_bf16_reference(spec, **FORMS[form])
+    print(spec.name, form, {k: f"{v:.2e}" for k, v in ratios.items()})
 
 
-def test_recomputed_equals_saved():
-    gpu_checks.check_recomputed_backward(SPECS[1], 0, None, **MXFP8)
+@pytest.mark.parametrize("form", FORMS)
+def test_recomputed_equals_saved(form):
+    gpu_checks.check_recomputed_backward(SPECS[1], 0, None, **FORMS[form])
 
 
-def test_cuda_graph_replay():
-    gpu_checks.check_cuda_graph(SPECS[1], 0, None, **MXFP8)
+@pytest.mark.parametrize("form", FORMS)
+def test_cuda_graph_replay(form):
+    gpu_checks.check_cuda_graph(SPECS[1], 0, None, **FORMS[form])
 
 
 NAMES = [s.name for s in gpu_checks.ep_specs(2)]
 
 
+@pytest.mark.parametrize("form", FORMS)
 @pytest.mark.parametrize("index", range(len(NAMES)), ids=NAMES)
 @pytest.mark.parametrize("world", [2, 4])
-def test_emulated_group_matches_reference(world, index):
+def test_emulated_group_matches_reference(world, index, form):
     spec = gpu_checks.ep_specs(world)[index]
-    errors = gpu_checks.check_emulated_against_reference(spec, **MXFP8)
-    print(f"EP={world}", spec.name, {k: f"{v:.2e}" for k, v in errors.items()})
+    errors = gpu_checks.check_emulated_against_reference(spec, **FORMS[form])
+    print(f"EP={world}", spec.name, form, {k: f"{v:.2e}" for k, v in errors.items()})
 
 
+@pytest.mark.parametrize("form", FORMS)
 @pytest.mark.parametrize("world", [2, 4])
-def test_emulated_group_bit_identical_to_one_rank(world):
-    gpu_checks.check_emulated_settings(gpu_checks.ep_specs(world)[3], [MXFP8])
+def test_emulated_group_bit_identical_to_one_rank(world, form):
+    gpu_checks.check_emulated_settings(gpu_checks.ep_specs(world)[3], [FORMS[form]])
 
 
-def test_emulated_cuda_graph_replay():
-    gpu_checks.check_emulated_cuda_graph(gpu_checks.ep_specs(2)[1], **MXFP8)
+@pytest.mark.parametrize("form", FORMS)
+def test_emulated_cuda_graph_replay(form):
+    gpu_checks.check_emulated_cuda_graph(gpu_checks.ep_specs(2)[1], **FORMS[form])
 
 
 
@@ -370,6 +380,29 @@ def test_mx_weight_gemm_rejects_unaligned_codes():
     scales = torch.zeros(2, 7, 1, 64, dtype=torch.uint8, device="cuda")
     with pytest.raises(RuntimeError, match="16-byte aligned rows"):
         ops.grouped_gemm(a, w, offsets, out, w_scales=scales)
+
+
+def test_rounded_weights_are_the_reference_values():
+    """mxfp8_weights.round_pair (kernel.mxfp8_weights: rounded): each orientation bit for bit
+    the reference quantizer's values (mxfp8.fake_quantize along K for forward, along the
+    weight's rows for dgrad), odd sizes, blocks far apart in scale, NaN where a NaN or Inf
+    block is."""
+    from mok_megatron import mxfp8_weights as mw
+
+    g = torch.Generator(device="cuda").manual_seed(11)
+    w1 = torch.randn(3, 96, 200, device="cuda", generator=g) * 0.05
+    w2 = torch.randn(3, 200, 48, device="cuda", generator=g)
+    w1[1, :, :40] *= 2.0 ** 40
+    w1[2, 5, 7] = float("nan")
+    w2[0, 33, 3] = float("inf")
+    w2[2, :64, :] *= 2.0 ** -100
+    w1, w2 = w1.bfloat16(), w2.bfloat16()
+    r = mw.round_pair(w1, w2, gated=True)
+    for name, got, w, dim in (("w1", r.w1, w1, 2), ("w2", r.w2, w2, 2),
+                              ("w1_t", r.w1_t, w1, 1), ("w2_t", r.w2_t, w2, 1)):
+        assert got.shape == w.shape and got.dtype == torch.bfloat16, name
+        want = mxfp8.fake_quantize(w.float().cpu(), dim=dim).bfloat16()
+        _assert_same(got.cpu(), want, name)
 
 
 def _same_codes(a, b) -> bool:
