@@ -103,27 +103,27 @@ def quantize_pair(w1: torch.Tensor, w2: torch.Tensor, gated: bool) -> Mxfp8Weigh
 
 @dataclass
 class RoundedWeights:
-    """The same MXFP8 values as bf16 (exact: E4M3 codes times powers of two), for the BF16
-    GEMMs (kernel.mxfp8_weights: rounded): 2 bytes per weight and orientation."""
+    """The same MXFP8 values as bf16 (exact: E4M3 codes times powers of two), in the
+    orientations and shapes of Mxfp8Weights' codes (kernel.mxfp8_weights: rounded): the tile
+    engine multiplies them as plain bf16 weights, 2 bytes per weight and orientation."""
     w1: torch.Tensor  # FC1 [E, F1, H], blocks along H
     w2: torch.Tensor  # FC2 [E, H, F], blocks along F
-    w1_t: torch.Tensor  # FC1-dgrad: W1 [E, F1, H] with blocks along F1 (its rows)
-    w2_t: torch.Tensor  # FC2-dgrad: W2 [E, H, F] with blocks along H (its rows)
+    w1_t: torch.Tensor  # FC1-dgrad [E, H, F1], blocks along F1
+    w2_t: torch.Tensor  # FC2-dgrad [E, F, H], blocks along H
+
+
+def _round_rows(w: torch.Tensor) -> torch.Tensor:
+    """w [E, n, k] rounded along k (each row's blocks of 32)."""
+    E, n, k = w.shape
+    return ops.mx_round_columns(w.reshape(E * n, k)).view(E, n, k)
 
 
 def round_pair(w1: torch.Tensor, w2: torch.Tensor, gated: bool) -> RoundedWeights:
     """Both orientations of a layer's stacked weights as MXFP8 values in bf16 (``gated`` is
     part of the cache key only: rounding along a row does not depend on it)."""
-    def along_k(w):
-        E, n, k = w.shape
-        return ops.mx_round_columns(w.reshape(E * n, k).contiguous()).view(E, n, k)
-
-    def along_rows(w):
-        E, n, k = w.shape
-        return ops.mx_round_segments(w.reshape(E * n, k).contiguous(),
-                                     segment_rows=n).view(E, n, k)
-
-    return RoundedWeights(along_k(w1), along_k(w2), along_rows(w1), along_rows(w2))
+    return RoundedWeights(_round_rows(w1.contiguous()), _round_rows(w2.contiguous()),
+                          _round_rows(w1.transpose(1, 2).contiguous()),
+                          _round_rows(w2.transpose(1, 2).contiguous()))
 
 
 def layer_weights(owner: torch.Tensor, w1: torch.Tensor, w2: torch.Tensor, version: int,

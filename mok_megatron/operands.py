@@ -20,9 +20,9 @@ orientations (mxfp8_weights.py) and kept in one of two forms (kernel.mxfp8_weigh
   epilogue. It beat the FP8 engine (E4M3 MMAs promoted per 32 of K with row x column scales)
   on every GEMM of the recipe, 0.62-0.81x its time (perf-log sessions 18-19), so that variant
   was removed;
-- rounded (their bf16 values, two bytes each): the BF16 recipe's GEMMs, no per-tile
-  conversion - faster where a weight tile is reused by many rows (auto picks by the call's
-  rows per local expert, config.MXFP8_ROUNDED_MIN_ROWS).
+- rounded (their bf16 values, two bytes each): the same tile engine multiplying them as
+  plain bf16 weights, no per-tile conversion - faster where a weight tile is reused by many
+  rows (auto picks by the call's rows per local expert, config.MXFP8_ROUNDED_MIN_ROWS).
 Wgrad rounds both operands along the expert's rows and runs torch._grouped_mm. What forward
 keeps for backward stays BF16.
 
@@ -43,9 +43,9 @@ from typing import TYPE_CHECKING
 import torch
 
 from . import ops
+from .mxfp8_weights import MxWeight
 
 if TYPE_CHECKING:
-    from .mxfp8_weights import Mxfp8Weights
     from .plan import Plan, Schedule
 
 
@@ -57,20 +57,15 @@ def _rows(sched: "Schedule", cols: int, like: torch.Tensor) -> torch.Tensor:
     return torch.empty(sched.capacity, cols, dtype=torch.bfloat16, device=like.device)
 
 
-def _fc1(plan: "Plan", sched: "Schedule", rows: torch.Tensor, w1: torch.Tensor):
-    """-> (h = rows w1^T [cap, F1], act = act(h) * p [cap, F]) on the BF16 GEMM."""
-    h = _grouped(rows, w1.transpose(1, 2), sched.offs)
-    act = _rows(sched, plan.ffn, rows)
-    ops.activation_forward(h, sched.row_prob, sched.num_rows, plan.activation, act)
-    return h, act
-
-
 class Bf16Operands:
     """The BF16 recipe: every operand as it is."""
 
     def fc1(self, plan: "Plan", sched: "Schedule", rows: torch.Tensor):
         """-> (h [cap, F1], act = act(h) * p [cap, F])."""
-        return _fc1(plan, sched, rows, plan.w1)
+        h = _grouped(rows, plan.w1.transpose(1, 2), sched.offs)
+        act = _rows(sched, plan.ffn, rows)
+        ops.activation_forward(h, sched.row_prob, sched.num_rows, plan.activation, act)
+        return h, act
 
     def fc2(self, plan, sched, act):
         return _grouped(act, plan.w2.transpose(1, 2), sched.offs)
@@ -109,60 +104,38 @@ class _QuantizedOperands(Bf16Operands):
                                for x in (dout, act, dh, rows)))
 
 
-class _Mxfp8Operands(_QuantizedOperands):
+class Mxfp8Operands(_QuantizedOperands):
     """MXFP8: the activation operand per 1 x 32 of each row, rounded per call on the GPU
     (csrc/quant/mx_round.cu; FC1's rows as the FP8 wire's pull delivers them), the weights per
-    32 x 1 of each weight row, quantized once per optimizer step (mxfp8_weights.py); every
-    product is one of MXFP8 values with fp32 accumulation (the reference's semantics)."""
+    32 x 1 of each weight row, quantized once per optimizer step (mxfp8_weights.py), every
+    forward and dgrad GEMM on the tile engine (FC1's activation its epilogue): with the
+    weights as codes (Mxfp8Weights) it dequantizes them to bf16 in shared memory per tile,
+    with their bf16 values (RoundedWeights, kernel.mxfp8_weights: rounded) it multiplies them
+    as they are. Every product is one of MXFP8 values with fp32 accumulation (the reference's
+    semantics)."""
 
     block = ops.MX_BLOCK
     fc1_reads_codes = False
 
-    def fc1(self, plan, sched, rows):
-        return self.fc1_rounded(plan, sched, ops.mx_round_columns(rows, sched.num_rows))
-
-
-class Mxfp8RoundedOperands(_Mxfp8Operands):
-    """MXFP8 weights kept as their bf16 values (mxfp8_weights.RoundedWeights,
-    kernel.mxfp8_weights: rounded) and the BF16 recipe's GEMMs on the rounded operands."""
-
-    def fc1_rounded(self, plan, sched, rows_rounded):
-        """FC1 of rows already holding MXFP8 values (pulled so: separate_path.forward)."""
-        return _fc1(plan, sched, rows_rounded, self.weights.w1)
-
-    def fc2(self, plan, sched, act):
-        return _grouped(ops.mx_round_columns(act, sched.num_rows),
-                        self.weights.w2.transpose(1, 2), sched.offs)
-
-    def fc2_dgrad(self, plan, sched, dout):
-        return _grouped(ops.mx_round_columns(dout, sched.num_rows), self.weights.w2_t,
-                        sched.offs)
-
-    def fc1_dgrad(self, plan, sched, dh):
-        return _grouped(ops.mx_round_columns(dh, sched.num_rows), self.weights.w1_t,
-                        sched.offs)
-
-
-class Mxfp8Operands(_Mxfp8Operands):
-    """MXFP8 weights as E4M3 codes (kernel.mxfp8_weights: codes), every forward and dgrad GEMM
-    on the engine that dequantizes them to bf16 in shared memory per tile, on MX-rounded bf16
-    rows."""
-
-    def _dequantizing(self, plan, sched, a_rounded, w, out, **epilogue):
-        """out = epilogue(a w^T), a MX-rounded bf16 rows, w an mxfp8_weights.MxWeight."""
-        ops.grouped_gemm(a_rounded, w.codes, sched.offsets, out, w_scales=w.scales,
+    def _gemm(self, plan, sched, a_rounded, w, out, **epilogue):
+        """out = epilogue(a w^T), a MX-rounded bf16 rows, w an MxWeight or bf16 values."""
+        codes, scales = (w.codes, w.scales) if isinstance(w, MxWeight) else (w, None)
+        ops.grouped_gemm(a_rounded, codes, sched.offsets, out, w_scales=scales,
                          timeout_ns=plan.ws.timeout_ns, rank=plan.ws.rank, **epilogue)
         return out
 
     def _rounded(self, plan, sched, a, w, out):
-        return self._dequantizing(plan, sched, ops.mx_round_columns(a, sched.num_rows), w, out)
+        return self._gemm(plan, sched, ops.mx_round_columns(a, sched.num_rows), w, out)
+
+    def fc1(self, plan, sched, rows):
+        return self.fc1_rounded(plan, sched, ops.mx_round_columns(rows, sched.num_rows))
 
     def fc1_rounded(self, plan, sched, rows_rounded):
         """FC1 of rows already holding MXFP8 values (pulled so: separate_path.forward)."""
         h = _rows(sched, plan.w1.shape[1], sched.row_slot)
-        act = self._dequantizing(plan, sched, rows_rounded, self.weights.w1,
-                                 _rows(sched, plan.ffn, sched.row_slot),
-                                 activation=plan.activation, row_prob=sched.row_prob, h_out=h)
+        act = self._gemm(plan, sched, rows_rounded, self.weights.w1,
+                         _rows(sched, plan.ffn, sched.row_slot), activation=plan.activation,
+                         row_prob=sched.row_prob, h_out=h)
         return h, act
 
     def fc2(self, plan, sched, act):

@@ -38,8 +38,7 @@ from .expert_weights import stack_expert_pair
 from .inputs import MoECall, check_call, check_routing_values
 from .main_grad import main_grad_targets, placeholder_grads
 from .mxfp8_weights import layer_weights
-from .operands import (Bf16Operands, Fp8BlockwiseOperands, Mxfp8Operands,
-                       Mxfp8RoundedOperands)
+from .operands import Bf16Operands, Fp8BlockwiseOperands, Mxfp8Operands
 from .plan import ExpertInputs, Plan, Schedule
 from .workspace import Workspace, WorkspaceLayout, get_workspace
 
@@ -48,7 +47,7 @@ _positions: dict[tuple, torch.Tensor] = {}
 
 
 # The recipes whose expert GEMMs read quantized operands: their operands and weight quantizer
-# (mxfp8's by default: quantized_operands picks by the form of its weights).
+# (mxfp8's codes: quantized_operands picks by the form of its weights).
 QUANTIZED_OPERANDS = {
     "mxfp8": (Mxfp8Operands, mxfp8_weights.quantize_pair),
     "fp8_blockwise": (Fp8BlockwiseOperands, fp8_block_weights.quantize_pair),
@@ -265,7 +264,7 @@ def quantized_operands(recipe: Recipe, tokens: int, topk: int, num_local: int) -
     """(operands type, weight quantizer) of a quantized recipe's call."""
     if (recipe.precision == "mxfp8"
             and mxfp8_weight_form(recipe, tokens, topk, num_local) == "rounded"):
-        return Mxfp8RoundedOperands, mxfp8_weights.round_pair
+        return Mxfp8Operands, mxfp8_weights.round_pair
     return QUANTIZED_OPERANDS[recipe.precision]
 
 

@@ -41,7 +41,8 @@ from gpu_timing import mean_seconds, per_call_seconds  # noqa: E402
 from mok_megatron.config import KernelKnobs, Recipe, load_model  # noqa: E402
 from mok_megatron.functional import moe_experts  # noqa: E402
 from mok_megatron import mxfp8_weights  # noqa: E402
-from mok_megatron.symm_moe import fp8_wire_row, quantized_operands  # noqa: E402
+from mok_megatron.symm_moe import (fp8_wire_row, mxfp8_weight_form,  # noqa: E402
+                                   quantized_operands)
 
 # The quantized recipes' paths: recipe precision and kernel.mxfp8_weights ("auto" for
 # mok_mxfp8; the forms forced by --mxfp8-weights get paths of their own).
@@ -407,9 +408,10 @@ def run_case(model, variant, tokens, peaks, args, group):
             t.grad = None
         if name in QUANTIZED_PATHS:
             entry = result["paths"][name]
-            operands, quantize_pair = quantized_operands(fn.recipe, tokens, model.topk,
-                                                         E // world)
-            entry["operands"] = operands.__name__
+            local = E // world
+            _, quantize_pair = quantized_operands(fn.recipe, tokens, model.topk, local)
+            entry["weights"] = (mxfp8_weight_form(fn.recipe, tokens, model.topk, local)
+                                if fn.recipe.precision == "mxfp8" else "codes")
             mxfp8_weights.clear()  # the layer's cache out of the way of the copies timed here
             entry["weight_quantize_s"] = timed(
                 lambda: quantize_pair(w1.detach(), w2.detach(), gated=True), args.iters,
@@ -507,7 +509,7 @@ def print_row(r):
         if name not in r["paths"]:
             continue
         q, m = r["paths"][name], r["paths"]["mok"]
-        log0(f"{'':<20} {name[4:]} [{q['operands']}] fwd {q['fwd_s']*1e3:7.2f} ms "
+        log0(f"{'':<20} {name[4:]} [{q['weights']}] fwd {q['fwd_s']*1e3:7.2f} ms "
              f"(x{m['fwd_s'] / q['fwd_s']:.2f} vs bf16) fwd+bwd {q['both_s']*1e3:7.2f} ms "
              f"(x{m['both_s'] / q['both_s']:.2f} vs bf16), vs alltoall rel-L2 "
              f"{max(r['check_rel_l2_' + name].values()):.1e}; weights quantized once per step "

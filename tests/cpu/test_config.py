@@ -357,7 +357,7 @@ def test_mxfp8_weight_form_auto_picks_by_rows_per_local_expert():
     average rows per local expert (tokens x topk / local experts) up, codes below; a forced
     form is kept whatever the shape."""
     from mok_megatron.config import MXFP8_ROUNDED_MIN_ROWS, KernelKnobs, Recipe
-    from mok_megatron.operands import Mxfp8Operands, Mxfp8RoundedOperands
+    from mok_megatron.mxfp8_weights import quantize_pair, round_pair
     from mok_megatron.symm_moe import mxfp8_weight_form, quantized_operands
 
     auto = Recipe(precision="mxfp8")
@@ -365,8 +365,8 @@ def test_mxfp8_weight_form_auto_picks_by_rows_per_local_expert():
     assert mxfp8_weight_form(auto, at, 8, 8) == "rounded"  # exactly the threshold
     assert mxfp8_weight_form(auto, at - 1, 8, 8) == "codes"
     assert mxfp8_weight_form(auto, 4096, 8, 256) == "codes"  # 128 rows per expert
-    assert quantized_operands(auto, 4096, 8, 8)[0] is Mxfp8RoundedOperands
-    assert quantized_operands(auto, 64, 8, 8)[0] is Mxfp8Operands
+    assert quantized_operands(auto, 4096, 8, 8)[1] is round_pair
+    assert quantized_operands(auto, 64, 8, 8)[1] is quantize_pair
     for form in ("codes", "rounded"):
         forced = Recipe(precision="mxfp8", kernel=KernelKnobs(mxfp8_weights=form))
         assert {mxfp8_weight_form(forced, t, 8, 8) for t in (1, 4096, 10**6)} == {form}

@@ -385,8 +385,8 @@ def test_mx_weight_gemm_rejects_unaligned_codes():
 def test_rounded_weights_are_the_reference_values():
     """mxfp8_weights.round_pair (kernel.mxfp8_weights: rounded): each orientation bit for bit
     the reference quantizer's values (mxfp8.fake_quantize along K for forward, along the
-    weight's rows for dgrad), odd sizes, blocks far apart in scale, NaN where a NaN or Inf
-    block is."""
+    weight's rows for dgrad, stored transposed as the codes are), odd sizes, blocks far apart
+    in scale, NaN where a NaN or Inf block is."""
     from mok_megatron import mxfp8_weights as mw
 
     g = torch.Generator(device="cuda").manual_seed(11)
@@ -400,8 +400,10 @@ def test_rounded_weights_are_the_reference_values():
     r = mw.round_pair(w1, w2, gated=True)
     for name, got, w, dim in (("w1", r.w1, w1, 2), ("w2", r.w2, w2, 2),
                               ("w1_t", r.w1_t, w1, 1), ("w2_t", r.w2_t, w2, 1)):
-        assert got.shape == w.shape and got.dtype == torch.bfloat16, name
         want = mxfp8.fake_quantize(w.float().cpu(), dim=dim).bfloat16()
+        if dim == 1:
+            want = want.transpose(1, 2).contiguous()
+        assert got.shape == want.shape and got.dtype == torch.bfloat16, name
         _assert_same(got.cpu(), want, name)
 
 
