@@ -1,14 +1,16 @@
-"""MXFP8 expert weights quantized once per optimizer step, in both orientations: the E4M3
-codes the MXFP8 GEMMs read, one byte per weight instead of two, with their scales in the
-layout the engine that dequantizes codes to bf16 in shared memory loads them
-(csrc/gemm/sm90/mx_weight_stage.cuh), cached across micro-batches.
+"""MXFP8 expert weights quantized once per optimizer step, in both orientations, cached
+across micro-batches, in one of two forms (kernel.mxfp8_weights): the E4M3 codes, one byte per
+weight instead of two, with their scales in the layout the engine that dequantizes codes to
+bf16 in shared memory loads them (csrc/gemm/sm90/mx_weight_stage.cuh; quantize_pair), or the
+same values as bf16 for the tile engine to multiply as they are (round_pair: two bytes per
+weight and orientation, no per-tile conversion).
 
     forward  W1 [E, F1, H] blocks along H     h   = Q(rows) W1^T
              W2 [E, H, F]  blocks along F     out = Q(act) W2^T
     dgrad    W2^T [E, F, H] blocks along H    dA  = Q(dY) W2
              W1^T [E, H, F1] blocks along F1  dX  = Q(dh) W1
 
-Codes rows are padded to 16 bytes (TMA's stride unit; the pad is never read), scales are laid
+Code rows are padded to 16 bytes (TMA's stride unit; the pad is never read), scales are laid
 out as the GEMM's stages load them: E8M0 [E, blocks, halves, rows of a half padded to 16]. Both
 orientations together hold about 1.03x the bytes of the bf16 weights themselves.
 

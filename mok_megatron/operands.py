@@ -31,9 +31,9 @@ fp8_blockwise: the same table with 1 x 128 blocks along each row for the activat
 rows for wgrad (fp8_blockwise.py); forward and dgrad run on the FP8 grouped GEMM
 (csrc/gemm/fp8_grouped_gemm.cu: E4M3 tensor-core MMAs, fp32 promotion per 128 of K), FC1's
 rows dispatched as FP8 codes as under mxfp8 and pulled as codes, the other activation
-operands quantized per call; wgrad as under mxfp8 (the operands rounded to their blocks, torch._grouped_mm): an FP8 wgrad
-kernel on operands quantized and written transposed took 1.37-1.56x its time on every layer
-shape (perf-log session 18).
+operands quantized per call; wgrad as under mxfp8 (the operands rounded to their blocks,
+torch._grouped_mm): an FP8 wgrad kernel on operands quantized and written transposed took
+1.37-1.56x its time on every layer shape (perf-log session 18).
 """
 
 from __future__ import annotations
@@ -86,17 +86,50 @@ class Bf16Operands:
 
 
 class _QuantizedOperands(Bf16Operands):
-    """Forward and dgrad with the weights quantized once per optimizer step (``weights``: both
-    orientations); wgrad rounds both operands along the expert's rows in blocks of ``block``
-    and runs torch._grouped_mm on the (exact in bf16) values."""
+    """Forward and dgrad on the recipe's engine with the weights quantized once per optimizer
+    step (``weights``: both orientations) and the activation operand prepared per call
+    (``_prepare``: rounded or quantized along each row) - or dispatched so by the forward
+    (``fc1_prepared``); wgrad rounds both operands along the expert's rows in blocks of
+    ``block`` and runs torch._grouped_mm on the (exact in bf16) values."""
 
     block: int
-    # What the FP8 wire's pull delivers to FC1 (separate_path.forward): codes and scale codes
-    # (fc1_quantized), or else bf16 rows of the codes' values (fc1_rounded).
+    # What the FP8 wire's pull delivers to FC1 (separate_path.forward, then fc1_prepared):
+    # codes and scale codes, or else bf16 rows of the codes' values.
     fc1_reads_codes: bool
 
     def __init__(self, weights):
         self.weights = weights
+
+    def _prepare(self, sched, a):
+        """The activation operand a [cap, K] as this recipe's engine reads it."""
+        raise NotImplementedError
+
+    def _gemm(self, plan, sched, a, w, out, **epilogue):
+        """out = epilogue(a w^T), a prepared (_prepare), w one orientation of ``weights``."""
+        raise NotImplementedError
+
+    def fc1(self, plan, sched, rows):
+        return self.fc1_prepared(plan, sched, self._prepare(sched, rows))
+
+    def fc1_prepared(self, plan, sched, rows):
+        """FC1 of rows already prepared (pulled so: separate_path.forward)."""
+        h = _rows(sched, plan.w1.shape[1], sched.row_slot)
+        act = self._gemm(plan, sched, rows, self.weights.w1,
+                         _rows(sched, plan.ffn, sched.row_slot), activation=plan.activation,
+                         row_prob=sched.row_prob, h_out=h)
+        return h, act
+
+    def fc2(self, plan, sched, act):
+        return self._gemm(plan, sched, self._prepare(sched, act), self.weights.w2,
+                          _rows(sched, plan.w2.shape[1], act))
+
+    def fc2_dgrad(self, plan, sched, dout):
+        return self._gemm(plan, sched, self._prepare(sched, dout), self.weights.w2_t,
+                          _rows(sched, plan.ffn, dout))
+
+    def fc1_dgrad(self, plan, sched, dh):
+        return self._gemm(plan, sched, self._prepare(sched, dh), self.weights.w1_t,
+                          _rows(sched, plan.w1.shape[2], dh))
 
     def wgrad(self, plan, sched, dout, act, dh, rows):
         return super().wgrad(plan, sched,
@@ -117,78 +150,30 @@ class Mxfp8Operands(_QuantizedOperands):
     block = ops.MX_BLOCK
     fc1_reads_codes = False
 
-    def _gemm(self, plan, sched, a_rounded, w, out, **epilogue):
-        """out = epilogue(a w^T), a MX-rounded bf16 rows, w an MxWeight or bf16 values."""
+    def _prepare(self, sched, a):
+        return ops.mx_round_columns(a, sched.num_rows)
+
+    def _gemm(self, plan, sched, a, w, out, **epilogue):
         codes, scales = (w.codes, w.scales) if isinstance(w, MxWeight) else (w, None)
-        ops.grouped_gemm(a_rounded, codes, sched.offsets, out, w_scales=scales,
+        ops.grouped_gemm(a, codes, sched.offsets, out, w_scales=scales,
                          timeout_ns=plan.ws.timeout_ns, rank=plan.ws.rank, **epilogue)
         return out
-
-    def _rounded(self, plan, sched, a, w, out):
-        return self._gemm(plan, sched, ops.mx_round_columns(a, sched.num_rows), w, out)
-
-    def fc1(self, plan, sched, rows):
-        return self.fc1_rounded(plan, sched, ops.mx_round_columns(rows, sched.num_rows))
-
-    def fc1_rounded(self, plan, sched, rows_rounded):
-        """FC1 of rows already holding MXFP8 values (pulled so: separate_path.forward)."""
-        h = _rows(sched, plan.w1.shape[1], sched.row_slot)
-        act = self._gemm(plan, sched, rows_rounded, self.weights.w1,
-                         _rows(sched, plan.ffn, sched.row_slot), activation=plan.activation,
-                         row_prob=sched.row_prob, h_out=h)
-        return h, act
-
-    def fc2(self, plan, sched, act):
-        return self._rounded(plan, sched, act, self.weights.w2,
-                             _rows(sched, plan.w2.shape[1], act))
-
-    def fc2_dgrad(self, plan, sched, dout):
-        return self._rounded(plan, sched, dout, self.weights.w2_t, _rows(sched, plan.ffn, dout))
-
-    def fc1_dgrad(self, plan, sched, dh):
-        return self._rounded(plan, sched, dh, self.weights.w1_t,
-                             _rows(sched, plan.w1.shape[2], dh))
 
 
 class Fp8BlockwiseOperands(_QuantizedOperands):
     """The blockwise FP8 engine (csrc/gemm/fp8_grouped_gemm.cu: E4M3 MMAs promoted per 128 of
-    K): the activation operand as E4M3 codes per 1 x 128 of each row - quantized per call, or
-    dispatched so by the forward (``fc1_quantized``) - the weights per 128 x 128 block
-    (fp8_block_weights.py); wgrad's operands rounded 128 x 1 along each expert's rows."""
+    K): the activation operand as E4M3 codes per 1 x 128 of each row (quantized per call, or
+    dispatched so by the forward), the weights per 128 x 128 block (fp8_block_weights.py);
+    wgrad's operands rounded 128 x 1 along each expert's rows."""
 
     block = ops.FP8_BLOCK
     fc1_reads_codes = True
 
-    def _quantize(self, sched, a):
+    def _prepare(self, sched, a):
         return ops.fp8_quantize_rows(a, sched.num_rows, block=self.block)
 
-    def _gemm(self, plan, sched, a_quantized, w, out, **epilogue):
-        """out = epilogue(a w^T), a as (codes, scale codes) (ops.fp8_quantize_rows)."""
-        codes, scales = a_quantized
+    def _gemm(self, plan, sched, a, w, out, **epilogue):
+        codes, scales = a  # ops.fp8_quantize_rows
         ops.fp8_grouped_gemm(codes, scales, w.codes, w.scales, sched.offsets, out,
                              timeout_ns=plan.ws.timeout_ns, rank=plan.ws.rank, **epilogue)
         return out
-
-    def _engine(self, plan, sched, a, w, out):
-        return self._gemm(plan, sched, self._quantize(sched, a), w, out)
-
-    def fc1(self, plan, sched, rows):
-        return self.fc1_quantized(plan, sched, self._quantize(sched, rows))
-
-    def fc1_quantized(self, plan, sched, rows_quantized):
-        """FC1 of rows given as codes and scale codes (pulled so: separate_path.forward)."""
-        h = _rows(sched, plan.w1.shape[1], sched.row_slot)
-        act = self._gemm(plan, sched, rows_quantized, self.weights.w1,
-                         _rows(sched, plan.ffn, sched.row_slot), activation=plan.activation,
-                         row_prob=sched.row_prob, h_out=h)
-        return h, act
-
-    def fc2(self, plan, sched, act):
-        return self._engine(plan, sched, act, self.weights.w2, _rows(sched, plan.w2.shape[1], act))
-
-    def fc2_dgrad(self, plan, sched, dout):
-        return self._engine(plan, sched, dout, self.weights.w2_t, _rows(sched, plan.ffn, dout))
-
-    def fc1_dgrad(self, plan, sched, dh):
-        return self._engine(plan, sched, dh, self.weights.w1_t,
-                            _rows(sched, plan.w1.shape[2], dh))

@@ -49,12 +49,10 @@ def forward(plan: Plan, sched: Schedule) -> ExpertInputs:
                  ws.layout.max_tokens, plan.topk, fp8_rows)
     if fp8_rows is None:
         kept = _pull_and_fc1(plan, sched, "tokens")
-    elif plan.operands.fc1_reads_codes:
-        rows = ops.pull_fp8_rows(*pull_from)
-        kept = ExpertInputs(None, *plan.operands.fc1_quantized(plan, sched, rows))
-    else:  # the wire's values as bf16 rows (exact), for an FC1 that multiplies bf16
-        rows = ops.pull_fp8_rows_dequantized(*pull_from)
-        kept = ExpertInputs(None, *plan.operands.fc1_rounded(plan, sched, rows))
+    else:  # codes, or the wire's values as bf16 rows (exact) for an FC1 multiplying bf16
+        pull_fp8 = (ops.pull_fp8_rows if plan.operands.fc1_reads_codes
+                    else ops.pull_fp8_rows_dequantized)
+        kept = ExpertInputs(None, *plan.operands.fc1_prepared(plan, sched, pull_fp8(*pull_from)))
     out_rows = plan.operands.fc2(plan, sched, kept.act)
     ops.push_rows(ws.peer_bases, ws.offsets["slots"], sched.row_slot, sched.num_rows,
                   ws.layout.max_tokens * plan.topk, out_rows)

@@ -10,8 +10,8 @@ also the engine on MXFP8 weights (codes dequantized in shared memory, mxfp8_weig
 same operands' result bit for bit as on the rounded bf16 weights, which is checked), the
 recipe's dgrads on it (the weights in their transposed orientation, against torch._grouped_mm
 on the rounded operands and next to the BF16 recipe's torch dgrads), the 1 x 32 rounding of an
-activation operand and the once-per-step weight quantization. With --fp8-blockwise, the blockwise FP8 engine
-(run_fp8_blockwise) next to torch._scaled_mm. JSON to --out.
+activation operand and the once-per-step weight quantization. With --fp8-blockwise, the
+blockwise FP8 engine (run_fp8_blockwise) next to torch._scaled_mm. JSON to --out.
 
     python scripts/bench_gemm.py --out benchmarks/results/h200_gemm/gemm_engine.json
 """

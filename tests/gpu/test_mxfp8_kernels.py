@@ -3,7 +3,9 @@ operand rounding kernels (csrc/quant/mx_round.cu) bit for bit against the refere
 (mxfp8.py) on zeros, subnormals, amax at powers of two, saturation and NaN/Inf; the MoE layer
 against the MXFP8 reference (rel-L2 <= 5e-3 for y, dx, dprobs, dW1, dW2) and the BF16
 reference (sum|d|/sum|ref| <= 0.1, gradient cosine >= 0.996), bit-identical over runs, EP=1
-and emulated EP=2/4, CUDA-graph replay."""
+and emulated EP=2/4, CUDA-graph replay, with the weights in either form (kernel.mxfp8_weights:
+codes, rounded); the engine that dequantizes weight codes against fp32 products of MXFP8
+values in both weight orientations."""
 
 import pytest
 import torch
