@@ -40,6 +40,27 @@ def problem(model, experts: int, tokens: int):
     return (x, ids, probs, w1, w2), dy
 
 
+def profile_kernels(prepare, run, iters: int) -> tuple[float, dict[str, float]]:
+    """Mean GPU microseconds per call of run(prepare()) - prepare outside the profile - of the
+    whole call between two events, and of each kernel (by name), slowest first."""
+    totals: dict[str, float] = defaultdict(float)
+    wall = 0.0
+    for _ in range(iters):
+        arg = prepare()
+        torch.cuda.synchronize()
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+            start.record()
+            run(arg)
+            end.record()
+            torch.cuda.synchronize()
+        wall += start.elapsed_time(end) * 1e3
+        for e in prof.key_averages():
+            if e.device_time_total > 0:
+                totals[e.key[:90]] += e.device_time_total
+    return wall / iters, {k: v / iters for k, v in sorted(totals.items(), key=lambda kv: -kv[1])}
+
+
 def backward_kernels(inputs, dy, recipe, iters: int) -> dict:
     """Mean GPU microseconds per backward of each kernel (by name), and of the whole
     backward between two events."""
@@ -52,23 +73,8 @@ def backward_kernels(inputs, dy, recipe, iters: int) -> dict:
 
     for _ in range(3):
         fresh().backward(dy)
-    totals: dict[str, float] = defaultdict(float)
-    wall = 0.0
-    for _ in range(iters):
-        y = fresh()
-        torch.cuda.synchronize()
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
-            start.record()
-            y.backward(dy)
-            end.record()
-            torch.cuda.synchronize()
-        wall += start.elapsed_time(end) * 1e3
-        for e in prof.key_averages():
-            if e.device_time_total > 0:
-                totals[e.key[:90]] += e.device_time_total
-    kernels = {k: v / iters for k, v in sorted(totals.items(), key=lambda kv: -kv[1])}
-    return {"backward_us": wall / iters, "kernels_us": kernels}
+    wall, kernels = profile_kernels(fresh, lambda y: y.backward(dy), iters)
+    return {"backward_us": wall, "kernels_us": kernels}
 
 
 def main():

@@ -11,10 +11,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from collections import defaultdict
 from pathlib import Path
-
-import torch
 
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO))
@@ -22,7 +19,7 @@ sys.path.insert(0, str(REPO / "scripts"))
 
 from mok_megatron.config import KernelKnobs, Recipe, load_model  # noqa: E402
 from mok_megatron.functional import moe_experts  # noqa: E402
-from profile_backward import problem  # noqa: E402
+from profile_backward import problem, profile_kernels  # noqa: E402
 
 SETTINGS = {"bf16": ("bf16", "auto"), "mxfp8_codes": ("mxfp8", "codes"),
             "mxfp8_rounded": ("mxfp8", "rounded")}
@@ -33,22 +30,9 @@ def forward_kernels(inputs, recipe, iters: int) -> dict:
     between two events."""
     for _ in range(3):
         moe_experts(*inputs, recipe=recipe)
-    totals: dict[str, float] = defaultdict(float)
-    wall = 0.0
-    for _ in range(iters):
-        torch.cuda.synchronize()
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
-            start.record()
-            moe_experts(*inputs, recipe=recipe)
-            end.record()
-            torch.cuda.synchronize()
-        wall += start.elapsed_time(end) * 1e3
-        for e in prof.key_averages():
-            if e.device_time_total > 0:
-                totals[e.key[:90]] += e.device_time_total
-    kernels = {k: v / iters for k, v in sorted(totals.items(), key=lambda kv: -kv[1])}
-    return {"forward_us": wall / iters, "kernels_us": kernels}
+    wall, kernels = profile_kernels(lambda: None,
+                                    lambda _: moe_experts(*inputs, recipe=recipe), iters)
+    return {"forward_us": wall, "kernels_us": kernels}
 
 
 def main():
