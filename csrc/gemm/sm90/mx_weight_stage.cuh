@@ -156,16 +156,18 @@ struct MxWeightStage {
             scale_row * kHalfRows + r0};
   }
 
-  // Pass p's factor (p is a compile-time constant once the passes are unrolled); `scales`:
-  // this thread's first scale code's shared-space address.
-  __device__ static float factor(uint32_t scales, int p) {
+  // Pass p's scale code (p is a compile-time constant once the passes are unrolled);
+  // `scales`: this thread's first scale code's shared-space address.
+  __device__ static uint32_t scale_code(uint32_t scales, int p) {
     const int rows = kMxRowsPerPass * p;
-    return e8m0_factor(static_cast<uint8_t>(
-        lds_u8(scales + (rows / kHalfRows) * kHalfRows * kScaleRows + rows % kHalfRows)));
+    return lds_u8(scales + (rows / kHalfRows) * kHalfRows * kScaleRows + rows % kHalfRows);
   }
 
   // Dequantizes stage buffer b (codes at kMxCodeOffset, scale codes in `scales`) into the
-  // bf16 tile. All kMxThreads threads call it per stage.
+  // bf16 tile. All kMxThreads threads call it per stage. Every pass's codes and scale code are
+  // loaded before the first pass converts: the shared accesses are volatile (they keep their
+  // order), so a pass's loads issued after the stores before it waited out their whole
+  // latency each pass - the engine's largest stall (ncu, perf-log session 20).
   __device__ void convert(uint8_t* b, const uint8_t* scales) const {
     const Offsets o = offsets();
     const uint32_t tile = smem_addr(b);
@@ -175,21 +177,23 @@ struct MxWeightStage {
     const int swizzled = o.swizzle;
     constexpr int kPassCodeBytes = kMxRowsPerPass * kGemmBlockK;
     constexpr int kPassRowBytes = kMxRowsPerPass * 128;
+    uint32_t scale[kMxPasses];
+    uint4 chunk[kMxPasses];
+#pragma unroll
+    for (int p = 0; p < kMxPasses; ++p) {
+      scale[p] = scale_code(scale_codes, p);
+      chunk[p] = lds_16(codes + p * kPassCodeBytes);
+    }
 #pragma unroll
     for (int p = 0; p < kLowPasses; ++p) {
-      store_dequantized(rows + p * kPassRowBytes, swizzled, lds_16(codes + p * kPassCodeBytes),
-                        factor(scale_codes, p));
-    }
-    uint4 high[kMxPasses - kLowPasses];
-#pragma unroll
-    for (int p = kLowPasses; p < kMxPasses; ++p) {
-      high[p - kLowPasses] = lds_16(codes + p * kPassCodeBytes);
+      store_dequantized(rows + p * kPassRowBytes, swizzled, chunk[p],
+                        e8m0_factor(static_cast<uint8_t>(scale[p])));
     }
     named_barrier_sync(kMxStageBarrier, kMxThreads);
 #pragma unroll
     for (int p = kLowPasses; p < kMxPasses; ++p) {
-      store_dequantized(rows + p * kPassRowBytes, swizzled, high[p - kLowPasses],
-                        factor(scale_codes, p));
+      store_dequantized(rows + p * kPassRowBytes, swizzled, chunk[p],
+                        e8m0_factor(static_cast<uint8_t>(scale[p])));
     }
     fence_proxy_async_shared();  // the generic-proxy writes, before wgmma reads them
     named_barrier_sync(kMxStageBarrier, kMxThreads);
