@@ -24,6 +24,7 @@ the backward megakernel) themselves ("saved", worst-case sized), or only the sch
 
 from __future__ import annotations
 
+import logging
 import math
 from typing import Optional
 
@@ -44,6 +45,8 @@ from .workspace import Workspace, WorkspaceLayout, get_workspace
 
 
 _positions: dict[tuple, torch.Tensor] = {}
+_said_forms: set[tuple] = set()  # mxfp8 weight forms already logged (quantized_operands)
+log = logging.getLogger(__name__)
 
 
 # The recipes whose expert GEMMs read quantized operands: their operands and weight quantizer
@@ -261,11 +264,20 @@ def mxfp8_weight_form(recipe: Recipe, tokens: int, topk: int, num_local: int) ->
 
 
 def quantized_operands(recipe: Recipe, tokens: int, topk: int, num_local: int) -> tuple:
-    """(operands type, weight quantizer) of a quantized recipe's call."""
-    if (recipe.precision == "mxfp8"
-            and mxfp8_weight_form(recipe, tokens, topk, num_local) == "rounded"):
+    """(operands type, weight quantizer) of a quantized recipe's call; under mxfp8 the form
+    of the weights is logged once per call shape (auto picks it silently otherwise)."""
+    if recipe.precision != "mxfp8":
+        return QUANTIZED_OPERANDS[recipe.precision]
+    form = mxfp8_weight_form(recipe, tokens, topk, num_local)
+    shape = (recipe.kernel.mxfp8_weights, form, tokens, topk, num_local)
+    if shape not in _said_forms:
+        _said_forms.add(shape)
+        log.info("mok mxfp8: weights as %s for %d tokens x top-%d over %d local experts "
+                 "(%.0f rows per expert; kernel.mxfp8_weights: %s)", form, tokens, topk,
+                 num_local, tokens * topk / num_local, recipe.kernel.mxfp8_weights)
+    if form == "rounded":
         return Mxfp8Operands, mxfp8_weights.round_pair
-    return QUANTIZED_OPERANDS[recipe.precision]
+    return QUANTIZED_OPERANDS["mxfp8"]
 
 
 def _run(ws: Workspace, call: MoECall, recipe: Recipe, accumulate_main_grad: bool

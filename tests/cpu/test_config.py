@@ -370,3 +370,22 @@ def test_mxfp8_weight_form_auto_picks_by_rows_per_local_expert():
     for form in ("codes", "rounded"):
         forced = Recipe(precision="mxfp8", kernel=KernelKnobs(mxfp8_weights=form))
         assert {mxfp8_weight_form(forced, t, 8, 8) for t in (1, 4096, 10**6)} == {form}
+
+
+def test_mxfp8_weight_form_is_logged_once_per_call_shape(caplog):
+    """auto's pick is said (INFO, mok_megatron.symm_moe) the first time a call shape meets it,
+    not at every call."""
+    import logging
+
+    from mok_megatron.config import Recipe
+    from mok_megatron.symm_moe import quantized_operands
+
+    auto = Recipe(precision="mxfp8")
+    with caplog.at_level(logging.INFO, logger="mok_megatron.symm_moe"):
+        for _ in range(3):
+            quantized_operands(auto, 1000, 8, 4)  # 2000 rows per expert: rounded
+        quantized_operands(auto, 24, 8, 4)  # 48: codes
+    said = [r.getMessage() for r in caplog.records if r.name == "mok_megatron.symm_moe"]
+    assert len(said) == 2, said
+    assert "weights as rounded for 1000 tokens" in said[0] and "2000 rows" in said[0]
+    assert "weights as codes for 24 tokens" in said[1]
