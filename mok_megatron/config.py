@@ -118,9 +118,9 @@ class KernelKnobs:
     # (both orientations, quantized once per step; the products are the same either way).
     # "codes": E4M3 codes + E8M0 scales, 1 byte per weight, dequantized to bf16 per GEMM tile
     # in shared memory. "rounded": the MXFP8 values as bf16, 2 bytes per weight, multiplied by
-    # the BF16 recipe's grouped GEMMs (no per-tile conversion). "auto": rounded where a call's
-    # average rows per local expert (tokens x topk / local experts, known from shapes) reach
-    # MXFP8_ROUNDED_MIN_ROWS (the GEMMs are compute-bound there), codes below.
+    # the same tile engine as plain bf16 weights (no per-tile conversion). "auto": rounded
+    # where a call's average rows per local expert (tokens x topk / local experts, known from
+    # shapes) reach MXFP8_ROUNDED_MIN_ROWS, codes below.
     mxfp8_weights: Literal["auto", "codes", "rounded"] = "auto"
 
 
@@ -129,6 +129,7 @@ class KernelKnobs:
 # conversion costs more than the weight bytes it saves once a weight tile is reused by this
 # many rows).
 MXFP8_ROUNDED_MIN_ROWS = 256
+
 # Precisions whose expert GEMMs read FP8 operands (mxfp8.py, fp8_blockwise.py).
 FP8_PRECISIONS = ("mxfp8", "fp8_blockwise")
 # Precisions the cuda backend has kernels for; the others run on the reference backend only.

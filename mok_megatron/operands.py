@@ -38,6 +38,7 @@ torch._grouped_mm): an FP8 wgrad kernel on operands quantized and written transp
 
 from __future__ import annotations
 
+import abc
 from typing import TYPE_CHECKING
 
 import torch
@@ -85,7 +86,7 @@ class Bf16Operands:
         return dw1, dw2
 
 
-class _QuantizedOperands(Bf16Operands):
+class _QuantizedOperands(Bf16Operands, abc.ABC):
     """Forward and dgrad on the recipe's engine with the weights quantized once per optimizer
     step (``weights``: both orientations) and the activation operand prepared per call
     (``_prepare``: rounded or quantized along each row) - or dispatched so by the forward
@@ -100,13 +101,13 @@ class _QuantizedOperands(Bf16Operands):
     def __init__(self, weights):
         self.weights = weights
 
+    @abc.abstractmethod
     def _prepare(self, sched, a):
         """The activation operand a [cap, K] as this recipe's engine reads it."""
-        raise NotImplementedError
 
+    @abc.abstractmethod
     def _gemm(self, plan, sched, a, w, out, **epilogue):
         """out = epilogue(a w^T), a prepared (_prepare), w one orientation of ``weights``."""
-        raise NotImplementedError
 
     def fc1(self, plan, sched, rows):
         return self.fc1_prepared(plan, sched, self._prepare(sched, rows))
