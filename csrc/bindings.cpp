@@ -29,6 +29,10 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   // MXFP8 operand rounding
   m.def("mx_round_columns", &mok::mx_round_columns);
   m.def("mx_round_segments", &mok::mx_round_segments);
+  m.def("mx_round_both", &mok::mx_round_both);
+  m.def("pull_rows_mx_round_both", &mok::pull_rows_mx_round_both);
+  m.def("fp8_quantize_round_both", &mok::fp8_quantize_round_both);
+  m.def("pull_rows_fp8_quantize_round_both", &mok::pull_rows_fp8_quantize_round_both);
   m.def("mx_quantize_columns", &mok::mx_quantize_columns);
   m.def("mx_quantize_rows_transposed", &mok::mx_quantize_rows_transposed);
   m.def("quantize_wire_rows", &mok::quantize_wire_rows);

@@ -64,6 +64,23 @@ void mx_round_columns(const at::Tensor& x, const c10::optional<at::Tensor>& num_
                       at::Tensor& out);
 void mx_round_segments(const at::Tensor& x, const c10::optional<at::Tensor>& offsets,
                        int64_t segment_rows, int64_t block, at::Tensor& out);
+// quant/mx_round_both.cu: both of those at once (blocks along the columns of each row into
+// along_k, along the rows of each segment into along_n), of x or of the schedule's rows pulled
+// from the peers' bf16 token rows at src_offset; rows outside every segment are not written.
+// The fp8_ forms: the blockwise recipe's, blocks of 128 both ways, along the columns as E4M3
+// codes [rows, cols] and transposed E8M0 scale codes [blocks, >= rows] (the FP8 GEMM's A).
+void mx_round_both(const at::Tensor& x, const at::Tensor& offsets, at::Tensor& along_k,
+                   at::Tensor& along_n);
+void pull_rows_mx_round_both(const at::Tensor& peer_bases, int64_t src_offset,
+                             const at::Tensor& row_slot, const at::Tensor& offsets,
+                             int64_t max_tokens, int64_t topk, at::Tensor& along_k,
+                             at::Tensor& along_n);
+void fp8_quantize_round_both(const at::Tensor& x, const at::Tensor& offsets, at::Tensor& codes,
+                             at::Tensor& scales, at::Tensor& along_n);
+void pull_rows_fp8_quantize_round_both(const at::Tensor& peer_bases, int64_t src_offset,
+                                       const at::Tensor& row_slot, const at::Tensor& offsets,
+                                       int64_t max_tokens, int64_t topk, at::Tensor& codes,
+                                       at::Tensor& scales, at::Tensor& along_n);
 // The same blocks as E4M3 codes and E8M0 scale codes in the MXFP8 GEMMs' layout
 // (gemm/sm90/mx_weight_stage.cuh: [E, blocks, halves, rows of a half padded]): along columns,
 // x's rows (the first *num_rows, or all) as matrices of matrix_rows rows in `halves` halves,

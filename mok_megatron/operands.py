@@ -34,12 +34,19 @@ rows dispatched as FP8 codes as under mxfp8 and pulled as codes, the other activ
 operands quantized per call; wgrad as under mxfp8 (the operands rounded to their blocks,
 torch._grouped_mm): an FP8 wgrad kernel on operands quantized and written transposed took
 1.37-1.56x its time on every layer shape (perf-log session 18).
+
+Under both FP8 recipes backward's operands that two GEMMs read - dY, dh and the recomputed
+rows, along K by a dgrad or FC1 and along the expert's rows by wgrad - get both forms from one
+pass (RoundedBoth: dY and the rows as they are pulled, dh after the activation's backward),
+so none is read once per form. Only act (wgrad alone) and forward's saved rows are rounded
+along the rows by themselves.
 """
 
 from __future__ import annotations
 
 import abc
-from typing import TYPE_CHECKING
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Optional, Union
 
 import torch
 
@@ -48,6 +55,26 @@ from .mxfp8_weights import MxWeight
 
 if TYPE_CHECKING:
     from .plan import Plan, Schedule
+
+
+@dataclass(frozen=True)
+class RoundedBoth:
+    """A backward operand in both of its recipe's forms from one pass (ops.mx_round_both,
+    ops.fp8_quantize_round_both and their pulls): along each row as its dgrad or FC1 reads it
+    (MXFP8: bf16 values; blockwise: codes and scale codes; None once that reader has run:
+    ``for_wgrad``), and along each expert's rows as wgrad reads it (bf16 values)."""
+
+    along_k: Optional[Union[torch.Tensor, tuple]]
+    along_n: torch.Tensor
+
+    def for_wgrad(self) -> "RoundedBoth":
+        return RoundedBoth(None, self.along_n)
+
+
+def for_wgrad(operand):
+    """What wgrad still needs of a backward operand once its other reader has run (the copy
+    rounded along K of a RoundedBoth is released)."""
+    return operand.for_wgrad() if isinstance(operand, RoundedBoth) else operand
 
 
 def _grouped(a: torch.Tensor, b: torch.Tensor, offs: torch.Tensor) -> torch.Tensor:
@@ -60,6 +87,14 @@ def _rows(sched: "Schedule", cols: int, like: torch.Tensor) -> torch.Tensor:
 
 class Bf16Operands:
     """The BF16 recipe: every operand as it is."""
+
+    # Whether backward's operands come in both forms from one pass (RoundedBoth): dh from
+    # both_ways, the pulled rows from pulled_both_ways (separate_path.pull_operand).
+    rounds_both = False
+
+    def both_ways(self, sched: "Schedule", x: torch.Tensor):
+        """A backward operand (dh) as its dgrad and wgrad read it."""
+        return x
 
     def fc1(self, plan: "Plan", sched: "Schedule", rows: torch.Tensor):
         """-> (h [cap, F1], act = act(h) * p [cap, F])."""
@@ -109,8 +144,16 @@ class _QuantizedOperands(Bf16Operands, abc.ABC):
     def _gemm(self, plan, sched, a, w, out, **epilogue):
         """out = epilogue(a w^T), a prepared (_prepare), w one orientation of ``weights``."""
 
+    def _along_k(self, sched, a):
+        return a.along_k if isinstance(a, RoundedBoth) else self._prepare(sched, a)
+
+    def _along_n(self, sched, a):
+        if isinstance(a, RoundedBoth):
+            return a.along_n
+        return ops.mx_round_segments(a, sched.offsets, block=self.block)
+
     def fc1(self, plan, sched, rows):
-        return self.fc1_prepared(plan, sched, self._prepare(sched, rows))
+        return self.fc1_prepared(plan, sched, self._along_k(sched, rows))
 
     def fc1_prepared(self, plan, sched, rows):
         """FC1 of rows already prepared (pulled so: separate_path.forward)."""
@@ -125,17 +168,16 @@ class _QuantizedOperands(Bf16Operands, abc.ABC):
                           _rows(sched, plan.w2.shape[1], act))
 
     def fc2_dgrad(self, plan, sched, dout):
-        return self._gemm(plan, sched, self._prepare(sched, dout), self.weights.w2_t,
+        return self._gemm(plan, sched, self._along_k(sched, dout), self.weights.w2_t,
                           _rows(sched, plan.ffn, dout))
 
     def fc1_dgrad(self, plan, sched, dh):
-        return self._gemm(plan, sched, self._prepare(sched, dh), self.weights.w1_t,
+        return self._gemm(plan, sched, self._along_k(sched, dh), self.weights.w1_t,
                           _rows(sched, plan.w1.shape[2], dh))
 
     def wgrad(self, plan, sched, dout, act, dh, rows):
         return super().wgrad(plan, sched,
-                             *(ops.mx_round_segments(x, sched.offsets, block=self.block)
-                               for x in (dout, act, dh, rows)))
+                             *(self._along_n(sched, x) for x in (dout, act, dh, rows)))
 
 
 class Mxfp8Operands(_QuantizedOperands):
@@ -150,6 +192,14 @@ class Mxfp8Operands(_QuantizedOperands):
 
     block = ops.MX_BLOCK
     fc1_reads_codes = False
+    rounds_both = True
+
+    def both_ways(self, sched, x):
+        return RoundedBoth(*ops.mx_round_both(x, sched.offsets))
+
+    def pulled_both_ways(self, sched, peer_bases, src_offset, max_tokens, topk, hidden):
+        return RoundedBoth(*ops.pull_rows_mx_round_both(
+            peer_bases, src_offset, sched.row_slot, sched.offsets, max_tokens, topk, hidden))
 
     def _prepare(self, sched, a):
         return ops.mx_round_columns(a, sched.num_rows)
@@ -169,6 +219,14 @@ class Fp8BlockwiseOperands(_QuantizedOperands):
 
     block = ops.FP8_BLOCK
     fc1_reads_codes = True
+    rounds_both = True
+
+    def both_ways(self, sched, x):
+        return RoundedBoth(*ops.fp8_quantize_round_both(x, sched.offsets))
+
+    def pulled_both_ways(self, sched, peer_bases, src_offset, max_tokens, topk, hidden):
+        return RoundedBoth(*ops.pull_rows_fp8_quantize_round_both(
+            peer_bases, src_offset, sched.row_slot, sched.offsets, max_tokens, topk, hidden))
 
     def _prepare(self, sched, a):
         return ops.fp8_quantize_rows(a, sched.num_rows, block=self.block)

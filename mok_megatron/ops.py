@@ -226,6 +226,29 @@ def mx_round_segments(x: torch.Tensor, offsets: Optional[torch.Tensor] = None,
     return out
 
 
+def mx_round_both(x: torch.Tensor, offsets: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(mx_round_columns(x), mx_round_segments(x, offsets)) in one pass over x (quant/
+    mx_round_both.cu), bit for bit; rows outside every segment are not written in either."""
+    _cuda("x", x, torch.bfloat16)
+    along_k, along_n = torch.empty_like(x), torch.empty_like(x)
+    extension().mx_round_both(x, offsets, along_k, along_n)
+    return along_k, along_n
+
+
+def pull_rows_mx_round_both(peer_bases, src_offset, row_slot, offsets, max_tokens, topk,
+                            hidden: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """The schedule's rows pulled from every rank's bf16 rows at `src_offset` ([cap, hidden],
+    cap = row_slot's length), rounded both ways as ``mx_round_both`` rounds them: the pulled
+    rows themselves are never written. Rows past offsets[-1] are left unwritten."""
+    _cuda("row_slot", row_slot, torch.int32)
+    along_k = torch.empty(row_slot.numel(), hidden, dtype=torch.bfloat16,
+                          device=row_slot.device)
+    along_n = torch.empty_like(along_k)
+    extension().pull_rows_mx_round_both(peer_bases, src_offset, row_slot, offsets, max_tokens,
+                                        topk, along_k, along_n)
+    return along_k, along_n
+
+
 def _codes(codes: torch.Tensor) -> None:
     """MXFP8 codes: padded rows, so a view (the kernels check its strides)."""
     _check(codes.is_cuda and codes.dtype == torch.float8_e4m3fn,
@@ -270,12 +293,44 @@ def fp8_quantize_rows(x: torch.Tensor, num_rows: Optional[torch.Tensor] = None,
     _cuda("x", x, torch.bfloat16)
     _check(block in (MX_BLOCK, FP8_BLOCK), f"block must be {MX_BLOCK} or {FP8_BLOCK}, got {block}")
     rows, k = x.shape
-    codes = torch.empty(rows, -(-k // 16) * 16, dtype=torch.float8_e4m3fn,
-                        device=x.device)[:, :k]
-    padded = -(-rows // 16) * 16
-    scales = torch.empty(1, -(-k // block), 1, padded, dtype=torch.uint8, device=x.device)
-    extension().mx_quantize_columns(x.contiguous(), num_rows, codes, scales, rows, 1, block)
-    return codes, scales.view(-1, padded)
+    codes, scales = _fp8_rows(rows, k, x.device, block)
+    extension().mx_quantize_columns(x.contiguous(), num_rows, codes,
+                                    scales.view(1, scales.shape[0], 1, scales.shape[1]), rows, 1,
+                                    block)
+    return codes, scales
+
+
+def _fp8_rows(rows: int, k: int, device, block: int = FP8_BLOCK):
+    """Empty E4M3 codes [rows, k] (rows padded to 16 bytes: a view) and transposed E8M0 scale
+    codes [ceil(k / block), rows padded to 16]: the FP8 engine's A operand."""
+    codes = torch.empty(rows, -(-k // 16) * 16, dtype=torch.float8_e4m3fn, device=device)[:, :k]
+    scales = torch.empty(-(-k // block), -(-rows // 16) * 16, dtype=torch.uint8, device=device)
+    return codes, scales
+
+
+def fp8_quantize_round_both(x: torch.Tensor, offsets: torch.Tensor):
+    """-> ((codes, scales), along_n): ``fp8_quantize_rows(x)`` and ``mx_round_segments(x,
+    offsets, block=128)`` in one pass over x (quant/mx_round_both.cu), bit for bit; rows
+    outside every segment are not written."""
+    _cuda("x", x, torch.bfloat16)
+    codes, scales = _fp8_rows(x.shape[0], x.shape[1], x.device)
+    along_n = torch.empty_like(x)
+    extension().fp8_quantize_round_both(x, offsets, codes, scales, along_n)
+    return (codes, scales), along_n
+
+
+def pull_rows_fp8_quantize_round_both(peer_bases, src_offset, row_slot, offsets, max_tokens,
+                                      topk, hidden: int):
+    """The schedule's rows pulled from every rank's bf16 rows at `src_offset`, quantized and
+    rounded as ``fp8_quantize_round_both`` does (the pulled rows themselves are never
+    written); rows past offsets[-1] are left unwritten."""
+    _cuda("row_slot", row_slot, torch.int32)
+    cap = row_slot.numel()
+    codes, scales = _fp8_rows(cap, hidden, row_slot.device)
+    along_n = torch.empty(cap, hidden, dtype=torch.bfloat16, device=row_slot.device)
+    extension().pull_rows_fp8_quantize_round_both(peer_bases, src_offset, row_slot, offsets,
+                                                  max_tokens, topk, codes, scales, along_n)
+    return (codes, scales), along_n
 
 
 def fp8_quantize_weight_blocks(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

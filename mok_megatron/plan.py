@@ -4,12 +4,12 @@ call), and what the expert-stage paths (separate_path.py, megakernel_path.py) ha
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Optional
+from typing import Optional, Union
 
 import torch
 
 from .main_grad import MainGradTargets
-from .operands import Bf16Operands
+from .operands import Bf16Operands, RoundedBoth
 from .workspace import Workspace
 
 
@@ -64,8 +64,9 @@ class Schedule:
 @dataclass
 class ExpertInputs:
     """What backward starts from, at schedule positions: token rows [cap, H], FC1 output h
-    [cap, F1] and act(h) * p [cap, F] (None where forward kept nothing)."""
+    [cap, F1] and act(h) * p [cap, F] (None where forward kept nothing). Recomputed under
+    mxfp8 the rows are only what wgrad reads (operands.RoundedBoth)."""
 
-    rows: Optional[torch.Tensor]
+    rows: Optional[Union[torch.Tensor, RoundedBoth]]
     h: Optional[torch.Tensor]
     act: Optional[torch.Tensor]

@@ -8,6 +8,10 @@ recompute pull x rows again (from the peers' republished inputs) | FC1, as forwa
 backward  pull dY rows | dA = dY W2 | act backward (dh, act, dp)
           dX rows = dh W1, pushed with dp to the source slots | dW2, dW1
 
+Under an FP8 recipe backward's pulls (x again, dY) write each row in both of the recipe's
+forms, along K for FC1 or the dgrad and along the expert's rows for wgrad, and dh gets both in
+one pass (operands.RoundedBoth).
+
 No host synchronization: the grouped GEMMs take device-side offsets and the row movers and
 epilogues read the row count from device memory. The GEMMs are plan.operands' (operands.py):
 torch._grouped_mm on the operands as they are (bf16), or MXFP8's operands on the tile engine
@@ -20,6 +24,7 @@ from __future__ import annotations
 import torch
 
 from . import ops
+from .operands import for_wgrad
 from .plan import ExpertInputs, Plan, Schedule
 
 
@@ -34,11 +39,14 @@ def pull(plan: Plan, region: str, sched: Schedule) -> torch.Tensor:
     return rows
 
 
-def _pull_and_fc1(plan: Plan, sched: Schedule, region: str) -> ExpertInputs:
-    """Rows pulled from `region`, h = FC1 of them and act = act(h) * p."""
-    rows = pull(plan, region, sched)
-    h, act = plan.operands.fc1(plan, sched, rows)
-    return ExpertInputs(rows, h, act)
+def pull_operand(plan: Plan, region: str, sched: Schedule):
+    """Backward's rows from `region` as the recipe's GEMMs read them: bf16 rows, or under an
+    FP8 recipe both of its forms at once (operands.RoundedBoth; the rows never land as bf16)."""
+    if not plan.operands.rounds_both:
+        return pull(plan, region, sched)
+    ws = plan.ws
+    return plan.operands.pulled_both_ways(sched, ws.peer_bases, ws.offsets[region],
+                                          ws.layout.max_tokens, plan.topk, ws.layout.hidden)
 
 
 def forward(plan: Plan, sched: Schedule) -> ExpertInputs:
@@ -48,7 +56,8 @@ def forward(plan: Plan, sched: Schedule) -> ExpertInputs:
     pull_from = (ws.peer_bases, ws.offsets["tokens"], sched.row_slot, sched.num_rows,
                  ws.layout.max_tokens, plan.topk, fp8_rows)
     if fp8_rows is None:
-        kept = _pull_and_fc1(plan, sched, "tokens")
+        rows = pull(plan, "tokens", sched)
+        kept = ExpertInputs(rows, *plan.operands.fc1(plan, sched, rows))
     else:  # codes, or the wire's values as bf16 rows (exact) for an FC1 multiplying bf16
         pull_fp8 = (ops.pull_fp8_rows if plan.operands.fc1_reads_codes
                     else ops.pull_fp8_rows_dequantized)
@@ -60,23 +69,28 @@ def forward(plan: Plan, sched: Schedule) -> ExpertInputs:
 
 
 def recompute(plan: Plan, sched: Schedule) -> ExpertInputs:
-    """The rows, h and act forward had, bit for bit: the token rows pulled again from the
-    peers' republished inputs and FC1 by the same kernels."""
-    return _pull_and_fc1(plan, sched, "inputs")
+    """The rows (as wgrad reads them), h and act forward had, bit for bit: the token rows
+    pulled again from the peers' republished inputs and FC1 by the same kernels."""
+    rows = pull_operand(plan, "inputs", sched)
+    h, act = plan.operands.fc1(plan, sched, rows)
+    return ExpertInputs(for_wgrad(rows), h, act)
 
 
 def backward(plan: Plan, sched: Schedule, kept: ExpertInputs):
     """dX rows and dprobs pushed to the source slots; returns the stacked dW1, dW2."""
     ws, q = plan.ws, plan.operands
     slots_per_rank = ws.layout.max_tokens * plan.topk
-    dout = pull(plan, "tokens", sched)
+    dout = pull_operand(plan, "tokens", sched)
     dact = q.fc2_dgrad(plan, sched, dout)
+    dout = for_wgrad(dout)
     dh = torch.empty_like(kept.h)
     act = torch.empty_like(dact)
-    drow_prob = torch.empty(sched.capacity, dtype=torch.float32, device=dout.device)
+    drow_prob = torch.empty(sched.capacity, dtype=torch.float32, device=dact.device)
     ops.activation_backward(kept.h, dact, sched.row_prob, sched.num_rows, plan.activation, dh,
                             act, drow_prob)
+    dh = q.both_ways(sched, dh)
     drows = q.fc1_dgrad(plan, sched, dh)
+    dh = for_wgrad(dh)
     ops.push_rows(ws.peer_bases, ws.offsets["slots"], sched.row_slot, sched.num_rows,
                   slots_per_rank, drows)
     ops.push_values(ws.peer_bases, ws.offsets["slot_values"], sched.row_slot, sched.num_rows,

@@ -1,32 +1,21 @@
-// Row movers over NVLink. A row's slot is its flat index
-//   flat = source * max_tokens * topk + token * topk + slot
-// (see schedule/route_keys.cu). Pull-dispatch: the expert owner reads token rows from the
-// source rank's published buffer. Push-combine: the owner writes result rows into the
-// source rank's return buffer at (token, slot), one slot per (token, k), so no two writers
-// ever touch the same bytes and no atomics are needed. Only the first *num_rows rows (a
-// device-side count) are moved: the grid is sized for the worst case and idles past it.
+// Row movers over NVLink, a row addressed by its slot (comm/peer_row.cuh). Pull-dispatch: the
+// expert owner reads token rows from the source rank's published buffer. Push-combine: the
+// owner writes result rows into the source rank's return buffer at (token, slot), one slot
+// per (token, k), so no two writers ever touch the same bytes and no atomics are needed. Only
+// the first *num_rows rows (a device-side count) are moved: the grid is sized for the worst
+// case and idles past it.
 #include <ATen/cuda/CUDAContext.h>
 #include <cuda_bf16.h>
 #include <torch/extension.h>
 
 #include "common/error.cuh"
 #include "comm/copy_row.cuh"
+#include "comm/peer_row.cuh"
 #include "config/kernel_config.cuh"
 #include "ops.h"
 #include "quant/mx_format.cuh"
 
 namespace mok {
-
-// The peer-side row of flat index f in a region of rows of row_bytes: peer f / per_rank, row
-// (f mod per_rank) / slots_per_remote_row - the token row for a pull (topk slots share one
-// token), the slot row for a push (one per slot).
-__device__ __forceinline__ char* peer_row(const int64_t* __restrict__ peer_bases,
-                                          int64_t peer_offset, int64_t flat, int64_t per_rank,
-                                          int slots_per_remote_row, int64_t row_bytes) {
-  const int64_t peer = flat / per_rank;
-  return reinterpret_cast<char*>(peer_bases[peer] + peer_offset) +
-         (flat - peer * per_rank) / slots_per_remote_row * row_bytes;
-}
 
 // Moves rows between this GPU's row buffer (row r) and a peer's region (peer_row).
 template <bool kPull>

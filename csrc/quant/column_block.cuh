@@ -1,7 +1,7 @@
 // One block of a bf16 matrix along its rows, 8 columns wide: the scale exponent and
 // finiteness of each column's block, the first pass of every quantizer that cuts blocks along
-// rows (quant/mx_round.cu: the segment rounding and the transposed weight quantizer), and
-// which segment a block belongs to.
+// rows (quant/mx_round.cu: the segment rounding and the transposed weight quantizer); and how
+// row blocks are numbered over segments and which segment a block belongs to.
 #pragma once
 
 #include <cuda_bf16.h>
@@ -59,6 +59,22 @@ struct ColumnBlock {
     }
   }
 };
+
+// Numbers the row blocks of every segment, segment by segment: first_block[s] is segment s's
+// first block, first_block[segments] the total. Segment s is rows [offsets[s], offsets[s+1]),
+// or [s * segment_rows, (s+1) * segment_rows) when offsets is null; its last block may be
+// short. One thread of the CTA calls it (into shared memory), before a barrier.
+template <int kBlock>
+__device__ void number_row_blocks(const int32_t* __restrict__ offsets, int segments,
+                                  int64_t segment_rows, int64_t* first_block) {
+  int64_t sum = 0;
+  for (int s = 0; s < segments; ++s) {
+    first_block[s] = sum;
+    const int64_t len = offsets != nullptr ? offsets[s + 1] - offsets[s] : segment_rows;
+    sum += (len + kBlock - 1) / kBlock;
+  }
+  first_block[segments] = sum;
+}
 
 // The segment holding row block b, given where each segment's blocks start (first_block
 // [segments + 1]): the last s with first_block[s] <= b. An empty segment owns no blocks, so

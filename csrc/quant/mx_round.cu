@@ -37,13 +37,6 @@
 namespace mok {
 namespace {
 
-// v at scale 2^e rounded to E4M3 and back.
-__device__ __forceinline__ float mx_round(float v, int e) { return mx_value(mx_code(v, e), e); }
-
-__device__ __forceinline__ __nv_bfloat16 bf16_nan() {
-  return __ushort_as_bfloat16(static_cast<unsigned short>(0x7FC0));
-}
-
 // Rounds the 8 values of v (one 16-byte vector of a block) at scale 2^e, or makes them NaN.
 __device__ __forceinline__ int4 mx_round_vector(const Bf16x8& v, int e, bool finite) {
   Bf16x8 r;
@@ -162,15 +155,7 @@ __global__ void mx_round_segments_kernel(const __nv_bfloat16* __restrict__ x, in
                                          int64_t segment_rows,
                                          __nv_bfloat16* __restrict__ out) {
   __shared__ int64_t first_block[kGemmMaxExperts + 1];
-  if (threadIdx.x == 0) {
-    int64_t sum = 0;
-    for (int s = 0; s < segments; ++s) {
-      first_block[s] = sum;
-      const int64_t len = offsets != nullptr ? offsets[s + 1] - offsets[s] : segment_rows;
-      sum += (len + kBlock - 1) / kBlock;
-    }
-    first_block[segments] = sum;
-  }
+  if (threadIdx.x == 0) number_row_blocks<kBlock>(offsets, segments, segment_rows, first_block);
   __syncthreads();
   const int vecs = cols / 8;
   const int v = blockIdx.x * blockDim.x + threadIdx.x;

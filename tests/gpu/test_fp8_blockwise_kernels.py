@@ -60,6 +60,30 @@ def test_row_quantizer_matches_reference(k):
     assert torch.equal(got_codes[ok], ref_codes.view(torch.uint8)[ok])
 
 
+@pytest.mark.parametrize("cols", [128, 208, 7168])
+def test_quantize_round_both_is_rows_and_segments(cols):
+    """One pass gives fp8_quantize_rows (codes and scale codes) and mx_round_segments with 128
+    x 1 blocks bit for bit: segments shorter than a block, empty ones, a last short column
+    block, NaN/Inf blocks; rows past the last segment are not written."""
+    from test_mxfp8_kernels import _assert_same, _segmented
+
+    counts = [0, 130, 1, 300, 0, 127, 900, 0]
+    x, offsets = _segmented(counts, cols, seed=cols)
+    n = int(offsets[-1])
+    xc, oc = x.cuda(), offsets.cuda()
+    (codes, scales), along_n = ops.fp8_quantize_round_both(xc, oc)
+    want_codes, want_scales = ops.fp8_quantize_rows(xc)
+    assert codes.shape == want_codes.shape and scales.shape == want_scales.shape
+    assert torch.equal(codes[:n].view(torch.uint8), want_codes[:n].view(torch.uint8)), \
+        "codes along K differ from fp8_quantize_rows"
+    assert torch.equal(scales[:, :n], want_scales[:, :n]), "scale codes differ"
+    _assert_same(along_n[:n].cpu(), ops.mx_round_segments(xc, oc, block=128)[:n].cpu(),
+                 "along the rows vs segments")
+    poison = torch.full_like(xc, float("nan"))
+    ops.extension().fp8_quantize_round_both(xc, oc, codes, scales, poison)
+    assert bool(poison[n:].isnan().all()), "rows past the last segment were written"
+
+
 @pytest.mark.parametrize("shape", [(3, 256, 384), (2, 200, 136), (1, 96, 7168)])
 def test_weight_quantizer_matches_reference(shape):
     g = torch.Generator(device="cuda").manual_seed(sum(shape))

@@ -6,7 +6,9 @@ subnormals, saturation, NaN/Inf blocks), and rows pulled from a peer of an emula
 pulled as bf16 values instead (ops.pull_fp8_rows_dequantized, MXFP8's FC1 input) they are
 each code times its block's scale and, under MXFP8, ops.mx_round_columns of the pulled rows.
 The layer under both recipes then gives the bf16 wire's results bit for bit: the recipes'
-recomputed-vs-saved checks compare the two wires (saved inputs keep the bf16 rows)."""
+recomputed-vs-saved checks compare the two wires (saved inputs keep the bf16 rows). Backward's
+pulls that write both of a recipe's forms at once equal the in-place pass over the pulled
+bf16 rows."""
 
 import pytest
 import torch
@@ -81,6 +83,52 @@ def test_pulled_fp8_rows_are_the_quantized_pulled_rows(block, hidden, world):
     if block == ops.MX_BLOCK:
         _assert_same_bits(values[:rows], ops.mx_round_columns(bf16_rows, num_rows)[:rows],
                           "pulled bf16 rows differ from the MX-rounded pulled rows")
+
+
+@pytest.mark.parametrize("world", [1, 2])
+@pytest.mark.parametrize("hidden", [200, 7168])
+@pytest.mark.parametrize("recipe", ["mxfp8", "fp8_blockwise"])
+def test_backward_pull_gives_both_forms(recipe, hidden, world):
+    """Backward's pull in both of the recipe's forms at once (ops.pull_rows_mx_round_both,
+    ops.pull_rows_fp8_quantize_round_both) gives, bit for bit, the in-place pass over the bf16
+    rows the plain pull lands: rows from every rank of an emulated group in a random order, cut
+    into uneven segments (an empty one, short ones), the last rows past the schedule."""
+    device = torch.device("cuda")
+    layout = WorkspaceLayout(MAX_TOKENS, TOPK, hidden, inputs=True)
+    group = Workspace.emulated_group(world, device, layout, timeout_ms=10_000)
+    tokens = [37, 50][:world]
+    for rank, ws in enumerate(group):
+        x = _inputs(tokens[rank], hidden, seed=10 * rank + hidden)
+        ids = torch.zeros(tokens[rank], TOPK, dtype=torch.int64, device=device)
+        probs = torch.ones(tokens[rank], TOPK, device=device)
+        ids32 = torch.empty(tokens[rank], TOPK, dtype=torch.int32, device=device)
+        ops.publish_inputs(x, ids, probs, ws.buffer, ws.offsets, ids32, rows=True)
+    slots = [s * MAX_TOKENS * TOPK + t * TOPK + k
+             for s in range(world) for t in range(tokens[s]) for k in range(TOPK)]
+    g = torch.Generator().manual_seed(hidden + world)
+    row_slot = torch.tensor([slots[i] for i in torch.randperm(len(slots), generator=g)],
+                            dtype=torch.int32, device=device)
+    counts = [0, 40, 1, 33, len(slots) - 5 - 74]  # 5 rows past the schedule's end
+    offsets = torch.tensor([0] + torch.tensor(counts).cumsum(0).tolist(), dtype=torch.int32,
+                           device=device)
+    n = int(offsets[-1])
+    ws = group[0]
+    pull = (ws.peer_bases, ws.offsets["tokens"], row_slot, offsets, MAX_TOKENS, TOPK)
+    rows = torch.empty(len(slots), hidden, dtype=torch.bfloat16, device=device)
+    ops.pull_rows(ws.peer_bases, ws.offsets["tokens"], row_slot, offsets[-1:], MAX_TOKENS, TOPK,
+                  rows)
+    if recipe == "mxfp8":
+        got = ops.pull_rows_mx_round_both(*pull, hidden)
+        want = ops.mx_round_both(rows, offsets)
+        _assert_same_bits(got[0][:n], want[0][:n], "pulled, along K")
+    else:
+        got = ops.pull_rows_fp8_quantize_round_both(*pull, hidden)
+        want = ops.fp8_quantize_round_both(rows, offsets)
+        (codes, scales), (want_codes, want_scales) = got[0], want[0]
+        assert torch.equal(codes[:n].view(torch.uint8), want_codes[:n].view(torch.uint8)), \
+            "pulled codes along K differ"
+        assert torch.equal(scales[:, :n], want_scales[:, :n]), "pulled scale codes differ"
+    _assert_same_bits(got[1][:n], want[1][:n], "pulled, along the rows")
 
 
 def _assert_same_bits(got: torch.Tensor, want: torch.Tensor, what: str) -> None:

@@ -1,11 +1,11 @@
 """The MXFP8 recipe on the CUDA backend (the separate kernels, operands.py) on one GPU: the
-operand rounding kernels (csrc/quant/mx_round.cu) bit for bit against the reference quantizer
-(mxfp8.py) on zeros, subnormals, amax at powers of two, saturation and NaN/Inf; the MoE layer
-against the MXFP8 reference (rel-L2 <= 5e-3 for y, dx, dprobs, dW1, dW2) and the BF16
-reference (sum|d|/sum|ref| <= 0.1, gradient cosine >= 0.996), bit-identical over runs, EP=1
-and emulated EP=2/4, CUDA-graph replay, with the weights in either form (kernel.mxfp8_weights:
-codes, rounded); the engine that dequantizes weight codes against fp32 products of MXFP8
-values in both weight orientations."""
+operand rounding kernels (csrc/quant/mx_round.cu; both ways in one pass, mx_round_both.cu) bit
+for bit against the reference quantizer (mxfp8.py) on zeros, subnormals, amax at powers of
+two, saturation and NaN/Inf; the MoE layer against the MXFP8 reference (rel-L2 <= 5e-3 for
+y, dx, dprobs, dW1, dW2) and the BF16 reference (sum|d|/sum|ref| <= 0.1, gradient cosine >=
+0.996), bit-identical over runs, EP=1 and emulated EP=2/4, CUDA-graph replay, with the
+weights in either form (kernel.mxfp8_weights: codes, rounded); the engine that dequantizes
+weight codes against fp32 products of MXFP8 values in both weight orientations."""
 
 import pytest
 import torch
@@ -95,6 +95,52 @@ def test_segments_uniform_is_a_weight_per_expert():
     for e in range(5):
         want = mxfp8.fake_quantize(w[e], dim=0).to(torch.bfloat16)
         _assert_same(got[e].cpu(), want, f"expert {e}")
+
+
+def _segmented(counts: list, cols: int, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Rows [sum(counts) + 7, cols] with the edge rows inside segments 3 and 5 (7 rows past the
+    last segment), and the int32 offsets of segments of `counts` rows."""
+    g = torch.Generator().manual_seed(seed)
+    x = (torch.randn(sum(counts) + 7, cols, generator=g) * 2).to(torch.bfloat16)
+    edges = _edge_rows(cols, g)
+    x[40:40 + edges.shape[0]] = edges
+    offsets = torch.tensor([0] + torch.tensor(counts).cumsum(0).tolist(), dtype=torch.int32)
+    return x, offsets
+
+
+SEGMENT_COUNTS = [0, 33, 1, 64, 0, 200, 31, 2000, 0]
+
+
+@pytest.mark.parametrize("cols", [32, 200, 7168])
+def test_round_both_is_columns_and_segments(cols):
+    """One pass gives mx_round_columns and mx_round_segments bit for bit (and the reference
+    along each row), short blocks at segment ends and at the last columns, empty segments,
+    NaN/Inf blocks; rows past the last segment stay as they were."""
+    x, offsets = _segmented(SEGMENT_COUNTS, cols, seed=cols)
+    n = int(offsets[-1])
+    xc, oc = x.cuda(), offsets.cuda()
+    along_k, along_n = ops.mx_round_both(xc, oc)
+    _assert_same(along_k[:n].cpu(), ops.mx_round_columns(xc)[:n].cpu(), "along K vs columns")
+    _assert_same(along_k[:n].cpu(), mxfp8.fake_quantize(x[:n], dim=1).to(torch.bfloat16),
+                 "along K vs the reference")
+    _assert_same(along_n[:n].cpu(), ops.mx_round_segments(xc, oc)[:n].cpu(),
+                 "along the rows vs segments")
+    poison = torch.full_like(xc, float("nan"))
+    along_k2, along_n2 = poison.clone(), poison.clone()
+    ops.extension().mx_round_both(xc, oc, along_k2, along_n2)
+    assert bool(along_k2[n:].isnan().all() and along_n2[n:].isnan().all()), \
+        "rows past the last segment were written"
+    assert torch.equal(along_k2[:n].view(torch.int16), along_k[:n].view(torch.int16))
+    assert torch.equal(along_n2[:n].view(torch.int16), along_n[:n].view(torch.int16))
+
+
+def test_round_both_refuses_bad_operands():
+    x = torch.zeros(8, 36, dtype=torch.bfloat16, device="cuda")
+    offsets = torch.tensor([0, 8], dtype=torch.int32, device="cuda")
+    with pytest.raises(RuntimeError, match="multiple of 8"):
+        ops.mx_round_both(x, offsets)
+    with pytest.raises(RuntimeError, match="offsets must be int32"):
+        ops.mx_round_both(x[:, :32].contiguous(), offsets.long())
 
 
 @pytest.mark.parametrize("form", FORMS)

@@ -1,0 +1,394 @@
+// One operand rounded both ways in one pass: the separate path's backward under an FP8 recipe
+// (mok_megatron/operands.py). Backward reads dY, dh and the recomputed token rows twice, along
+// K by a dgrad or FC1 (blocks along each row) and along each expert's rows by wgrad (blocks
+// from the segment's first row). Rounding them once per reader (quant/mx_round.cu) read each
+// operand twice and wrote it twice after the pull or kernel that produced it: 1.8 ms of a
+// 14.1 ms MXFP8 backward at DeepSeek E=8 T=4096 (perf-log session 20). Here one pass reads it
+// once and writes both forms, bit for bit what the one-way kernels write, the rows read from
+// a bf16 matrix or pulled straight from the peers' published rows (a pulled operand never
+// lands unrounded). Rows outside every segment are not written.
+//
+// MXFP8 (mx_round_both_kernel, blocks of 32 both ways): both forms bf16 values, as
+// mx_round_columns and mx_round_segments write them. A warp takes one block of rows (<= 32
+// rows of one segment) x 64 columns: lane 8 * quarter + g holds rows 8 * quarter ..
+// 8 * quarter + 7 of the block at columns 8 * g .. 8 * g + 7 of the span, one 16-byte vector
+// per row, all 8 loads in flight together. Along a row a 32-column block is 4 consecutive
+// lanes (two shuffles); along the rows a column's block is the lane's 8 rows and those of the
+// same g in the other quarters (two shuffles). (16 rows per lane held 64 registers of values
+// and spilled at the 128 that 2 CTAs per SM allow.)
+//
+// Blockwise FP8 (fp8_quantize_round_both_kernel, blocks of 128 both ways): along K the FP8
+// engine's A operand as mx_quantize_columns writes it (E4M3 codes, E8M0 scale codes
+// transposed: ops.fp8_quantize_rows' layout), along the rows bf16 values as
+// mx_round_segments<128> writes them. A CTA takes one block of rows (<= 128 rows of one
+// segment) x 128 columns: thread t holds rows t / 16 + 16 i (i < 8) at vector t % 16, so a
+// row's block is 16 consecutive lanes (four shuffles) and a column's block is the thread's 8
+// rows, the other row group of its warp (one shuffle) and the CTA's 8 warps (shared memory).
+#include <ATen/cuda/CUDAContext.h>
+#include <cuda_bf16.h>
+#include <torch/extension.h>
+
+#include "comm/peer_row.cuh"
+#include "common/error.cuh"
+#include "common/vec.cuh"
+#include "config/kernel_config.cuh"
+#include "ops.h"
+#include "quant/column_block.cuh"
+#include "quant/mx_format.cuh"
+
+namespace mok {
+namespace {
+
+constexpr int kCtasPerSm = 2;  // 124 registers per thread, no spills
+// MXFP8
+constexpr int kLaneRows = kMxBlock / 4;  // rows of a block one lane holds
+constexpr int kSpanCols = 8 * 8;         // columns of a warp's span: 8 lanes x 8
+static_assert(kMxBlock == 32, "a block of rows is the four quarters of a warp");
+// Blockwise FP8
+constexpr int kWideBlock = kFp8ScaleBlock;
+constexpr int kWideLanes = kWideBlock / 8;                      // a row's block: 16 lanes
+constexpr int kWideRowsPerPass = kMxRoundThreads / kWideLanes;  // 16 row groups
+constexpr int kWidePasses = kWideBlock / kWideRowsPerPass;      // 8 rows per thread
+static_assert(kWideLanes == 16 && kWidePasses == 8, "two row groups per warp, 8 rows each");
+
+// |v|'s bits (ordered as the magnitudes are) or, for NaN and Inf, a larger marker: the max of
+// a block's markers is its amax's bits, or the marker when the block is not finite.
+constexpr uint32_t kNotFinite = 0xFFFFFFFFu;
+
+__device__ __forceinline__ uint32_t magnitude_bits(__nv_bfloat16 v) {
+  const float f = __bfloat162float(v);
+  return isfinite(f) ? __float_as_uint(fabsf(f)) : kNotFinite;
+}
+
+// The scale exponent of a block from its max marker; finite is false for a NaN block.
+__device__ __forceinline__ int block_exponent(uint32_t bits, bool& finite) {
+  finite = bits != kNotFinite;
+  return finite ? mx_scale_exponent(__uint_as_float(bits)) : 0;
+}
+
+__device__ __forceinline__ __nv_bfloat16 rounded(__nv_bfloat16 v, int e, bool finite) {
+  return finite ? __float2bfloat16_rn(mx_round(__bfloat162float(v), e)) : bf16_nan();
+}
+
+// The rows of a bf16 matrix [rows, vecs 16-byte vectors].
+struct MatrixRows {
+  const int4* x;
+  int vecs;
+
+  __device__ const int4* row(int64_t r) const { return x + r * vecs; }
+};
+
+// The schedule's rows in the peers' published token rows (a pull, as comm/rows.cu's).
+struct PeerRows {
+  const int64_t* peer_bases;
+  int64_t offset;
+  const int32_t* row_slot;
+  int64_t per_rank;
+  int topk;
+  int64_t row_bytes;
+
+  __device__ const int4* row(int64_t r) const {
+    return reinterpret_cast<const int4*>(
+        peer_row(peer_bases, offset, row_slot[r], per_rank, topk, row_bytes));
+  }
+};
+
+template <class Rows>
+__global__ void __launch_bounds__(kMxRoundThreads, kCtasPerSm)
+    mx_round_both_kernel(Rows src, int cols, const int32_t* __restrict__ offsets, int segments,
+                         int4* __restrict__ along_k, int4* __restrict__ along_n) {
+  __shared__ int64_t first_block[kGemmMaxExperts + 1];
+  if (threadIdx.x == 0) number_row_blocks<kMxBlock>(offsets, segments, 0, first_block);
+  __syncthreads();
+  const int lane = threadIdx.x % 32, quarter = lane / 8, g = lane % 8;
+  const int vecs = cols / 8;
+  const int spans = (cols + kSpanCols - 1) / kSpanCols;
+  const int64_t work = first_block[segments] * spans;
+  const int64_t warps = static_cast<int64_t>(gridDim.x) * (blockDim.x / 32);
+  for (int64_t w = static_cast<int64_t>(blockIdx.x) * (blockDim.x / 32) + threadIdx.x / 32;
+       w < work; w += warps) {
+    const int64_t b = w / spans;
+    const int v = static_cast<int>(w % spans) * (kSpanCols / 8) + g;  // this lane's vector
+    const int s = segment_of_block(first_block, segments, b);
+    const int64_t r0 = offsets[s] + (b - first_block[s]) * kMxBlock + quarter * kLaneRows;
+    const int rows = static_cast<int>(
+        max(int64_t{0}, min(static_cast<int64_t>(kLaneRows), offsets[s + 1] - r0)));
+    const bool here = v < vecs;  // lanes past the last column hold zeros (no amax, no store)
+    Bf16x8 x[kLaneRows];
+#pragma unroll
+    for (int i = 0; i < kLaneRows; ++i) {
+      x[i].raw = here && i < rows ? src.row(r0 + i)[v] : make_int4(0, 0, 0, 0);
+    }
+    uint32_t col_bits[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+    uint32_t row_bits[kLaneRows];
+#pragma unroll
+    for (int i = 0; i < kLaneRows; ++i) {
+      row_bits[i] = 0;
+#pragma unroll
+      for (int j = 0; j < 8; ++j) {
+        const uint32_t m = magnitude_bits(x[i].v[j]);
+        row_bits[i] = max(row_bits[i], m);
+        col_bits[j] = max(col_bits[j], m);
+      }
+    }
+#pragma unroll
+    for (int j = 0; j < 8; ++j) {
+      col_bits[j] = max(col_bits[j], __shfl_xor_sync(0xffffffffu, col_bits[j], 8));
+      col_bits[j] = max(col_bits[j], __shfl_xor_sync(0xffffffffu, col_bits[j], 16));
+    }
+#pragma unroll
+    for (int i = 0; i < kLaneRows; ++i) {
+      row_bits[i] = max(row_bits[i], __shfl_xor_sync(0xffffffffu, row_bits[i], 1));
+      row_bits[i] = max(row_bits[i], __shfl_xor_sync(0xffffffffu, row_bits[i], 2));
+    }
+    if (!here) continue;
+    int col_e[8];
+    bool col_ok[8];
+#pragma unroll
+    for (int j = 0; j < 8; ++j) col_e[j] = block_exponent(col_bits[j], col_ok[j]);
+#pragma unroll
+    for (int i = 0; i < kLaneRows; ++i) {
+      if (i >= rows) break;
+      bool row_ok;
+      const int row_e = block_exponent(row_bits[i], row_ok);
+      Bf16x8 k, n;
+#pragma unroll
+      for (int j = 0; j < 8; ++j) {
+        k.v[j] = rounded(x[i].v[j], row_e, row_ok);
+        n.v[j] = rounded(x[i].v[j], col_e[j], col_ok[j]);
+      }
+      const int64_t at = (r0 + i) * vecs + v;
+      along_k[at] = k.raw;
+      along_n[at] = n.raw;
+    }
+  }
+}
+
+template <class Rows>
+__global__ void __launch_bounds__(kMxRoundThreads, kCtasPerSm)
+    fp8_quantize_round_both_kernel(Rows src, int cols, const int32_t* __restrict__ offsets,
+                                   int segments, uint8_t* __restrict__ codes,
+                                   int64_t code_stride, uint8_t* __restrict__ scales,
+                                   int64_t scale_stride, int4* __restrict__ along_n) {
+  __shared__ int64_t first_block[kGemmMaxExperts + 1];
+  __shared__ uint32_t warp_col_bits[kMxRoundThreads / 32][kWideBlock];
+  if (threadIdx.x == 0) number_row_blocks<kWideBlock>(offsets, segments, 0, first_block);
+  __syncthreads();
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+  const int g = threadIdx.x % kWideLanes, row_group = threadIdx.x / kWideLanes;
+  const int vecs = cols / 8;
+  const int spans = (cols + kWideBlock - 1) / kWideBlock;
+  const int64_t work = first_block[segments] * spans;
+  for (int64_t w = blockIdx.x; w < work; w += gridDim.x) {
+    const int64_t b = w / spans;
+    const int span = static_cast<int>(w % spans);
+    const int v = span * kWideLanes + g;  // this thread's vector
+    const int s = segment_of_block(first_block, segments, b);
+    const int64_t r0 = offsets[s] + (b - first_block[s]) * kWideBlock;
+    const int len = static_cast<int>(min(static_cast<int64_t>(kWideBlock), offsets[s + 1] - r0));
+    const bool here = v < vecs;  // lanes past the last column hold zeros (no amax, no store)
+    Bf16x8 x[kWidePasses];
+#pragma unroll
+    for (int i = 0; i < kWidePasses; ++i) {
+      const int r = row_group + kWideRowsPerPass * i;
+      x[i].raw = here && r < len ? src.row(r0 + r)[v] : make_int4(0, 0, 0, 0);
+    }
+    uint32_t col_bits[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+    uint32_t row_bits[kWidePasses];
+#pragma unroll
+    for (int i = 0; i < kWidePasses; ++i) {
+      row_bits[i] = 0;
+#pragma unroll
+      for (int j = 0; j < 8; ++j) {
+        const uint32_t m = magnitude_bits(x[i].v[j]);
+        row_bits[i] = max(row_bits[i], m);
+        col_bits[j] = max(col_bits[j], m);
+      }
+#pragma unroll
+      for (int d = 1; d < kWideLanes; d *= 2) {
+        row_bits[i] = max(row_bits[i], __shfl_xor_sync(0xffffffffu, row_bits[i], d));
+      }
+    }
+#pragma unroll
+    for (int j = 0; j < 8; ++j) {
+      col_bits[j] = max(col_bits[j], __shfl_xor_sync(0xffffffffu, col_bits[j], kWideLanes));
+      if (lane < kWideLanes) warp_col_bits[warp][8 * g + j] = col_bits[j];
+    }
+    __syncthreads();
+#pragma unroll
+    for (int j = 0; j < 8; ++j) {
+#pragma unroll
+      for (int other = 0; other < kMxRoundThreads / 32; ++other) {
+        col_bits[j] = max(col_bits[j], warp_col_bits[other][8 * g + j]);
+      }
+    }
+    __syncthreads();  // every warp has read warp_col_bits before the next block writes it
+    if (!here) continue;
+    int col_e[8];
+    bool col_ok[8];
+#pragma unroll
+    for (int j = 0; j < 8; ++j) col_e[j] = block_exponent(col_bits[j], col_ok[j]);
+#pragma unroll
+    for (int i = 0; i < kWidePasses; ++i) {
+      const int r = row_group + kWideRowsPerPass * i;
+      if (r >= len) break;
+      bool row_ok;
+      const int row_e = block_exponent(row_bits[i], row_ok);
+      uint8_t q[8];
+      Bf16x8 n;
+#pragma unroll
+      for (int j = 0; j < 8; ++j) {
+        q[j] = row_ok ? mx_code(__bfloat162float(x[i].v[j]), row_e) : kE4m3Nan;
+        n.v[j] = rounded(x[i].v[j], col_e[j], col_ok[j]);
+      }
+      *reinterpret_cast<uint2*>(codes + (r0 + r) * code_stride + 8 * v) =
+          *reinterpret_cast<const uint2*>(q);
+      if (g == 0) {
+        scales[span * scale_stride + r0 + r] =
+            row_ok ? static_cast<uint8_t>(row_e + kE8m0Bias) : kE8m0Nan;
+      }
+      along_n[(r0 + r) * vecs + v] = n.raw;
+    }
+  }
+}
+
+// Checks the offsets and the bf16 output `what` names against [rows, cols] on `device`, and
+// returns the number of segments.
+int64_t check_both(const at::Tensor& offsets, const at::Tensor& out, int64_t rows, int64_t cols,
+                   const c10::Device& device, const char* what) {
+  MOK_HOST_CHECK(out.scalar_type() == at::kBFloat16 && out.is_contiguous() && out.dim() == 2 &&
+                     out.size(0) == rows && out.size(1) == cols && out.device() == device &&
+                     reinterpret_cast<uintptr_t>(out.data_ptr()) % 16 == 0,
+                 what, ": the bf16 outputs must be contiguous and 16-byte aligned [", rows, ", ",
+                 cols, "] on the rows' device, got ", out.sizes());
+  MOK_HOST_CHECK(cols % 8 == 0, what, ": rows must be whole 16-byte vectors (columns a "
+                 "multiple of 8), got ", cols, " columns");
+  MOK_HOST_CHECK(offsets.scalar_type() == at::kInt && offsets.dim() == 1 &&
+                     offsets.numel() >= 2 && offsets.is_contiguous() &&
+                     offsets.device() == device,
+                 what, ": offsets must be int32 [segments + 1] on the rows' device");
+  const int64_t segments = offsets.numel() - 1;
+  MOK_HOST_CHECK(segments <= kGemmMaxExperts, what, ": ", segments, " segments exceed ",
+                 kGemmMaxExperts);
+  return segments;
+}
+
+// CTAs for `units` units of work of `per_cta` each: all resident at kCtasPerSm per SM, fewer
+// when there is less work.
+int grid_for(int64_t units, int64_t per_cta) {
+  const int64_t resident =
+      static_cast<int64_t>(at::cuda::getCurrentDeviceProperties()->multiProcessorCount) *
+      kCtasPerSm;
+  return static_cast<int>(
+      std::max<int64_t>(1, std::min(resident, (units + per_cta - 1) / per_cta)));
+}
+
+// Where an operand's rows come from: x [rows, cols], or the schedule's rows pulled from the
+// peers' bf16 token rows (rows = the outputs', cols = H).
+struct Source {
+  const at::Tensor* x;
+  const at::Tensor* peer_bases;
+  int64_t src_offset;
+  const at::Tensor* row_slot;
+  int64_t max_tokens, topk;
+
+  template <class Run>
+  void visit(int64_t rows, int64_t cols, const char* what, Run run) const {
+    if (x != nullptr) {
+      MOK_HOST_CHECK(x->is_cuda() && x->dim() == 2 && x->scalar_type() == at::kBFloat16 &&
+                         x->is_contiguous() && x->size(0) == rows && x->size(1) == cols &&
+                         reinterpret_cast<uintptr_t>(x->data_ptr()) % 16 == 0,
+                     what, ": x must be a contiguous 16-byte aligned bf16 CUDA tensor [", rows,
+                     ", ", cols, "], got ", x->sizes());
+      run(MatrixRows{reinterpret_cast<const int4*>(x->data_ptr()), static_cast<int>(cols / 8)});
+      return;
+    }
+    MOK_HOST_CHECK(row_slot->scalar_type() == at::kInt && row_slot->is_contiguous() &&
+                       row_slot->numel() >= rows && peer_bases->scalar_type() == at::kLong,
+                   what, ": row_slot must be int32 with a slot per row, peer_bases int64");
+    MOK_HOST_CHECK(src_offset % 16 == 0, what, ": the source region must be 16-byte aligned");
+    run(PeerRows{peer_bases->data_ptr<int64_t>(), src_offset, row_slot->data_ptr<int32_t>(),
+                 max_tokens * topk, static_cast<int>(topk), cols * 2});
+  }
+};
+
+void mx_both(const Source& src, const at::Tensor& offsets, at::Tensor& along_k,
+             at::Tensor& along_n, const char* what) {
+  MOK_HOST_CHECK(along_k.dim() == 2, what, ": along_k must be [rows, cols]");
+  const int64_t rows = along_k.size(0), cols = along_k.size(1);
+  const c10::Device device = offsets.device();
+  check_both(offsets, along_k, rows, cols, device, what);
+  const int64_t segments = check_both(offsets, along_n, rows, cols, device, what);
+  src.visit(rows, cols, what, [&](auto rows_of) {
+    if (rows == 0 || cols == 0) return;
+    // A warp per (row block, span): at most one block per 32 rows plus a short one per segment.
+    const int64_t units = (rows / kMxBlock + segments) * ((cols + kSpanCols - 1) / kSpanCols);
+    mx_round_both_kernel<<<grid_for(units, kMxRoundThreads / 32), kMxRoundThreads, 0,
+                           at::cuda::getCurrentCUDAStream()>>>(
+        rows_of, static_cast<int>(cols), offsets.data_ptr<int32_t>(), static_cast<int>(segments),
+        reinterpret_cast<int4*>(along_k.data_ptr()), reinterpret_cast<int4*>(along_n.data_ptr()));
+    MOK_LAUNCH_CHECK();
+  });
+}
+
+void fp8_both(const Source& src, const at::Tensor& offsets, at::Tensor& codes,
+              at::Tensor& scales, at::Tensor& along_n, const char* what) {
+  MOK_HOST_CHECK(along_n.dim() == 2, what, ": along_n must be [rows, cols]");
+  const int64_t rows = along_n.size(0), cols = along_n.size(1);
+  const int64_t segments = check_both(offsets, along_n, rows, cols, offsets.device(), what);
+  MOK_HOST_CHECK(codes.dim() == 2 && codes.element_size() == 1 && codes.size(0) == rows &&
+                     codes.size(1) == cols && codes.stride(1) == 1 &&
+                     codes.stride(0) % 16 == 0 && codes.device() == offsets.device() &&
+                     reinterpret_cast<uintptr_t>(codes.data_ptr()) % 16 == 0,
+                 what, ": codes must be one-byte [", rows, ", ", cols, "] with 16-byte aligned "
+                 "rows");
+  MOK_HOST_CHECK(scales.dim() == 2 && scales.scalar_type() == at::kByte &&
+                     scales.is_contiguous() && scales.device() == offsets.device() &&
+                     scales.size(0) == (cols + kWideBlock - 1) / kWideBlock &&
+                     scales.size(1) >= rows,
+                 what, ": scales must be uint8 [", (cols + kWideBlock - 1) / kWideBlock,
+                 ", >= ", rows, "], got ", scales.sizes());
+  src.visit(rows, cols, what, [&](auto rows_of) {
+    if (rows == 0 || cols == 0) return;
+    // A CTA per (row block, span).
+    const int64_t units =
+        (rows / kWideBlock + segments) * ((cols + kWideBlock - 1) / kWideBlock);
+    fp8_quantize_round_both_kernel<<<grid_for(units, 1), kMxRoundThreads, 0,
+                                     at::cuda::getCurrentCUDAStream()>>>(
+        rows_of, static_cast<int>(cols), offsets.data_ptr<int32_t>(), static_cast<int>(segments),
+        static_cast<uint8_t*>(codes.data_ptr()), codes.stride(0), scales.data_ptr<uint8_t>(),
+        scales.stride(0), reinterpret_cast<int4*>(along_n.data_ptr()));
+    MOK_LAUNCH_CHECK();
+  });
+}
+
+}  // namespace
+
+void mx_round_both(const at::Tensor& x, const at::Tensor& offsets, at::Tensor& along_k,
+                   at::Tensor& along_n) {
+  mx_both(Source{&x, nullptr, 0, nullptr, 0, 0}, offsets, along_k, along_n, "mx_round_both");
+}
+
+void pull_rows_mx_round_both(const at::Tensor& peer_bases, int64_t src_offset,
+                             const at::Tensor& row_slot, const at::Tensor& offsets,
+                             int64_t max_tokens, int64_t topk, at::Tensor& along_k,
+                             at::Tensor& along_n) {
+  mx_both(Source{nullptr, &peer_bases, src_offset, &row_slot, max_tokens, topk}, offsets,
+          along_k, along_n, "pull_rows_mx_round_both");
+}
+
+void fp8_quantize_round_both(const at::Tensor& x, const at::Tensor& offsets, at::Tensor& codes,
+                             at::Tensor& scales, at::Tensor& along_n) {
+  fp8_both(Source{&x, nullptr, 0, nullptr, 0, 0}, offsets, codes, scales, along_n,
+           "fp8_quantize_round_both");
+}
+
+void pull_rows_fp8_quantize_round_both(const at::Tensor& peer_bases, int64_t src_offset,
+                                       const at::Tensor& row_slot, const at::Tensor& offsets,
+                                       int64_t max_tokens, int64_t topk, at::Tensor& codes,
+                                       at::Tensor& scales, at::Tensor& along_n) {
+  fp8_both(Source{nullptr, &peer_bases, src_offset, &row_slot, max_tokens, topk}, offsets,
+           codes, scales, along_n, "pull_rows_fp8_quantize_round_both");
+}
+
+}  // namespace mok
