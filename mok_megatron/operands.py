@@ -81,8 +81,8 @@ def _grouped(a: torch.Tensor, b: torch.Tensor, offs: torch.Tensor) -> torch.Tens
     return torch._grouped_mm(a, b, offs=offs)
 
 
-def _rows(sched: "Schedule", cols: int, like: torch.Tensor) -> torch.Tensor:
-    return torch.empty(sched.capacity, cols, dtype=torch.bfloat16, device=like.device)
+def _rows(sched: "Schedule", cols: int) -> torch.Tensor:
+    return torch.empty(sched.capacity, cols, dtype=torch.bfloat16, device=sched.row_slot.device)
 
 
 class Bf16Operands:
@@ -99,7 +99,7 @@ class Bf16Operands:
     def fc1(self, plan: "Plan", sched: "Schedule", rows: torch.Tensor):
         """-> (h [cap, F1], act = act(h) * p [cap, F])."""
         h = _grouped(rows, plan.w1.transpose(1, 2), sched.offs)
-        act = _rows(sched, plan.ffn, rows)
+        act = _rows(sched, plan.ffn)
         ops.activation_forward(h, sched.row_prob, sched.num_rows, plan.activation, act)
         return h, act
 
@@ -157,23 +157,23 @@ class _QuantizedOperands(Bf16Operands, abc.ABC):
 
     def fc1_prepared(self, plan, sched, rows):
         """FC1 of rows already prepared (pulled so: separate_path.forward)."""
-        h = _rows(sched, plan.w1.shape[1], sched.row_slot)
+        h = _rows(sched, plan.w1.shape[1])
         act = self._gemm(plan, sched, rows, self.weights.w1,
-                         _rows(sched, plan.ffn, sched.row_slot), activation=plan.activation,
+                         _rows(sched, plan.ffn), activation=plan.activation,
                          row_prob=sched.row_prob, h_out=h)
         return h, act
 
     def fc2(self, plan, sched, act):
         return self._gemm(plan, sched, self._prepare(sched, act), self.weights.w2,
-                          _rows(sched, plan.w2.shape[1], act))
+                          _rows(sched, plan.w2.shape[1]))
 
     def fc2_dgrad(self, plan, sched, dout):
         return self._gemm(plan, sched, self._along_k(sched, dout), self.weights.w2_t,
-                          _rows(sched, plan.ffn, dout))
+                          _rows(sched, plan.ffn))
 
     def fc1_dgrad(self, plan, sched, dh):
         return self._gemm(plan, sched, self._along_k(sched, dh), self.weights.w1_t,
-                          _rows(sched, plan.w1.shape[2], dh))
+                          _rows(sched, plan.w1.shape[2]))
 
     def wgrad(self, plan, sched, dout, act, dh, rows):
         return super().wgrad(plan, sched,

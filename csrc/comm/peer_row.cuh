@@ -1,5 +1,5 @@
-// Where a row of the schedule lives in a peer's region: the address arithmetic every row mover
-// shares (comm/rows.cu, quant/mx_round_both.cu). A row's slot is its flat index
+// Where a row of the schedule lives in a peer's region: the row movers' address arithmetic
+// (comm/rows.cu; quant/mx_round_both.cu does the same in 32 bits). A row's slot is its flat index
 //   flat = source * max_tokens * topk + token * topk + slot
 // (schedule/build_schedule.cu writes it in row_slot).
 #pragma once

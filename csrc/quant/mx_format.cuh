@@ -46,8 +46,8 @@ __device__ __forceinline__ float mx_value(__nv_fp8_storage_t q, int e) {
   return __fmul_rn(__half2float(__half(__nv_cvt_fp8_to_halfraw(q, __NV_E4M3))), exact_exp2(e));
 }
 
-// v at scale 2^e rounded to E4M3 and back: MXFP8's value for v (an operand rounded to
-// bf16 copies, quant/mx_round.cu and quant/mx_round_both.cu).
+// v at scale 2^e rounded to E4M3 and back: MXFP8's value for v (quant/mx_round.cu's bf16
+// copies of an operand; quant/mx_round_both.cu computes the same two values at a time).
 __device__ __forceinline__ float mx_round(float v, int e) { return mx_value(mx_code(v, e), e); }
 
 __device__ __forceinline__ __nv_bfloat16 bf16_nan() {

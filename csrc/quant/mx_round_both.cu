@@ -28,7 +28,6 @@
 #include <cuda_bf16.h>
 #include <torch/extension.h>
 
-#include "comm/peer_row.cuh"
 #include "common/error.cuh"
 #include "common/vec.cuh"
 #include "config/kernel_config.cuh"
@@ -51,23 +50,59 @@ constexpr int kWideRowsPerPass = kMxRoundThreads / kWideLanes;  // 16 row groups
 constexpr int kWidePasses = kWideBlock / kWideRowsPerPass;      // 8 rows per thread
 static_assert(kWideLanes == 16 && kWidePasses == 8, "two row groups per warp, 8 rows each");
 
-// |v|'s bits (ordered as the magnitudes are) or, for NaN and Inf, a larger marker: the max of
-// a block's markers is its amax's bits, or the marker when the block is not finite.
-constexpr uint32_t kNotFinite = 0xFFFFFFFFu;
+// A block's amax from the bf16 bit patterns: |v| is a value's pattern & 0x7FFF, and finite
+// magnitudes order as those 15-bit patterns do while NaN and Inf (>= 0x7F80) exceed them all,
+// so the max pattern of a block (two per word: __vmaxu2) is its amax's, or says it holds a NaN
+// or an Inf. (Per-value float compares made the first version of these kernels issue-bound at
+// 1.5-2.1 TB/s, perf-log session 21.)
+constexpr uint32_t kBf16Inf = 0x7F80;
 
-__device__ __forceinline__ uint32_t magnitude_bits(__nv_bfloat16 v) {
-  const float f = __bfloat162float(v);
-  return isfinite(f) ? __float_as_uint(fabsf(f)) : kNotFinite;
+__device__ __forceinline__ uint32_t magnitudes(uint32_t pair) { return pair & 0x7FFF7FFFu; }
+__device__ __forceinline__ uint32_t larger_halves(uint32_t a, uint32_t b) {
+  return __vmaxu2(a, b);
 }
 
-// The scale exponent of a block from its max marker; finite is false for a NaN block.
-__device__ __forceinline__ int block_exponent(uint32_t bits, bool& finite) {
-  finite = bits != kNotFinite;
-  return finite ? mx_scale_exponent(__uint_as_float(bits)) : 0;
+// A block's scale from its max magnitude pattern: the E8M0 exponent e (mxfp8.scale_exponent,
+// as mx_scale_exponent of the amax) and the factors 2^-e and 2^e, the latter NaN for a block
+// with a NaN or an Inf so that all its values come out NaN.
+struct BlockScale {
+  int e;
+  bool finite;
+  float down, up;
+
+  __device__ __forceinline__ explicit BlockScale(uint32_t max_pattern) {
+    finite = max_pattern < kBf16Inf;
+    e = mx_scale_exponent(__uint_as_float(max_pattern << 16));
+    down = exact_exp2(-e);
+    up = finite ? exact_exp2(e) : __uint_as_float(0x7FC00000u);
+  }
+};
+
+// Two values' E4M3 codes at their blocks' scales (mx_code, two per conversion) and the codes'
+// values times 2^e as a bf16 pair (mx_round's result, rounded to bf16 as mx_round_vector).
+__device__ __forceinline__ __nv_fp8x2_storage_t code_pair(float a, float b, float down_a,
+                                                          float down_b) {
+  return __nv_cvt_float2_to_fp8x2(make_float2(__fmul_rn(a, down_a), __fmul_rn(b, down_b)),
+                                  __NV_SATFINITE, __NV_E4M3);
 }
 
-__device__ __forceinline__ __nv_bfloat16 rounded(__nv_bfloat16 v, int e, bool finite) {
-  return finite ? __float2bfloat16_rn(mx_round(__bfloat162float(v), e)) : bf16_nan();
+__device__ __forceinline__ uint32_t value_pair(__nv_fp8x2_storage_t q, float up_a, float up_b) {
+  const float2 f = __half22float2(__half2(__nv_cvt_fp8x2_to_halfraw2(q, __NV_E4M3)));
+  return pack_bf16x2(__fmul_rn(f.x, up_a), __fmul_rn(f.y, up_b));
+}
+
+// A vector's 8 values rounded at one scale per value pair position: scales[k] for values 2k
+// and 2k + 1 (MXFP8 along K: one block's scale for all; along the rows: each column's).
+__device__ __forceinline__ int4 round_vector(const uint32_t (&w)[4], const BlockScale* lo,
+                                             const BlockScale* hi, int stride) {
+  uint32_t o[4];
+#pragma unroll
+  for (int k = 0; k < 4; ++k) {
+    const BlockScale& a = lo[k * stride];
+    const BlockScale& b = hi[k * stride];
+    o[k] = value_pair(code_pair(bf16_of(w[k], 0), bf16_of(w[k], 1), a.down, b.down), a.up, b.up);
+  }
+  return make_int4(o[0], o[1], o[2], o[3]);
 }
 
 // The rows of a bf16 matrix [rows, vecs 16-byte vectors].
@@ -78,18 +113,23 @@ struct MatrixRows {
   __device__ const int4* row(int64_t r) const { return x + r * vecs; }
 };
 
-// The schedule's rows in the peers' published token rows (a pull, as comm/rows.cu's).
+// The schedule's rows in the peers' published token rows (a pull; comm/peer_row.cuh's
+// addressing in 32-bit arithmetic: a slot is an int32, and each lane finds 8 rows, where the
+// 64-bit divisions were most of the kernel's integer work).
 struct PeerRows {
   const int64_t* peer_bases;
   int64_t offset;
   const int32_t* row_slot;
-  int64_t per_rank;
-  int topk;
+  uint32_t per_rank;  // max_tokens * topk
+  uint32_t topk;
   int64_t row_bytes;
 
   __device__ const int4* row(int64_t r) const {
+    const uint32_t flat = static_cast<uint32_t>(row_slot[r]);
+    const uint32_t peer = flat / per_rank;
+    const uint32_t token = (flat - peer * per_rank) / topk;
     return reinterpret_cast<const int4*>(
-        peer_row(peer_bases, offset, row_slot[r], per_rank, topk, row_bytes));
+        reinterpret_cast<const char*>(peer_bases[peer] + offset) + token * row_bytes);
   }
 };
 
@@ -114,52 +154,53 @@ __global__ void __launch_bounds__(kMxRoundThreads, kCtasPerSm)
     const int rows = static_cast<int>(
         max(int64_t{0}, min(static_cast<int64_t>(kLaneRows), offsets[s + 1] - r0)));
     const bool here = v < vecs;  // lanes past the last column hold zeros (no amax, no store)
-    Bf16x8 x[kLaneRows];
+    uint32_t x[kLaneRows][4];
 #pragma unroll
     for (int i = 0; i < kLaneRows; ++i) {
-      x[i].raw = here && i < rows ? src.row(r0 + i)[v] : make_int4(0, 0, 0, 0);
+      const int4 v4 = here && i < rows ? src.row(r0 + i)[v] : make_int4(0, 0, 0, 0);
+      x[i][0] = v4.x, x[i][1] = v4.y, x[i][2] = v4.z, x[i][3] = v4.w;
     }
-    uint32_t col_bits[8] = {0, 0, 0, 0, 0, 0, 0, 0};
-    uint32_t row_bits[kLaneRows];
+    // Max magnitude patterns: per column pair over the rows, per row (two rows a word).
+    uint32_t col_max[4] = {0, 0, 0, 0};
+    uint32_t row_max[kLaneRows / 2];
 #pragma unroll
     for (int i = 0; i < kLaneRows; ++i) {
-      row_bits[i] = 0;
+      uint32_t m = 0;
 #pragma unroll
-      for (int j = 0; j < 8; ++j) {
-        const uint32_t m = magnitude_bits(x[i].v[j]);
-        row_bits[i] = max(row_bits[i], m);
-        col_bits[j] = max(col_bits[j], m);
+      for (int k = 0; k < 4; ++k) {
+        const uint32_t mk = magnitudes(x[i][k]);
+        col_max[k] = larger_halves(col_max[k], mk);
+        m = larger_halves(m, mk);
       }
+      m = max(m & 0xFFFFu, m >> 16);
+      row_max[i / 2] = i % 2 == 0 ? m : row_max[i / 2] | (m << 16);
     }
 #pragma unroll
-    for (int j = 0; j < 8; ++j) {
-      col_bits[j] = max(col_bits[j], __shfl_xor_sync(0xffffffffu, col_bits[j], 8));
-      col_bits[j] = max(col_bits[j], __shfl_xor_sync(0xffffffffu, col_bits[j], 16));
+    for (int k = 0; k < 4; ++k) {
+      col_max[k] = larger_halves(col_max[k], __shfl_xor_sync(0xffffffffu, col_max[k], 8));
+      col_max[k] = larger_halves(col_max[k], __shfl_xor_sync(0xffffffffu, col_max[k], 16));
     }
 #pragma unroll
-    for (int i = 0; i < kLaneRows; ++i) {
-      row_bits[i] = max(row_bits[i], __shfl_xor_sync(0xffffffffu, row_bits[i], 1));
-      row_bits[i] = max(row_bits[i], __shfl_xor_sync(0xffffffffu, row_bits[i], 2));
+    for (int p = 0; p < kLaneRows / 2; ++p) {
+      row_max[p] = larger_halves(row_max[p], __shfl_xor_sync(0xffffffffu, row_max[p], 1));
+      row_max[p] = larger_halves(row_max[p], __shfl_xor_sync(0xffffffffu, row_max[p], 2));
     }
     if (!here) continue;
-    int col_e[8];
-    bool col_ok[8];
-#pragma unroll
-    for (int j = 0; j < 8; ++j) col_e[j] = block_exponent(col_bits[j], col_ok[j]);
+    BlockScale col[8] = {
+        BlockScale(col_max[0] & 0xFFFFu), BlockScale(col_max[0] >> 16),
+        BlockScale(col_max[1] & 0xFFFFu), BlockScale(col_max[1] >> 16),
+        BlockScale(col_max[2] & 0xFFFFu), BlockScale(col_max[2] >> 16),
+        BlockScale(col_max[3] & 0xFFFFu), BlockScale(col_max[3] >> 16)};
 #pragma unroll
     for (int i = 0; i < kLaneRows; ++i) {
-      if (i >= rows) break;
-      bool row_ok;
-      const int row_e = block_exponent(row_bits[i], row_ok);
-      Bf16x8 k, n;
-#pragma unroll
-      for (int j = 0; j < 8; ++j) {
-        k.v[j] = rounded(x[i].v[j], row_e, row_ok);
-        n.v[j] = rounded(x[i].v[j], col_e[j], col_ok[j]);
+      const BlockScale row(i % 2 == 0 ? row_max[i / 2] & 0xFFFFu : row_max[i / 2] >> 16);
+      const int4 k = round_vector(x[i], &row, &row, 0);
+      const int4 n = round_vector(x[i], &col[0], &col[1], 2);
+      if (i < rows) {
+        const int64_t at = (r0 + i) * vecs + v;
+        along_k[at] = k;
+        along_n[at] = n;
       }
-      const int64_t at = (r0 + i) * vecs + v;
-      along_k[at] = k.raw;
-      along_n[at] = n.raw;
     }
   }
 }
@@ -171,7 +212,7 @@ __global__ void __launch_bounds__(kMxRoundThreads, kCtasPerSm)
                                    int64_t code_stride, uint8_t* __restrict__ scales,
                                    int64_t scale_stride, int4* __restrict__ along_n) {
   __shared__ int64_t first_block[kGemmMaxExperts + 1];
-  __shared__ uint32_t warp_col_bits[kMxRoundThreads / 32][kWideBlock];
+  __shared__ uint32_t warp_col_max[kMxRoundThreads / 32][kWideBlock / 2];
   if (threadIdx.x == 0) number_row_blocks<kWideBlock>(offsets, segments, 0, first_block);
   __syncthreads();
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
@@ -187,67 +228,76 @@ __global__ void __launch_bounds__(kMxRoundThreads, kCtasPerSm)
     const int64_t r0 = offsets[s] + (b - first_block[s]) * kWideBlock;
     const int len = static_cast<int>(min(static_cast<int64_t>(kWideBlock), offsets[s + 1] - r0));
     const bool here = v < vecs;  // lanes past the last column hold zeros (no amax, no store)
-    Bf16x8 x[kWidePasses];
+    uint32_t x[kWidePasses][4];
 #pragma unroll
     for (int i = 0; i < kWidePasses; ++i) {
       const int r = row_group + kWideRowsPerPass * i;
-      x[i].raw = here && r < len ? src.row(r0 + r)[v] : make_int4(0, 0, 0, 0);
+      const int4 v4 = here && r < len ? src.row(r0 + r)[v] : make_int4(0, 0, 0, 0);
+      x[i][0] = v4.x, x[i][1] = v4.y, x[i][2] = v4.z, x[i][3] = v4.w;
     }
-    uint32_t col_bits[8] = {0, 0, 0, 0, 0, 0, 0, 0};
-    uint32_t row_bits[kWidePasses];
+    uint32_t col_max[4] = {0, 0, 0, 0};
+    uint32_t row_max[kWidePasses / 2];
 #pragma unroll
     for (int i = 0; i < kWidePasses; ++i) {
-      row_bits[i] = 0;
+      uint32_t m = 0;
 #pragma unroll
-      for (int j = 0; j < 8; ++j) {
-        const uint32_t m = magnitude_bits(x[i].v[j]);
-        row_bits[i] = max(row_bits[i], m);
-        col_bits[j] = max(col_bits[j], m);
+      for (int k = 0; k < 4; ++k) {
+        const uint32_t mk = magnitudes(x[i][k]);
+        col_max[k] = larger_halves(col_max[k], mk);
+        m = larger_halves(m, mk);
       }
+      m = max(m & 0xFFFFu, m >> 16);
+      row_max[i / 2] = i % 2 == 0 ? m : row_max[i / 2] | (m << 16);
+    }
+#pragma unroll
+    for (int p = 0; p < kWidePasses / 2; ++p) {
 #pragma unroll
       for (int d = 1; d < kWideLanes; d *= 2) {
-        row_bits[i] = max(row_bits[i], __shfl_xor_sync(0xffffffffu, row_bits[i], d));
+        row_max[p] = larger_halves(row_max[p], __shfl_xor_sync(0xffffffffu, row_max[p], d));
       }
     }
 #pragma unroll
-    for (int j = 0; j < 8; ++j) {
-      col_bits[j] = max(col_bits[j], __shfl_xor_sync(0xffffffffu, col_bits[j], kWideLanes));
-      if (lane < kWideLanes) warp_col_bits[warp][8 * g + j] = col_bits[j];
+    for (int k = 0; k < 4; ++k) {
+      col_max[k] = larger_halves(col_max[k],
+                                 __shfl_xor_sync(0xffffffffu, col_max[k], kWideLanes));
+      if (lane < kWideLanes) warp_col_max[warp][4 * g + k] = col_max[k];
     }
     __syncthreads();
 #pragma unroll
-    for (int j = 0; j < 8; ++j) {
+    for (int k = 0; k < 4; ++k) {
 #pragma unroll
       for (int other = 0; other < kMxRoundThreads / 32; ++other) {
-        col_bits[j] = max(col_bits[j], warp_col_bits[other][8 * g + j]);
+        col_max[k] = larger_halves(col_max[k], warp_col_max[other][4 * g + k]);
       }
     }
-    __syncthreads();  // every warp has read warp_col_bits before the next block writes it
+    __syncthreads();  // every warp has read warp_col_max before the next block writes it
     if (!here) continue;
-    int col_e[8];
-    bool col_ok[8];
-#pragma unroll
-    for (int j = 0; j < 8; ++j) col_e[j] = block_exponent(col_bits[j], col_ok[j]);
+    BlockScale col[8] = {
+        BlockScale(col_max[0] & 0xFFFFu), BlockScale(col_max[0] >> 16),
+        BlockScale(col_max[1] & 0xFFFFu), BlockScale(col_max[1] >> 16),
+        BlockScale(col_max[2] & 0xFFFFu), BlockScale(col_max[2] >> 16),
+        BlockScale(col_max[3] & 0xFFFFu), BlockScale(col_max[3] >> 16)};
 #pragma unroll
     for (int i = 0; i < kWidePasses; ++i) {
       const int r = row_group + kWideRowsPerPass * i;
-      if (r >= len) break;
-      bool row_ok;
-      const int row_e = block_exponent(row_bits[i], row_ok);
-      uint8_t q[8];
-      Bf16x8 n;
+      const BlockScale row(i % 2 == 0 ? row_max[i / 2] & 0xFFFFu : row_max[i / 2] >> 16);
+      uint32_t q[2];
 #pragma unroll
-      for (int j = 0; j < 8; ++j) {
-        q[j] = row_ok ? mx_code(__bfloat162float(x[i].v[j]), row_e) : kE4m3Nan;
-        n.v[j] = rounded(x[i].v[j], col_e[j], col_ok[j]);
+      for (int k = 0; k < 4; ++k) {
+        const uint32_t pair =
+            row.finite ? code_pair(bf16_of(x[i][k], 0), bf16_of(x[i][k], 1), row.down, row.down)
+                       : (uint32_t(kE4m3Nan) << 8 | kE4m3Nan);
+        q[k / 2] = k % 2 == 0 ? pair : q[k / 2] | (pair << 16);
       }
-      *reinterpret_cast<uint2*>(codes + (r0 + r) * code_stride + 8 * v) =
-          *reinterpret_cast<const uint2*>(q);
-      if (g == 0) {
-        scales[span * scale_stride + r0 + r] =
-            row_ok ? static_cast<uint8_t>(row_e + kE8m0Bias) : kE8m0Nan;
+      const int4 n = round_vector(x[i], &col[0], &col[1], 2);
+      if (r < len) {
+        *reinterpret_cast<uint2*>(codes + (r0 + r) * code_stride + 8 * v) = make_uint2(q[0], q[1]);
+        if (g == 0) {
+          scales[span * scale_stride + r0 + r] =
+              row.finite ? static_cast<uint8_t>(row.e + kE8m0Bias) : kE8m0Nan;
+        }
+        along_n[(r0 + r) * vecs + v] = n;
       }
-      along_n[(r0 + r) * vecs + v] = n.raw;
     }
   }
 }
@@ -307,8 +357,11 @@ struct Source {
                        row_slot->numel() >= rows && peer_bases->scalar_type() == at::kLong,
                    what, ": row_slot must be int32 with a slot per row, peer_bases int64");
     MOK_HOST_CHECK(src_offset % 16 == 0, what, ": the source region must be 16-byte aligned");
+    MOK_HOST_CHECK(max_tokens > 0 && topk > 0 && max_tokens * topk <= INT32_MAX, what,
+                   ": max_tokens x topk must be a positive int32");
     run(PeerRows{peer_bases->data_ptr<int64_t>(), src_offset, row_slot->data_ptr<int32_t>(),
-                 max_tokens * topk, static_cast<int>(topk), cols * 2});
+                 static_cast<uint32_t>(max_tokens * topk), static_cast<uint32_t>(topk),
+                 cols * 2});
   }
 };
 
