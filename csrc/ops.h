@@ -112,12 +112,10 @@ void fp8_grouped_gemm(const at::Tensor& a, const at::Tensor& a_scales, const at:
 // with row_prob folded in; h_out (optional) receives the bf16 pre-activation. rank: the EP
 // rank launching it, which names its timeout report (gemm/timeout_report.h). With w_scales,
 // W holds MXFP8 codes (float8_e4m3fn) and w_scales their E8M0 scales [E, N, ceil(K / 32)].
-// mx_out (with an activation): out rounded to MXFP8 along its columns (MXFP8's FC2 operand).
 void grouped_gemm(const at::Tensor& a, const at::Tensor& w, const at::Tensor& offsets,
                   const c10::optional<at::Tensor>& row_prob, int64_t activation, at::Tensor& out,
                   const c10::optional<at::Tensor>& h_out,
-                  const c10::optional<at::Tensor>& w_scales, bool mx_out, int64_t timeout_ns,
-                  int64_t rank);
+                  const c10::optional<at::Tensor>& w_scales, int64_t timeout_ns, int64_t rank);
 
 // megakernel/moe_forward.cu: pull-dispatch + FC1/activation + FC2 + push-combine in one
 // persistent launch. counters: int32 zeros (ops.megakernel_counters sizes them). h_out

@@ -132,9 +132,6 @@ class _QuantizedOperands(Bf16Operands, abc.ABC):
     # What the FP8 wire's pull delivers to FC1 (separate_path.forward, then fc1_prepared):
     # codes and scale codes, or else bf16 rows of the codes' values.
     fc1_reads_codes: bool
-    # Whether FC1's epilogue writes act as FC2 reads it (grouped_gemm's mx_out), so that fc2
-    # multiplies it as it is.
-    act_from_fc1 = False
 
     def __init__(self, weights):
         self.weights = weights
@@ -163,13 +160,12 @@ class _QuantizedOperands(Bf16Operands, abc.ABC):
         h = _rows(sched, plan.w1.shape[1])
         act = self._gemm(plan, sched, rows, self.weights.w1,
                          _rows(sched, plan.ffn), activation=plan.activation,
-                         row_prob=sched.row_prob, h_out=h,
-                         **({"mx_out": True} if self.act_from_fc1 else {}))
+                         row_prob=sched.row_prob, h_out=h)
         return h, act
 
     def fc2(self, plan, sched, act):
-        a = act if self.act_from_fc1 else self._prepare(sched, act)
-        return self._gemm(plan, sched, a, self.weights.w2, _rows(sched, plan.w2.shape[1]))
+        return self._gemm(plan, sched, self._prepare(sched, act), self.weights.w2,
+                          _rows(sched, plan.w2.shape[1]))
 
     def fc2_dgrad(self, plan, sched, dout):
         return self._gemm(plan, sched, self._along_k(sched, dout), self.weights.w2_t,
@@ -186,8 +182,7 @@ class _QuantizedOperands(Bf16Operands, abc.ABC):
 
 class Mxfp8Operands(_QuantizedOperands):
     """MXFP8: the activation operand per 1 x 32 of each row, rounded per call on the GPU
-    (csrc/quant/mx_round.cu; FC1's rows as the FP8 wire's pull delivers them, FC2's act by
-    FC1's epilogue, backward's by mx_round_both.cu), the weights per
+    (csrc/quant/mx_round.cu; FC1's rows as the FP8 wire's pull delivers them), the weights per
     32 x 1 of each weight row, quantized once per optimizer step (mxfp8_weights.py), every
     forward and dgrad GEMM on the tile engine (FC1's activation its epilogue): with the
     weights as codes (Mxfp8Weights) it dequantizes them to bf16 in shared memory per tile,
@@ -198,7 +193,6 @@ class Mxfp8Operands(_QuantizedOperands):
     block = ops.MX_BLOCK
     fc1_reads_codes = False
     rounds_both = True
-    act_from_fc1 = True
 
     def both_ways(self, sched, x):
         return RoundedBoth(*ops.mx_round_both(x, sched.offsets))

@@ -397,7 +397,7 @@ def gather_slot_values(values, ids, out):
 def grouped_gemm(a: torch.Tensor, w: torch.Tensor, offsets: torch.Tensor, out: torch.Tensor, *,
                  activation: Optional[str] = None, row_prob: Optional[torch.Tensor] = None,
                  h_out: Optional[torch.Tensor] = None, w_scales: Optional[torch.Tensor] = None,
-                 mx_out: bool = False, timeout_ns: int = 10**10, rank: int = 0) -> None:
+                 timeout_ns: int = 10**10, rank: int = 0) -> None:
     """The sm90 grouped GEMM tile engine: ``out[rows of e] = epilogue(a[rows of e] @ w[e].T)``,
     expert ``e`` owning rows ``offsets[e]:offsets[e+1]`` (int32, on the device).
 
@@ -410,11 +410,7 @@ def grouped_gemm(a: torch.Tensor, w: torch.Tensor, offsets: torch.Tensor, out: t
     With ``w_scales`` (uint8 E8M0 ``[E, ceil(K / 32), halves, N / halves padded to 16]``,
     halves = 2 for a gated activation), ``w`` holds MXFP8 codes (float8_e4m3fn ``[E, N, K]``,
     rows 16-byte aligned) dequantized in shared memory: the result is bit for bit this
-    engine's on the weights ``mx_round_columns`` rounds (mxfp8_weights.py makes both).
-
-    ``mx_out`` (with an activation): ``out`` rounded to MXFP8 along its columns in the
-    epilogue - bit for bit ``mx_round_columns`` of the act the epilogue would store otherwise
-    (FC1's act as MXFP8's FC2 reads it)."""
+    engine's on the weights ``mx_round_columns`` rounds (mxfp8_weights.py makes both)."""
     _check(a.is_cuda and w.is_cuda and out.is_cuda, "a, w and out must be CUDA tensors")
     w_dtype = torch.bfloat16 if w_scales is None else torch.float8_e4m3fn
     for name, t, dtype in (("a", a, torch.bfloat16), ("w", w, w_dtype),
@@ -422,9 +418,8 @@ def grouped_gemm(a: torch.Tensor, w: torch.Tensor, offsets: torch.Tensor, out: t
         _check(t.dtype == dtype, f"{name} must be {dtype}, got {t.dtype}")
     _cuda("offsets", offsets, torch.int32)
     act_id = _epilogue_id(activation, row_prob, rank)
-    _check(not mx_out or activation is not None, "mx_out rounds an activation's output")
-    extension().grouped_gemm(a, w, offsets, row_prob, act_id, out, h_out, w_scales, mx_out,
-                             timeout_ns, rank)
+    extension().grouped_gemm(a, w, offsets, row_prob, act_id, out, h_out, w_scales, timeout_ns,
+                             rank)
 
 
 MEGAKERNEL_BLOCK_M = 128  # csrc/config/kernel_config.cuh kGemmBlockM

@@ -10,8 +10,7 @@
 // bit, as this engine on the weights mx_round_columns rounds.
 //
 // The epilogue (plain for FC2; activation x prob for FC1, with the bf16 pre-activation h for
-// backward when h_out is given, and with mx_out the act rounded to MXFP8 along its columns as
-// MXFP8's FC2 reads it) and its staged TMA store: gemm/sm90/tile_epilogue.cuh.
+// backward when h_out is given) and its staged TMA store: gemm/sm90/tile_epilogue.cuh.
 //
 // Schedule: tiles are numbered expert-major (expert, m-block, n-block) from the device-side
 // offsets, so the host never learns the row counts; CTA b takes tiles b, b + grid, ...
@@ -44,7 +43,7 @@ struct SharedStorage {
 constexpr size_t kSharedBytes = aligned_smem_bytes<SharedStorage>();
 static_assert(kSharedBytes <= kMaxDynamicSmemBytes, "shared memory of one block per SM");
 
-template <int kAct, bool kMx, bool kMxOut>
+template <int kAct, bool kMx>
 __global__ void __launch_bounds__(kGemmThreads, 1)
     grouped_gemm_kernel(const __grid_constant__ CUtensorMap a_map,
                         const __grid_constant__ CUtensorMap w_map,
@@ -129,7 +128,7 @@ __global__ void __launch_bounds__(kGemmThreads, 1)
     } else {
       consume_tile(s.ring, it, k_blocks, tile, consumer, leader, acc, timeout_ns, report);
     }
-    store_rows_staged<kAct, kGemmBlockN, kMxOut>(acc, s.epilogue.out[consumer],
+    store_rows_staged<kAct>(acc, s.epilogue.out[consumer],
                             EpilogueTensor{&out_map, out, out_stride},
                             EpilogueTensor{&h_map, h_out, h_stride}, row0,
                             rows_left >= kStagedRows * (consumer + 1), rows_valid,
@@ -143,7 +142,7 @@ void launch(const CUtensorMap& a_map, const CUtensorMap& w_map,
             const CUtensorMap* w_scales_map, const CUtensorMap& out_map,
             const CUtensorMap& h_map, const at::Tensor& offsets, int num_experts, int n_out,
             int k_dim, const float* row_prob, at::Tensor& out, __nv_bfloat16* h_out,
-            int64_t h_stride, bool mx_out, int64_t timeout_ns, int64_t rank) {
+            int64_t h_stride, int64_t timeout_ns, int64_t rank) {
   auto run = [&](auto kernel, const CUtensorMap& scales_map) {
     launch_persistent(kernel, kSharedBytes, a_map, w_map, scales_map, out_map, h_map,
                       offsets.data_ptr<int32_t>(), num_experts, n_out, k_dim, row_prob,
@@ -151,16 +150,8 @@ void launch(const CUtensorMap& a_map, const CUtensorMap& w_map,
                       h_stride, static_cast<uint64_t>(timeout_ns),
                       timeout_report_device(kReportGroupedGemm, rank, timeout_ns));
   };
-  const CUtensorMap none{};
-  if constexpr (kAct != kPlain) {
-    if (mx_out) {
-      if (w_scales_map != nullptr) run(grouped_gemm_kernel<kAct, true, true>, *w_scales_map);
-      else run(grouped_gemm_kernel<kAct, false, true>, none);
-      return;
-    }
-  }
-  if (w_scales_map != nullptr) run(grouped_gemm_kernel<kAct, true, false>, *w_scales_map);
-  else run(grouped_gemm_kernel<kAct, false, false>, none);
+  if (w_scales_map != nullptr) run(grouped_gemm_kernel<kAct, true>, *w_scales_map);
+  else run(grouped_gemm_kernel<kAct, false>, CUtensorMap{});
 }
 
 }  // namespace
@@ -168,8 +159,7 @@ void launch(const CUtensorMap& a_map, const CUtensorMap& w_map,
 void grouped_gemm(const at::Tensor& a, const at::Tensor& w, const at::Tensor& offsets,
                   const c10::optional<at::Tensor>& row_prob, int64_t activation, at::Tensor& out,
                   const c10::optional<at::Tensor>& h_out,
-                  const c10::optional<at::Tensor>& w_scales, bool mx_out, int64_t timeout_ns,
-                  int64_t rank) {
+                  const c10::optional<at::Tensor>& w_scales, int64_t timeout_ns, int64_t rank) {
   MOK_HOST_CHECK(a.is_cuda() && w.is_cuda() && offsets.is_cuda() && out.is_cuda(),
                  "grouped_gemm: all tensors must be on the GPU");
   const bool mx = w_scales.has_value();
@@ -220,8 +210,6 @@ void grouped_gemm(const at::Tensor& a, const at::Tensor& w, const at::Tensor& of
   }
   MOK_HOST_CHECK(out.size(0) >= a.size(0) && out.size(1) == n_out,
                  "grouped_gemm: out must be [>= rows, ", n_out, "]");
-  MOK_HOST_CHECK(!mx_out || activation != kPlain,
-                 "grouped_gemm: mx_out rounds an activation epilogue's output (FC1's act)");
   MOK_HOST_CHECK(activation == kPlain || (row_prob && row_prob->is_cuda() &&
                                           row_prob->scalar_type() == at::kFloat &&
                                           row_prob->is_contiguous() &&
@@ -265,11 +253,11 @@ void grouped_gemm(const at::Tensor& a, const at::Tensor& w, const at::Tensor& of
             k = static_cast<int>(k_dim);
   if (activation == kPlain) {
     launch<kPlain>(a_map, w_map, mx ? &scales_map : nullptr, out_map, h_map, offsets, e, n, k,
-                   prob, out, h_ptr, h_stride, false, timeout_ns, rank);
+                   prob, out, h_ptr, h_stride, timeout_ns, rank);
   } else {
     MOK_DISPATCH_ACTIVATION(activation, KACT,
         launch<KACT>(a_map, w_map, mx ? &scales_map : nullptr, out_map, h_map, offsets, e, n,
-                     k, prob, out, h_ptr, h_stride, mx_out, timeout_ns, rank));
+                     k, prob, out, h_ptr, h_stride, timeout_ns, rank));
   }
 }
 

@@ -1,6 +1,5 @@
-// MXFP8's number format on the device, shared by the quantizers (quant/mx_round.cu,
-// quant/mx_round_both.cu), the GEMM stages that dequantize weights (gemm/sm90/mx_weight_stage.cuh),
-// the GEMM epilogue that rounds FC1's act (gemm/sm90/tile_epilogue.cuh) and the pull that
+// MXFP8's number format on the device, shared by the quantizers (quant/mx_round.cu), the
+// GEMM stages that dequantize weights (gemm/sm90/mx_weight_stage.cuh) and the pull that
 // dequantizes wire rows (comm/rows.cu), so all produce the same bf16 values bit for bit: an
 // E4M3 code times 2^e, e from an E8M0 scale code.
 #pragma once
@@ -48,26 +47,11 @@ __device__ __forceinline__ float mx_value(__nv_fp8_storage_t q, int e) {
 }
 
 // v at scale 2^e rounded to E4M3 and back: MXFP8's value for v (quant/mx_round.cu's bf16
-// copies of an operand; mx_code_pair and mx_value_pair below give the same two at a time).
+// copies of an operand; quant/mx_round_both.cu computes the same two values at a time).
 __device__ __forceinline__ float mx_round(float v, int e) { return mx_value(mx_code(v, e), e); }
 
 __device__ __forceinline__ __nv_bfloat16 bf16_nan() {
   return __ushort_as_bfloat16(static_cast<unsigned short>(0x7FC0));
-}
-
-// Two values' E4M3 codes at their blocks' scales given as the factors 2^-e (mx_code, two per
-// conversion), and two codes' values times the factors 2^e as a bf16 pair (mx_value rounded to
-// bf16): with both, two values rounded to MXFP8 as mx_round rounds each.
-__device__ __forceinline__ __nv_fp8x2_storage_t mx_code_pair(float a, float b, float down_a,
-                                                             float down_b) {
-  return __nv_cvt_float2_to_fp8x2(make_float2(__fmul_rn(a, down_a), __fmul_rn(b, down_b)),
-                                  __NV_SATFINITE, __NV_E4M3);
-}
-
-__device__ __forceinline__ uint32_t mx_value_pair(__nv_fp8x2_storage_t q, float up_a,
-                                                  float up_b) {
-  const float2 f = __half22float2(__half2(__nv_cvt_fp8x2_to_halfraw2(q, __NV_E4M3)));
-  return pack_bf16x2(__fmul_rn(f.x, up_a), __fmul_rn(f.y, up_b));
 }
 
 // An E8M0 scale code as the fp32 factor 2^(code - 127); NaN for the NaN code.

@@ -78,6 +78,19 @@ struct BlockScale {
   }
 };
 
+// Two values' E4M3 codes at their blocks' scales (mx_code, two per conversion) and the codes'
+// values times 2^e as a bf16 pair (mx_round's result, rounded to bf16 as mx_round_vector).
+__device__ __forceinline__ __nv_fp8x2_storage_t code_pair(float a, float b, float down_a,
+                                                          float down_b) {
+  return __nv_cvt_float2_to_fp8x2(make_float2(__fmul_rn(a, down_a), __fmul_rn(b, down_b)),
+                                  __NV_SATFINITE, __NV_E4M3);
+}
+
+__device__ __forceinline__ uint32_t value_pair(__nv_fp8x2_storage_t q, float up_a, float up_b) {
+  const float2 f = __half22float2(__half2(__nv_cvt_fp8x2_to_halfraw2(q, __NV_E4M3)));
+  return pack_bf16x2(__fmul_rn(f.x, up_a), __fmul_rn(f.y, up_b));
+}
+
 // A vector's 8 values rounded at one scale per value pair position: scales[k] for values 2k
 // and 2k + 1 (MXFP8 along K: one block's scale for all; along the rows: each column's).
 __device__ __forceinline__ int4 round_vector(const uint32_t (&w)[4], const BlockScale* lo,
@@ -87,8 +100,7 @@ __device__ __forceinline__ int4 round_vector(const uint32_t (&w)[4], const Block
   for (int k = 0; k < 4; ++k) {
     const BlockScale& a = lo[k * stride];
     const BlockScale& b = hi[k * stride];
-    o[k] = mx_value_pair(mx_code_pair(bf16_of(w[k], 0), bf16_of(w[k], 1), a.down, b.down), a.up,
-                         b.up);
+    o[k] = value_pair(code_pair(bf16_of(w[k], 0), bf16_of(w[k], 1), a.down, b.down), a.up, b.up);
   }
   return make_int4(o[0], o[1], o[2], o[3]);
 }
@@ -273,8 +285,7 @@ __global__ void __launch_bounds__(kMxRoundThreads, kCtasPerSm)
 #pragma unroll
       for (int k = 0; k < 4; ++k) {
         const uint32_t pair =
-            row.finite ? mx_code_pair(bf16_of(x[i][k], 0), bf16_of(x[i][k], 1), row.down,
-                                      row.down)
+            row.finite ? code_pair(bf16_of(x[i][k], 0), bf16_of(x[i][k], 1), row.down, row.down)
                        : (uint32_t(kE4m3Nan) << 8 | kE4m3Nan);
         q[k / 2] = k % 2 == 0 ? pair : q[k / 2] | (pair << 16);
       }

@@ -31,7 +31,6 @@
 #include "epilogue/activation_math.cuh"
 #include "gemm/sm90/tile_engine.cuh"
 #include "gemm/sm90/tma.cuh"
-#include "quant/mx_format.cuh"
 
 namespace mok::sm90 {
 
@@ -86,72 +85,6 @@ __device__ __forceinline__ __nv_bfloat162 output_pair(const float (&d)[kRegs], i
     }
   }
   return __floats2bfloat162_rn(v[0], v[1]);
-}
-
-// The output rounded to MXFP8 along its columns (mx_out: FC1's act as MXFP8's FC2 reads it,
-// blocks of kMxBlock from column 0, the values quant/mx_round.cu's mx_round_columns gives for
-// the bf16 values the plain epilogue stores). A row's block is 8-column chunks 4b .. 4b + 3
-// held by the 4 lanes of the row's quad (output_pair's layout), 8 values per thread: its amax
-// is the thread's and two shuffles. kCols is a multiple of kMxBlock and tiles start at
-// multiples of kCols, so no block crosses a tile; columns at or past n_out do not count, as
-// the short last block of a row holds only the columns before n_out. Each block's scale is
-// kept as its E8M0 code, four to a register (as floats the factors of a plain tile's 16 blocks
-// took 64 registers and spilled ~600 bytes around the epilogue).
-template <int kCols>
-struct MxOutScales {
-  static_assert(kCols % (2 * kMxBlock) == 0, "whole blocks per tile, four codes a word");
-  uint32_t codes[kCols / kMxBlock / 2];  // block b, row half i: byte 2b + i
-
-  __device__ __forceinline__ uint32_t code(int b, int i) const {
-    return (codes[(2 * b + i) / 4] >> (8 * ((2 * b + i) % 4))) & 0xFFu;
-  }
-};
-
-template <int kAct, int kTileN, int kRegs>
-__device__ __forceinline__ MxOutScales<tile_cols<kAct, kTileN>()> mx_out_scales(
-    const float (&d)[kRegs], const float (&p)[2], int col0, int n_out) {
-  constexpr int kCols = tile_cols<kAct, kTileN>();
-  constexpr int kChunks = kMxBlock / 8;
-  MxOutScales<kCols> s;
-  const int quad_col = col0 + 2 * (threadIdx.x % 4);
-#pragma unroll
-  for (int b = 0; b < kCols / kMxBlock; ++b) {
-#pragma unroll
-    for (int i = 0; i < 2; ++i) {
-      float amax = 0.f;
-      bool finite = true;
-#pragma unroll
-      for (int jj = 0; jj < kChunks; ++jj) {
-        const int j = b * kChunks + jj;
-        if (quad_col + 8 * j >= n_out) continue;  // n_out is a multiple of 8: both or neither
-        const __nv_bfloat162 v = output_pair<kAct, kTileN>(d, j, i, p[i]);
-#pragma unroll
-        for (int c = 0; c < 2; ++c) {
-          const float f = __bfloat162float(c == 0 ? v.x : v.y);
-          finite &= isfinite(f);
-          amax = fmaxf(amax, isfinite(f) ? fabsf(f) : 0.f);
-        }
-      }
-      // |v| >= 0: its bits order as the floats do; a NaN block's marker exceeds them all.
-      uint32_t bits = finite ? __float_as_uint(amax) : 0xFFFFFFFFu;
-      bits = max(bits, __shfl_xor_sync(0xffffffffu, bits, 1));
-      bits = max(bits, __shfl_xor_sync(0xffffffffu, bits, 2));
-      const uint32_t code =
-          bits == 0xFFFFFFFFu ? kE8m0Nan : mx_scale_exponent(__uint_as_float(bits)) + kE8m0Bias;
-      const int at = 2 * b + i;
-      s.codes[at / 4] = (at % 4 == 0 ? 0u : s.codes[at / 4]) | (code << (8 * (at % 4)));
-    }
-  }
-  return s;
-}
-
-// A pair of the output rounded at its block's scale code (NaN in a NaN block).
-__device__ __forceinline__ __nv_bfloat162 mx_rounded_pair(__nv_bfloat162 v, uint32_t code) {
-  const float down = exact_exp2(kE8m0Bias - static_cast<int>(min(code, 254u)));
-  const float up = e8m0_factor(static_cast<uint8_t>(code));
-  const uint32_t r = mx_value_pair(
-      mx_code_pair(__bfloat162float(v.x), __bfloat162float(v.y), down, down), up, up);
-  return *reinterpret_cast<const __nv_bfloat162*>(&r);
 }
 
 // A tensor of bf16 rows the epilogue writes: its TMA map (viewed as [rows, halves, n_out], so a
@@ -264,7 +197,7 @@ __device__ __forceinline__ void load_row_probs(const float* __restrict__ row_pro
 // rows' probs (load_row_probs); `full` says all 64 rows belong to the tile (decided by the
 // caller with its own comparison: when ptxas derived the branch from `rows_valid == 64` after
 // a min/max, partial blocks took the TMA path).
-template <int kAct, int kTileN = kGemmBlockN, bool kMxOut = false, int kRegs>
+template <int kAct, int kTileN = kGemmBlockN, int kRegs>
 __device__ __forceinline__ void store_rows_staged(const float (&d)[kRegs], uint8_t* buf,
                                                   const EpilogueTensor& out,
                                                   const EpilogueTensor& h, int row0, bool full,
@@ -272,18 +205,8 @@ __device__ __forceinline__ void store_rows_staged(const float (&d)[kRegs], uint8
                                                   const float (&p)[2], int consumer,
                                                   bool leader) {
   constexpr int kCols = tile_cols<kAct, kTileN>();
-  if constexpr (kMxOut) {
-    static_assert(kAct != kPlain, "mx_out rounds an activation's output");
-    const auto s = mx_out_scales<kAct, kTileN>(d, p, col0, n_out);
-    store_round<kCols>(buf, out, 0, row0, full, rows_valid, col0, n_out, consumer, leader,
-                       [&](int j, int i) {
-                         return mx_rounded_pair(output_pair<kAct, kTileN>(d, j, i, p[i]),
-                                                s.code(j / (kMxBlock / 8), i));
-                       });
-  } else {
-    store_round<kCols>(buf, out, 0, row0, full, rows_valid, col0, n_out, consumer, leader,
-                       [&](int j, int i) { return output_pair<kAct, kTileN>(d, j, i, p[i]); });
-  }
+  store_round<kCols>(buf, out, 0, row0, full, rows_valid, col0, n_out, consumer, leader,
+                     [&](int j, int i) { return output_pair<kAct, kTileN>(d, j, i, p[i]); });
   if constexpr (kAct != kPlain) {
     if (h.base != nullptr) {
       store_round<kCols>(buf, h, 0, row0, full, rows_valid, col0, n_out, consumer, leader,
