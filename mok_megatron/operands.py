@@ -46,7 +46,7 @@ from __future__ import annotations
 
 import abc
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Optional, Union
+from typing import TYPE_CHECKING, Callable, Optional, Union
 
 import torch
 
@@ -67,14 +67,11 @@ class RoundedBoth:
     along_k: Optional[Union[torch.Tensor, tuple]]
     along_n: torch.Tensor
 
-    def for_wgrad(self) -> "RoundedBoth":
-        return RoundedBoth(None, self.along_n)
-
 
 def for_wgrad(operand):
     """What wgrad still needs of a backward operand once its other reader has run (the copy
     rounded along K of a RoundedBoth is released)."""
-    return operand.for_wgrad() if isinstance(operand, RoundedBoth) else operand
+    return RoundedBoth(None, operand.along_n) if isinstance(operand, RoundedBoth) else operand
 
 
 def _grouped(a: torch.Tensor, b: torch.Tensor, offs: torch.Tensor) -> torch.Tensor:
@@ -144,6 +141,19 @@ class _QuantizedOperands(Bf16Operands, abc.ABC):
     def _gemm(self, plan, sched, a, w, out, **epilogue):
         """out = epilogue(a w^T), a prepared (_prepare), w one orientation of ``weights``."""
 
+    # Backward's operands in both forms from one pass (RoundedBoth): this recipe's ops over a
+    # matrix (dh) and over the pulled rows (dY, the recomputed x).
+    rounds_both = True
+    _both_ways_op: Callable
+    _pulled_both_ways_op: Callable
+
+    def both_ways(self, sched, x):
+        return RoundedBoth(*type(self)._both_ways_op(x, sched.offsets))
+
+    def pulled_both_ways(self, sched, peer_bases, src_offset, max_tokens, topk, hidden):
+        return RoundedBoth(*type(self)._pulled_both_ways_op(
+            peer_bases, src_offset, sched.row_slot, sched.offsets, max_tokens, topk, hidden))
+
     def _along_k(self, sched, a):
         return a.along_k if isinstance(a, RoundedBoth) else self._prepare(sched, a)
 
@@ -192,14 +202,8 @@ class Mxfp8Operands(_QuantizedOperands):
 
     block = ops.MX_BLOCK
     fc1_reads_codes = False
-    rounds_both = True
-
-    def both_ways(self, sched, x):
-        return RoundedBoth(*ops.mx_round_both(x, sched.offsets))
-
-    def pulled_both_ways(self, sched, peer_bases, src_offset, max_tokens, topk, hidden):
-        return RoundedBoth(*ops.pull_rows_mx_round_both(
-            peer_bases, src_offset, sched.row_slot, sched.offsets, max_tokens, topk, hidden))
+    _both_ways_op = ops.mx_round_both
+    _pulled_both_ways_op = ops.pull_rows_mx_round_both
 
     def _prepare(self, sched, a):
         return ops.mx_round_columns(a, sched.num_rows)
@@ -219,14 +223,8 @@ class Fp8BlockwiseOperands(_QuantizedOperands):
 
     block = ops.FP8_BLOCK
     fc1_reads_codes = True
-    rounds_both = True
-
-    def both_ways(self, sched, x):
-        return RoundedBoth(*ops.fp8_quantize_round_both(x, sched.offsets))
-
-    def pulled_both_ways(self, sched, peer_bases, src_offset, max_tokens, topk, hidden):
-        return RoundedBoth(*ops.pull_rows_fp8_quantize_round_both(
-            peer_bases, src_offset, sched.row_slot, sched.offsets, max_tokens, topk, hidden))
+    _both_ways_op = ops.fp8_quantize_round_both
+    _pulled_both_ways_op = ops.pull_rows_fp8_quantize_round_both
 
     def _prepare(self, sched, a):
         return ops.fp8_quantize_rows(a, sched.num_rows, block=self.block)

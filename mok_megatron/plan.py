@@ -65,7 +65,7 @@ class Schedule:
 class ExpertInputs:
     """What backward starts from, at schedule positions: token rows [cap, H], FC1 output h
     [cap, F1] and act(h) * p [cap, F] (None where forward kept nothing). Recomputed under
-    mxfp8 the rows are only what wgrad reads (operands.RoundedBoth)."""
+    an FP8 recipe the rows are only what wgrad reads (operands.RoundedBoth)."""
 
     rows: Optional[Union[torch.Tensor, RoundedBoth]]
     h: Optional[torch.Tensor]

@@ -46,14 +46,6 @@ __device__ __forceinline__ float mx_value(__nv_fp8_storage_t q, int e) {
   return __fmul_rn(__half2float(__half(__nv_cvt_fp8_to_halfraw(q, __NV_E4M3))), exact_exp2(e));
 }
 
-// v at scale 2^e rounded to E4M3 and back: MXFP8's value for v (quant/mx_round.cu's bf16
-// copies of an operand; quant/mx_round_both.cu computes the same two values at a time).
-__device__ __forceinline__ float mx_round(float v, int e) { return mx_value(mx_code(v, e), e); }
-
-__device__ __forceinline__ __nv_bfloat16 bf16_nan() {
-  return __ushort_as_bfloat16(static_cast<unsigned short>(0x7FC0));
-}
-
 // An E8M0 scale code as the fp32 factor 2^(code - 127); NaN for the NaN code.
 __device__ __forceinline__ float e8m0_factor(uint8_t code) {
   return code == kE8m0Nan ? __uint_as_float(0x7FC00000u) : exact_exp2(int(code) - kE8m0Bias);

@@ -37,6 +37,13 @@
 namespace mok {
 namespace {
 
+// v at scale 2^e rounded to E4M3 and back.
+__device__ __forceinline__ float mx_round(float v, int e) { return mx_value(mx_code(v, e), e); }
+
+__device__ __forceinline__ __nv_bfloat16 bf16_nan() {
+  return __ushort_as_bfloat16(static_cast<unsigned short>(0x7FC0));
+}
+
 // Rounds the 8 values of v (one 16-byte vector of a block) at scale 2^e, or makes them NaN.
 __device__ __forceinline__ int4 mx_round_vector(const Bf16x8& v, int e, bool finite) {
   Bf16x8 r;

@@ -28,6 +28,7 @@
 #include <cuda_bf16.h>
 #include <torch/extension.h>
 
+#include "comm/peer_row.cuh"
 #include "common/error.cuh"
 #include "common/vec.cuh"
 #include "config/kernel_config.cuh"
@@ -113,9 +114,8 @@ struct MatrixRows {
   __device__ const int4* row(int64_t r) const { return x + r * vecs; }
 };
 
-// The schedule's rows in the peers' published token rows (a pull; comm/peer_row.cuh's
-// addressing in 32-bit arithmetic: a slot is an int32, and each lane finds 8 rows, where the
-// 64-bit divisions were most of the kernel's integer work).
+// The schedule's rows in the peers' published token rows (a pull, as comm/rows.cu's), the
+// slot arithmetic in 32 bits (comm/peer_row.cuh).
 struct PeerRows {
   const int64_t* peer_bases;
   int64_t offset;
@@ -125,11 +125,8 @@ struct PeerRows {
   int64_t row_bytes;
 
   __device__ const int4* row(int64_t r) const {
-    const uint32_t flat = static_cast<uint32_t>(row_slot[r]);
-    const uint32_t peer = flat / per_rank;
-    const uint32_t token = (flat - peer * per_rank) / topk;
-    return reinterpret_cast<const int4*>(
-        reinterpret_cast<const char*>(peer_bases[peer] + offset) + token * row_bytes);
+    return reinterpret_cast<const int4*>(peer_row<uint32_t>(
+        peer_bases, offset, static_cast<uint32_t>(row_slot[r]), per_rank, topk, row_bytes));
   }
 };
 
