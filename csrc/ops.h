@@ -118,7 +118,10 @@ void grouped_gemm(const at::Tensor& a, const at::Tensor& w, const at::Tensor& of
                   const c10::optional<at::Tensor>& w_scales, int64_t timeout_ns, int64_t rank);
 
 // megakernel/moe_forward.cu: pull-dispatch + FC1/activation + FC2 + push-combine in one
-// persistent launch. counters: int32 zeros (ops.megakernel_counters sizes them). h_out
+// persistent launch. mxfp8: act is rounded to MXFP8 along F before FC2 reads it (rows must
+// hold MXFP8 values already); the weights are bf16 (under mxfp8 their MXFP8 values) or, with
+// w1_scales and w2_scales, MXFP8 codes (gemm/mx_weight_checks.h). counters: int32 zeros
+// (ops.megakernel_counters sizes them). h_out
 // (optional) receives FC1's output for backward. minibatch_rows: rows the pull publishes at
 // once. ring_mblocks > 0: rows and act are a ring of
 // ring_slots macrobatches of ring_mblocks m-blocks (megakernel/macrobatch_ring.cuh). trace
@@ -127,7 +130,9 @@ void moe_forward_megakernel(const at::Tensor& peer_bases, int64_t tokens_offset,
                             int64_t slots_offset, const at::Tensor& offsets,
                             const at::Tensor& row_slot, const at::Tensor& row_prob,
                             int64_t max_tokens, int64_t topk, const at::Tensor& w1,
-                            const at::Tensor& w2, int64_t activation, at::Tensor& rows,
+                            const at::Tensor& w2, const c10::optional<at::Tensor>& w1_scales,
+                            const c10::optional<at::Tensor>& w2_scales, bool mxfp8,
+                            int64_t activation, at::Tensor& rows,
                             at::Tensor& act, const c10::optional<at::Tensor>& h_out,
                             at::Tensor& counters, int64_t comm_blocks, int64_t minibatch_rows,
                             int64_t ring_mblocks, int64_t ring_slots, int64_t timeout_ns,

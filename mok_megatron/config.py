@@ -91,7 +91,8 @@ class KernelKnobs:
     # needed - no token is ever dropped.
     schedule_capacity: float = _bounded(1.0, gt=0.0, max=1.0)
     # Forward kernels: "separate" (v1: row movers, torch grouped GEMMs, epilogue kernels) or
-    # "megakernel" (one persistent launch; comm_sms_forward blocks pull rows).
+    # "megakernel" (one persistent launch; comm_sms_forward blocks pull rows; precisions bf16
+    # and mxfp8, the latter with backward_inputs: recomputed).
     forward_kernel: Literal["separate", "megakernel"] = "separate"
     # Backward kernels: "separate" (v1) or "megakernel" (one persistent launch: dgrad with
     # the activation backward, dX and dprob pushes and both weight gradients;
@@ -389,11 +390,20 @@ def recipe_problems(r: Recipe) -> Iterator[tuple[str, str]]:
     if r.precision != "mxfp8" and r.kernel.mxfp8_weights != "auto":
         yield ("kernel.mxfp8_weights", f"only precision mxfp8 reads it (this recipe's is "
                                        f"{r.precision}): leave it at auto")
-    if r.precision in FP8_PRECISIONS:
-        for name in ("forward_kernel", "backward_kernel"):
-            if getattr(r.kernel, name) != "separate":
-                yield (f"kernel.{name}", f"precision {r.precision} runs on the separate kernels "
-                                         "so far (the megakernels are BF16): set it to separate")
+    if r.precision in FP8_PRECISIONS and r.kernel.backward_kernel != "separate":
+        yield ("kernel.backward_kernel", f"precision {r.precision} runs backward on the separate "
+                                         "kernels so far (the backward megakernel is BF16): set "
+                                         "it to separate")
+    if r.precision == "fp8_blockwise" and r.kernel.forward_kernel != "separate":
+        yield ("kernel.forward_kernel", "precision fp8_blockwise runs forward on the separate "
+                                        "kernels so far (the forward megakernel runs bf16 and "
+                                        "mxfp8): set it to separate")
+    if (r.precision == "mxfp8" and r.kernel.forward_kernel == "megakernel"
+            and r.kernel.backward_inputs != "recomputed"):
+        yield ("kernel.backward_inputs", "the forward megakernel under mxfp8 pulls x rows that "
+                                         "are MXFP8 values already, which backward's weight "
+                                         "gradient cannot start from (it quantizes x along the "
+                                         "expert's rows): set it to recomputed")
 
 
 def no_cuda_kernels(r: Recipe) -> str:

@@ -1,4 +1,5 @@
-"""The megakernel path: the expert stage of a MoE call as one persistent kernel each way.
+"""The megakernel path: the expert stage of a MoE call as one persistent kernel each way
+(forward under bf16 and mxfp8, backward under bf16: config.recipe_problems).
 
 forward   csrc/megakernel/moe_forward.cu: pull x rows | FC1 + act * p | FC2 | push result
           rows to their (source rank, token, k) slots
@@ -18,7 +19,7 @@ from typing import Optional
 
 import torch
 
-from . import ops
+from . import ops, separate_path
 from .plan import ExpertInputs, Plan, Schedule
 from .separate_path import pull
 
@@ -36,17 +37,21 @@ def forward(plan: Plan, sched: Schedule, keep: bool) -> ExpertInputs:
     counters = ops.megakernel_counters(cap, plan.num_local, device, plan.ring_mblocks)
     ops.moe_forward_megakernel(ws.peer_bases, ws.offsets["tokens"], ws.offsets["slots"],
                                sched.offsets, sched.row_slot, sched.row_prob,
-                               ws.layout.max_tokens, plan.topk, plan.w1, plan.w2,
-                               plan.activation, rows, act, h, counters,
-                               plan.comm_blocks_forward, ws.timeout_ns,
-                               minibatch_rows=plan.minibatch_rows,
-                               ring_mblocks=plan.ring_mblocks, rank=ws.rank)
+                               ws.layout.max_tokens, plan.topk,
+                               activation=plan.activation, rows=rows, act=act, h_out=h,
+                               counters=counters, comm_blocks=plan.comm_blocks_forward,
+                               timeout_ns=ws.timeout_ns, minibatch_rows=plan.minibatch_rows,
+                               ring_mblocks=plan.ring_mblocks, rank=ws.rank,
+                               **plan.operands.megakernel_weights(plan))
     return ExpertInputs(rows, h, act) if keep else ExpertInputs(None, None, None)
 
 
 def recompute(plan: Plan, sched: Schedule) -> ExpertInputs:
     """The rows, h and act forward had, bit for bit: the megakernel's FC1 tiles are the tile
-    engine's, so the standalone engine reproduces them."""
+    engine's, so the standalone engine reproduces them. Under a quantized recipe the
+    separate path's FC1 is that engine on the same operands already (operands.py)."""
+    if plan.operands.rounds_published_rows:
+        return separate_path.recompute(plan, sched)
     ws = plan.ws
     rows = pull(plan, "inputs", sched)
     h = torch.empty(sched.capacity, plan.w1.shape[1], dtype=torch.bfloat16, device=rows.device)

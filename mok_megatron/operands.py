@@ -93,6 +93,14 @@ class Bf16Operands:
         """A backward operand (dh) as its dgrad and wgrad read it."""
         return x
 
+    # Whether the rows the forward megakernel pulls are published rounded to the recipe's
+    # format (round_published_rows) instead of as they are (ops.publish_inputs).
+    rounds_published_rows = False
+
+    def megakernel_weights(self, plan: "Plan") -> dict:
+        """The forward megakernel's weight arguments (ops.moe_forward_megakernel)."""
+        return dict(w1=plan.w1, w2=plan.w2)
+
     def fc1(self, plan: "Plan", sched: "Schedule", rows: torch.Tensor):
         """-> (h [cap, F1], act = act(h) * p [cap, F])."""
         h = _grouped(rows, plan.w1.transpose(1, 2), sched.offs)
@@ -154,6 +162,10 @@ class _QuantizedOperands(Bf16Operands, abc.ABC):
         return RoundedBoth(*type(self)._pulled_both_ways_op(
             peer_bases, src_offset, sched.row_slot, sched.offsets, max_tokens, topk, hidden))
 
+    def megakernel_weights(self, plan):
+        raise NotImplementedError(f"{type(self).__name__}: the forward megakernel does not run "
+                                  f"this recipe (config.recipe_problems refuses it)")
+
     def _along_k(self, sched, a):
         return a.along_k if isinstance(a, RoundedBoth) else self._prepare(sched, a)
 
@@ -207,6 +219,22 @@ class Mxfp8Operands(_QuantizedOperands):
 
     def _prepare(self, sched, a):
         return ops.mx_round_columns(a, sched.num_rows)
+
+    # The forward megakernel (recomputed backward inputs only: config.recipe_problems) pulls
+    # x as FC1 reads it, rounded once at its source, and rounds act itself; its FC1 and FC2
+    # are the tile engine's with either form of the weights, so y is the separate path's bit
+    # for bit.
+    rounds_published_rows = True
+
+    def round_published_rows(self, x, out):
+        ops.mx_round_columns(x, out=out)
+
+    def megakernel_weights(self, plan):
+        w1, w2 = self.weights.w1, self.weights.w2
+        if isinstance(w1, MxWeight):
+            return dict(w1=w1.codes, w2=w2.codes, w1_scales=w1.scales, w2_scales=w2.scales,
+                        mxfp8=True)
+        return dict(w1=w1, w2=w2, mxfp8=True)
 
     def _gemm(self, plan, sched, a, w, out, **epilogue):
         codes, scales = (w.codes, w.scales) if isinstance(w, MxWeight) else (w, None)

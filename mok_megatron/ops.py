@@ -204,12 +204,18 @@ def activation_backward(h, grad_out, row_prob, num_rows, activation: str, grad_h
                                     ACTIVATION_IDS[activation], grad_h, act_out, grad_prob)
 
 
-def mx_round_columns(x: torch.Tensor, num_rows: Optional[torch.Tensor] = None) -> torch.Tensor:
+def mx_round_columns(x: torch.Tensor, num_rows: Optional[torch.Tensor] = None,
+                     out: Optional[torch.Tensor] = None) -> torch.Tensor:
     """x [rows, cols] bf16 rounded to MXFP8 with blocks along each row's columns and
-    dequantized (exact in bf16; csrc/quant/mx_round.cu); only the first ``num_rows`` rows
-    (int32 [1] on the device) are written when given."""
+    dequantized (exact in bf16; csrc/quant/mx_round.cu) into ``out`` (x's shape, contiguous;
+    a new tensor when None); only the first ``num_rows`` rows (int32 [1] on the device) are
+    written when given."""
     _cuda("x", x, torch.bfloat16)
-    out = torch.empty_like(x)
+    if out is None:
+        out = torch.empty_like(x)
+    _cuda("out", out, torch.bfloat16)
+    _check(out.shape == x.shape and out.is_contiguous(),
+           f"out must be contiguous {tuple(x.shape)}, got {tuple(out.shape)}")
     extension().mx_round_columns(x, num_rows, out)
     return out
 
@@ -430,9 +436,14 @@ def moe_forward_megakernel(peer_bases, tokens_offset, slots_offset, offsets, row
                            counters, comm_blocks: int, timeout_ns: int,
                            minibatch_rows: int = MEGAKERNEL_BLOCK_M, ring_mblocks: int = 0,
                            rank: int = 0, profile_skip: int = 0,
-                           trace: Optional[torch.Tensor] = None) -> None:
+                           trace: Optional[torch.Tensor] = None, mxfp8: bool = False,
+                           w1_scales: Optional[torch.Tensor] = None,
+                           w2_scales: Optional[torch.Tensor] = None) -> None:
     """Pull-dispatch + FC1/activation + FC2 + push-combine in one persistent launch
-    (csrc/megakernel/moe_forward.cu). ``h_out``: FC1's output for backward, or None (not
+    (csrc/megakernel/moe_forward.cu). ``mxfp8``: the MXFP8 recipe - the published rows hold
+    MXFP8 values already (x rounded along H), act is rounded along F before FC2 reads it, and
+    ``w1``/``w2`` are the weights' MXFP8 values in bf16 or, with ``w1_scales``/``w2_scales``,
+    their codes (mxfp8_weights.MxWeight). ``h_out``: FC1's output for backward, or None (not
     kept). ``counters``: ``megakernel_counters(...)``, zeroed before every launch.
     ``minibatch_rows``: rows the pull copies and publishes together (the overlap unit).
     ``ring_mblocks`` > 0: ``rows`` and ``act`` are a ring of MACROBATCH_RING_SLOTS macrobatches
@@ -450,12 +461,18 @@ def moe_forward_megakernel(peer_bases, tokens_offset, slots_offset, offsets, row
     for name, t in (("rows", rows), ("act", act), ("h_out", h_out)):
         if t is not None:
             _cuda(name, t, torch.bfloat16)
-    _check(w1.dtype == torch.bfloat16 and w2.dtype == torch.bfloat16, "weights must be bf16")
+    codes = w1_scales is not None
+    _check(codes == (w2_scales is not None) and (mxfp8 or not codes),
+           "weight scales come for both weights, and only under mxfp8")
+    weight_dtype = torch.float8_e4m3fn if codes else torch.bfloat16
+    _check(w1.dtype == weight_dtype and w2.dtype == weight_dtype,
+           f"weights must be {weight_dtype} (got {w1.dtype}, {w2.dtype})")
     _check(0 <= rank < MAX_RANKS, f"rank {rank} outside [0, {MAX_RANKS})")
     stall_watch.install()
     extension().moe_forward_megakernel(peer_bases, tokens_offset, slots_offset, offsets,
-                                       row_slot, row_prob, max_tokens, topk, w1, w2,
-                                       ACTIVATION_IDS[activation], rows, act, h_out, counters,
+                                       row_slot, row_prob, max_tokens, topk, w1, w2, w1_scales,
+                                       w2_scales, mxfp8, ACTIVATION_IDS[activation], rows, act,
+                                       h_out, counters,
                                        comm_blocks, minibatch_rows, ring_mblocks,
                                        MACROBATCH_RING_SLOTS, timeout_ns, rank, profile_skip,
                                        trace)

@@ -44,12 +44,16 @@ from mok_megatron import mxfp8_weights  # noqa: E402
 from mok_megatron.symm_moe import (fp8_wire_row, mxfp8_weight_form,  # noqa: E402
                                    quantized_operands)
 
-# The quantized recipes' paths: recipe precision and kernel.mxfp8_weights ("auto" for
-# mok_mxfp8; the forms forced by --mxfp8-weights get paths of their own).
-QUANTIZED_PATHS = {"mok_mxfp8": ("mxfp8", "auto"),
-                   "mok_mxfp8_codes": ("mxfp8", "codes"),
-                   "mok_mxfp8_rounded": ("mxfp8", "rounded"),
-                   "mok_fp8_blockwise": ("fp8_blockwise", "auto")}
+# The quantized recipes' paths: recipe precision, kernel.mxfp8_weights ("auto" for
+# mok_mxfp8; the forms forced by --mxfp8-weights get paths of their own) and
+# kernel.forward_kernel (--mxfp8-megakernel: the forward megakernel, backward separate).
+QUANTIZED_PATHS = {"mok_mxfp8": ("mxfp8", "auto", "separate"),
+                   "mok_mxfp8_codes": ("mxfp8", "codes", "separate"),
+                   "mok_mxfp8_rounded": ("mxfp8", "rounded", "separate"),
+                   "mok_mxfp8_megakernel": ("mxfp8", "auto", "megakernel"),
+                   "mok_mxfp8_codes_megakernel": ("mxfp8", "codes", "megakernel"),
+                   "mok_mxfp8_rounded_megakernel": ("mxfp8", "rounded", "megakernel"),
+                   "mok_fp8_blockwise": ("fp8_blockwise", "auto", "separate")}
 
 
 def log0(*a):
@@ -323,12 +327,14 @@ def run_case(model, variant, tokens, peaks, args, group):
     rows, remote = row_counts(ids, E)
     paths = {"mok": mok_path(group, tokens, backward_inputs=args.backward_inputs),
              "alltoall": MegatronAlltoAll(model, E)}
-    if args.megakernel:
-        # main's megakernel path before the backward megakernel (megakernel forward, separate
-        # backward), and both megakernels.
+    if args.megakernel or args.mxfp8_megakernel:
+        # The BF16 forward megakernel (backward separate): the mxfp8 megakernel's baseline.
         paths["mok_megakernel_fwd_only"] = mok_path(group, tokens, "megakernel", args.comm_sms,
                                                     args.backward_inputs,
                                                     args.macrobatch_tokens)
+    if args.megakernel:
+        # main's megakernel path before the backward megakernel (megakernel forward, separate
+        # backward), and both megakernels.
         paths["mok_megakernel"] = mok_path(group, tokens, "megakernel", args.comm_sms,
                                            args.backward_inputs, args.macrobatch_tokens,
                                            backward_kernel="megakernel",
@@ -342,12 +348,16 @@ def run_case(model, variant, tokens, peaks, args, group):
     # The quantized recipes (operands.py: the separate kernels on quantized operands, the
     # weights quantized once per optimizer step - timed apart below, as the bench steps no
     # optimizer).
-    wanted = ([f"mok_mxfp8_{f}" if f != "auto" else "mok_mxfp8" for f in args.mxfp8_weights]
-              if args.mxfp8 else []) + (["mok_fp8_blockwise"] if args.fp8_blockwise else [])
+    forms = ["mok_mxfp8" + ("" if f == "auto" else f"_{f}") for f in args.mxfp8_weights]
+    wanted = ((forms if args.mxfp8 else [])
+              + ([f"{f}_megakernel" for f in forms] if args.mxfp8_megakernel else [])
+              + (["mok_fp8_blockwise"] if args.fp8_blockwise else []))
     for name in wanted:
-        precision, form = QUANTIZED_PATHS[name]
-        paths[name] = mok_path(group, tokens, backward_inputs=args.backward_inputs,
-                               precision=precision, mxfp8_weights=form)
+        precision, form, forward_kernel = QUANTIZED_PATHS[name]
+        paths[name] = mok_path(group, tokens, forward_kernel, args.comm_sms,
+                               backward_inputs=args.backward_inputs,
+                               macrobatch_tokens=args.macrobatch_tokens, precision=precision,
+                               mxfp8_weights=form)
     leaves = [x.requires_grad_(), probs.requires_grad_(), w1, w2]
 
     # Weight gradients are compared on the first experts only: full clones of both paths'
@@ -509,9 +519,13 @@ def print_row(r):
         if name not in r["paths"]:
             continue
         q, m = r["paths"][name], r["paths"]["mok"]
+        # The forward megakernel's recipe also next to the BF16 forward megakernel.
+        mk = (r["paths"]["mok_megakernel_fwd_only"] if name.endswith("_megakernel") else None)
+        vs_mk = (f", x{mk['fwd_s'] / q['fwd_s']:.2f} / x{mk['both_s'] / q['both_s']:.2f} vs "
+                 f"bf16 megakernel fwd" if mk else "")
         log0(f"{'':<20} {name[4:]} [{q['weights']}] fwd {q['fwd_s']*1e3:7.2f} ms "
              f"(x{m['fwd_s'] / q['fwd_s']:.2f} vs bf16) fwd+bwd {q['both_s']*1e3:7.2f} ms "
-             f"(x{m['both_s'] / q['both_s']:.2f} vs bf16), vs alltoall rel-L2 "
+             f"(x{m['both_s'] / q['both_s']:.2f} vs bf16{vs_mk}), vs alltoall rel-L2 "
              f"{max(r['check_rel_l2_' + name].values()):.1e}; weights quantized once per step "
              f"{q['weight_quantize_s']*1e3:.2f} ms, {q['weight_cache_bytes'] / 2**30:.2f} GiB "
              f"cached")
@@ -536,13 +550,14 @@ def chart(results, path: Path):
     for ax, key, title in ((axes[0], "fwd_s", "forward"), (axes[1], "both_s", "forward+backward")):
         xs = range(len(results))
         names = [n for n in ("mok", "mok_megakernel_fwd_only", "mok_megakernel",
-                             "mok_megakernel_saved", "mok_mxfp8", "mok_mxfp8_codes",
-                             "mok_mxfp8_rounded", "mok_fp8_blockwise", "alltoall")
+                             "mok_megakernel_saved", *QUANTIZED_PATHS, "alltoall")
                  if n in results[0]["paths"]]
         colors = {"mok": "tab:red", "mok_megakernel_fwd_only": "tab:orange",
                   "mok_megakernel": "tab:green", "mok_megakernel_saved": "tab:olive",
                   "mok_mxfp8": "tab:purple", "mok_mxfp8_codes": "tab:pink",
-                  "mok_mxfp8_rounded": "tab:cyan", "mok_fp8_blockwise": "tab:brown",
+                  "mok_mxfp8_rounded": "tab:cyan", "mok_mxfp8_megakernel": "indigo",
+                  "mok_mxfp8_codes_megakernel": "deeppink",
+                  "mok_mxfp8_rounded_megakernel": "teal", "mok_fp8_blockwise": "tab:brown",
                   "alltoall": "tab:blue"}
         width = 0.8 / len(names)
         for i, name in enumerate(names):
@@ -577,6 +592,10 @@ def main(argv=None):
                         "separate backward")
     p.add_argument("--mxfp8", action="store_true",
                    help="also time the mxfp8 recipe (path mok_mxfp8: the separate kernels)")
+    p.add_argument("--mxfp8-megakernel", action="store_true",
+                   help="also time the mxfp8 recipe on the forward megakernel (backward "
+                        "separate; path mok_mxfp8_megakernel, one per --mxfp8-weights form) and "
+                        "the BF16 forward megakernel it is measured against")
     p.add_argument("--mxfp8-weights", nargs="+", default=["auto"],
                    choices=["auto", "codes", "rounded"],
                    help="with --mxfp8: the kernel.mxfp8_weights forms to time, each its own "

@@ -20,6 +20,7 @@
 #include <torch/extension.h>
 
 #include "common/error.cuh"
+#include "gemm/mx_weight_checks.h"
 #include "gemm/persistent_launch.cuh"
 #include "gemm/sm90/mx_weight_stage.cuh"
 #include "gemm/sm90/tensor_map.h"
@@ -185,29 +186,12 @@ void grouped_gemm(const at::Tensor& a, const at::Tensor& w, const at::Tensor& of
                  "grouped_gemm: rows of A, W and out must be contiguous");
   MOK_HOST_CHECK(w.stride(0) > 0 && w.stride(1) > 0,
                  "grouped_gemm: W needs positive expert and row strides (stack it)");
-  if (mx) {
-    MOK_HOST_CHECK(w.stride(0) % 16 == 0 && w.stride(1) % 16 == 0 &&
-                       reinterpret_cast<uintptr_t>(w.data_ptr()) % 16 == 0,
-                   "grouped_gemm: MXFP8 weight codes need 16-byte aligned rows and experts "
-                   "(pad K; mok_megatron/mxfp8_weights.py does)");
-  }
   const bool gated = activation != kPlain && is_gated(static_cast<int>(activation));
   const int64_t n_out = gated ? w.size(1) / 2 : w.size(1);
   MOK_HOST_CHECK(!gated || w.size(1) % 2 == 0, "grouped_gemm: gated W needs an even N");
   MOK_HOST_CHECK(n_out % 8 == 0, "grouped_gemm: N_out must be a multiple of 8");
   const int halves = gated ? 2 : 1;
-  if (mx) {
-    const int64_t blocks = (k_dim + kMxBlock - 1) / kMxBlock;
-    const int64_t half_rows = w.size(1) / halves;
-    MOK_HOST_CHECK(w_scales->is_cuda() && w_scales->device() == w.device() &&
-                       w_scales->scalar_type() == at::kByte && w_scales->is_contiguous() &&
-                       w_scales->dim() == 4 && w_scales->size(0) == num_experts &&
-                       w_scales->size(1) == blocks && w_scales->size(2) == halves &&
-                       w_scales->size(3) >= half_rows && w_scales->size(3) % 16 == 0,
-                   "grouped_gemm: w_scales must be contiguous uint8 [", num_experts, ", ", blocks,
-                   ", ", halves, ", >= ", half_rows, " padded to 16] (E8M0 per ", kMxBlock,
-                   " of K), got ", w_scales->sizes());
-  }
+  if (mx) check_mx_weight("grouped_gemm", w, *w_scales, halves);
   MOK_HOST_CHECK(out.size(0) >= a.size(0) && out.size(1) == n_out,
                  "grouped_gemm: out must be [>= rows, ", n_out, "]");
   MOK_HOST_CHECK(activation == kPlain || (row_prob && row_prob->is_cuda() &&

@@ -31,6 +31,7 @@
 #include "gemm/sm90/tile_epilogue.cuh"
 #include "gemm/sm90/tma.cuh"
 #include "megakernel/tile_trace.cuh"
+#include "quant/mx_block_scale.cuh"
 
 namespace mok {
 
@@ -146,6 +147,12 @@ __device__ __forceinline__ void st_shared_v4(uint32_t addr, const uint32_t (&v)[
 // One warp does all of a tile's 64 rows (8192 outputs for SwiGLU), so its time is the
 // latency of the exp -> reciprocal chains that ptxas overlaps in the registers it has (two at
 // 56, one at 40: docs/perf-log.md); no chunk waits on a shuffle or a spilled prob.
+// Shared-space address of 16-byte chunk c (8 bf16 columns) of staged row r: write_staged's
+// swizzled boxes of 64 columns.
+__device__ __forceinline__ uint32_t staged_chunk(uint32_t base, int c, int r) {
+  return base + (c / 8) * sm90::kStagedBoxBytes + r * 128 + (((c % 8) ^ (r % 8)) * 16);
+}
+
 template <int kAct>
 __device__ __forceinline__ void activate_staged(uint8_t* slots, float p_lo, float p_hi,
                                                 int lane) {
@@ -158,8 +165,7 @@ __device__ __forceinline__ void activate_staged(uint8_t* slots, float p_lo, floa
     const float p = half == 0 ? p_lo : p_hi;
 #pragma unroll 1
     for (int c = 0; c < kChunks; ++c) {
-      const uint32_t off =
-          base + (c / 8) * sm90::kStagedBoxBytes + r * 128 + (((c % 8) ^ (r % 8)) * 16);
+      const uint32_t off = staged_chunk(base, c, r);
       uint32_t h[4], u[4];
       ld_shared_v4(off, h);
       if constexpr (kGated) ld_shared_v4(off + kStagedSlotBytes, u);
@@ -180,10 +186,47 @@ __device__ __forceinline__ void activate_staged(uint8_t* slots, float p_lo, floa
   }
 }
 
+// MXFP8's act as FC2 reads it (mok_megatron/mxfp8.py: bf16(act(h) * p) along F): the staged
+// activation of activate_staged rounded in place, each row's blocks of kMxBlock columns (four
+// chunks; a tile's first column is a multiple of 64, so no block spans two tiles) at the
+// scale of their amax - the values mx_round_columns writes. The columns of the tile past F
+// hold act(0) * 0 = 0 (TMA reads W1's missing rows as zeros), which leaves a short last
+// block's amax alone. Lane l rounds rows l and l + 32, the rows activate_staged gave it.
+template <int kAct>
+__device__ __forceinline__ void mx_round_staged(uint8_t* slot, int lane) {
+  constexpr int kChunks = sm90::tile_cols<kAct>() / 8;
+  constexpr int kBlockChunks = kMxBlock / 8;
+  static_assert(kChunks % kBlockChunks == 0, "a tile holds whole blocks");
+  const uint32_t base = sm90::smem_addr(slot);
+#pragma unroll 1
+  for (int half = 0; half < 2; ++half) {
+    const int r = lane + 32 * half;
+#pragma unroll 1
+    for (int c0 = 0; c0 < kChunks; c0 += kBlockChunks) {
+      uint32_t v[kBlockChunks][4];
+      uint32_t m = 0;
+#pragma unroll
+      for (int j = 0; j < kBlockChunks; ++j) {
+        ld_shared_v4(staged_chunk(base, c0 + j, r), v[j]);
+#pragma unroll
+        for (int k = 0; k < 4; ++k) m = larger_halves(m, magnitudes(v[j][k]));
+      }
+      const BlockScale scale(max(m & 0xFFFFu, m >> 16));
+#pragma unroll
+      for (int j = 0; j < kBlockChunks; ++j) {
+        const int4 q = round_vector(v[j], &scale, &scale, 0);
+        const uint32_t o[4] = {uint32_t(q.x), uint32_t(q.y), uint32_t(q.z), uint32_t(q.w)};
+        st_shared_v4(staged_chunk(base, c0 + j, r), o);
+      }
+    }
+  }
+}
+
 // The storer warp of one consumer warpgroup: takes its handoffs in order until the end record.
 // `trace` (diagnostic kernel, storer of consumer 0, lane 0; else null) stamps each tile's
-// handoff at the consumer's tile index.
-template <int kAct>
+// handoff at the consumer's tile index. kMxAct: act is stored rounded to MXFP8 along F (the
+// mxfp8 recipe's FC2 operand).
+template <int kAct, bool kMxAct>
 __device__ __forceinline__ void run_storer(StagingHandoff& hand, uint8_t* buf,
                                            const StorerTargets& tg, const TileTrace& trace) {
   constexpr bool kGated = sm90::gated_epilogue<kAct>();
@@ -234,6 +277,7 @@ __device__ __forceinline__ void run_storer(StagingHandoff& hand, uint8_t* buf,
       }
       trace.stamp(seq, kTrStorerHOut);
       activate_staged<kAct>(buf, p_lo, p_hi, lane);
+      if constexpr (kMxAct) mx_round_staged<kAct>(buf, lane);
       trace.stamp(seq, kTrStorerActivated);
       const sm90::EpilogueTensor act{tg.act_map, tg.act, tg.ffn};
       if (r.full) {

@@ -26,6 +26,12 @@
 // from its storer, which waits only for its own stores. So the kernel needs just
 // comm_blocks + 1 blocks resident, not the whole grid - kernels of other streams (NCCL,
 // another rank's kernels when ranks share a GPU in tests) may hold SMs while it runs.
+// Recipes (kOperands): BF16; or MXFP8 (docs/mxfp8.md), with the rows already MXFP8 values
+// (x rounded at its source before it is published), act rounded along F by the storer before
+// it is stored, and the weights either as their MXFP8 values in bf16 (rounded once per
+// optimizer step) or as E4M3 codes with E8M0 scales that the consumers dequantize per stage in
+// shared memory (gemm/sm90/mx_weight_stage.cuh, as grouped_gemm.cu does) - the same bits as
+// the separate path's FC1 and FC2 under the recipe.
 // Memory ordering: rows and activations are written by TMA / bulk stores (async proxy; an
 // expert's partial last block of activations by plain stores) and read by TMA in another
 // block: writer waits for its stores to complete -> fence.proxy.async -> release counter;
@@ -39,7 +45,9 @@
 
 #include "common/error.cuh"
 #include "common/ptx.cuh"
+#include "gemm/mx_weight_checks.h"
 #include "gemm/persistent_launch.cuh"
+#include "gemm/sm90/mx_weight_stage.cuh"
 #include "gemm/sm90/tensor_map.h"
 #include "gemm/sm90/tile_engine.cuh"
 #include "gemm/sm90/tile_epilogue.cuh"
@@ -81,9 +89,13 @@ struct ForwardArgs {
   int64_t* trace;             // [grid, kTraceBlockValues] timestamps (tile_trace.cuh), or null
 };
 
+// What the GEMMs read (the file's comment: Recipes).
+enum ForwardOperands : int { kBf16Operands = 0, kMxfp8Values = 1, kMxfp8Codes = 2 };
+
 struct SharedStorage {
   EpilogueBuffers epilogue;  // first: 1024-aligned, as TMA's 128-byte swizzle needs
   StageRing ring;
+  MxScaleRing mx_scales;  // kMxfp8Codes only
   int32_t row_begin[kGemmMaxExperts + 1];
   int32_t mblock_begin[kGemmMaxExperts + 1];
   uint64_t pull_full[kPullMaxSlots];  // row-pulling blocks: their slots live in epilogue
@@ -116,15 +128,18 @@ enum ProfileSkip : int {
 // kDiagnostic: the kernel for profiling variants (a.skip) and traces (a.trace,
 // tile_trace.cuh). The production kernel has neither: their code costs registers (the
 // producer warpgroup runs on kMegakernelProducerRegs) and spills even where it never runs.
-template <int kAct, bool kDiagnostic>
+template <int kAct, bool kDiagnostic, int kOperands>
 __global__ void __launch_bounds__(kGemmThreads, 1)
     moe_forward_kernel(const __grid_constant__ CUtensorMap rows_map,
                        const __grid_constant__ CUtensorMap w1_map,
                        const __grid_constant__ CUtensorMap act_map,
                        const __grid_constant__ CUtensorMap w2_map,
+                       const __grid_constant__ CUtensorMap w1_scales_map,
+                       const __grid_constant__ CUtensorMap w2_scales_map,
                        const __grid_constant__ CUtensorMap act_store_map,
                        const __grid_constant__ CUtensorMap h_store_map, const ForwardArgs a) {
   constexpr bool kGated = gated_epilogue<kAct>();
+  constexpr bool kCodes = kOperands == kMxfp8Codes;
   constexpr int kFc1Cols = tile_cols<kAct>();
   extern __shared__ uint8_t smem_raw[];
   SharedStorage& s = aligned_smem<SharedStorage>(smem_raw);
@@ -230,7 +245,7 @@ __global__ void __launch_bounds__(kGemmThreads, 1)
       const TileTrace storer_trace = warp == 1 && threadIdx.x % 32 == 0
                                          ? TileTrace::make(trace_buffer)
                                          : TileTrace{nullptr};
-      run_storer<kAct>(s.handoff[warp - 1], s.epilogue.out[warp - 1], s.storer_targets,
+      run_storer<kAct, kOperands != kBf16Operands>(s.handoff[warp - 1], s.epilogue.out[warp - 1], s.storer_targets,
                        storer_trace);
       return;
     }
@@ -272,12 +287,22 @@ __global__ void __launch_bounds__(kGemmThreads, 1)
         uint8_t* b = s.ring.b[stage];
         if (w.fc1) {
           tma_load_4d(s.ring.a[stage], &rows_map, full, k0, w.slot0, 0, 0);
-          load_weight_tile<kGated>(b, &w1_map, full, k0, w.n_block * kFc1Cols, w.expert);
+          if constexpr (kCodes) {
+            load_weight_codes<kGated>(b, s.mx_scales.codes[stage], &w1_map, &w1_scales_map, full,
+                                      k0, w.n_block * kFc1Cols, w.expert);
+          } else {
+            load_weight_tile<kGated>(b, &w1_map, full, k0, w.n_block * kFc1Cols, w.expert);
+          }
         } else {
           tma_load_4d(s.ring.a[stage], &act_map, full, k0, w.slot0, 0, 0);
-          load_weight_tile<false>(b, &w2_map, full, k0, w.n_block * kGemmBlockN, w.expert);
+          if constexpr (kCodes) {
+            load_weight_codes<false>(b, s.mx_scales.codes[stage], &w2_map, &w2_scales_map, full,
+                                     k0, w.n_block * kGemmBlockN, w.expert);
+          } else {
+            load_weight_tile<false>(b, &w2_map, full, k0, w.n_block * kGemmBlockN, w.expert);
+          }
         }
-      });
+      }, kCodes ? kMxStageTxBytes : kStageBytes);
       trace.stamp(seq, kTrLoadsIssued);
     }
     return;
@@ -296,6 +321,10 @@ __global__ void __launch_bounds__(kGemmThreads, 1)
   const TileTrace trace =
       leader && consumer == 0 ? TileTrace::make(trace_buffer) : TileTrace{nullptr};
   float acc[kAccRegs];
+  // Weight codes: both consumer warpgroups dequantize every stage together (FC1's tile as
+  // gate | up halves when gated), so a warpgroup without rows still converts its share.
+  const MxWeightStage<kGated> fc1_codes;
+  const MxWeightStage<false> fc2_codes;
   int it = 0;
   for (int seq = 0;; ++seq) {
     trace.stamp(seq, kTrTileStart);
@@ -307,7 +336,28 @@ __global__ void __launch_bounds__(kGemmThreads, 1)
     // alone: the second one runs no MMAs and stores nothing, so the tile costs about half.
     const bool idle = rows_valid(t) == 0;
     const int k_blocks = t.fc1 ? fc1_kblocks : fc2_kblocks;
-    if (idle || (skip & kSkipMma)) {
+    if (skip & kSkipMma) {
+      pass_tile(s.ring, it, k_blocks, t.tile, leader, kStagingBarrier + consumer, a.timeout_ns,
+                a.report);
+    } else if constexpr (kCodes) {
+      if (idle && t.fc1) {
+        convert_only_tile(s.ring, s.mx_scales, it, k_blocks, t.tile, leader, fc1_codes,
+                          a.timeout_ns, a.report);
+      } else if (idle) {
+        convert_only_tile(s.ring, s.mx_scales, it, k_blocks, t.tile, leader, fc2_codes,
+                          a.timeout_ns, a.report);
+      } else if (t.fc1) {
+        consume_tile(s.ring, it, k_blocks, t.tile, consumer, leader, acc, a.timeout_ns, a.report,
+                     [&](int, int stage) {
+                       fc1_codes.convert(s.ring.b[stage], s.mx_scales.codes[stage]);
+                     });
+      } else {
+        consume_tile(s.ring, it, k_blocks, t.tile, consumer, leader, acc, a.timeout_ns, a.report,
+                     [&](int, int stage) {
+                       fc2_codes.convert(s.ring.b[stage], s.mx_scales.codes[stage]);
+                     });
+      }
+    } else if (idle) {
       pass_tile(s.ring, it, k_blocks, t.tile, leader, kStagingBarrier + consumer, a.timeout_ns,
                 a.report);
     } else {
@@ -354,17 +404,22 @@ __global__ void __launch_bounds__(kGemmThreads, 1)
   trace.header_clock(kTrEndClock);
 }
 
-template <int kAct>
-void launch_forward(bool diagnostic, const CUtensorMap& rows_map, const CUtensorMap& w1_map,
-                    const CUtensorMap& act_map, const CUtensorMap& w2_map,
-                    const CUtensorMap& act_store_map, const CUtensorMap& h_store_map,
-                    const ForwardArgs& args) {
-  if (diagnostic) {
-    launch_persistent(moe_forward_kernel<kAct, true>, kSharedBytes, rows_map, w1_map, act_map,
-                      w2_map, act_store_map, h_store_map, args);
-  } else {
-    launch_persistent(moe_forward_kernel<kAct, false>, kSharedBytes, rows_map, w1_map, act_map,
-                      w2_map, act_store_map, h_store_map, args);
+struct ForwardMaps {
+  CUtensorMap rows, w1, act, w2, w1_scales, w2_scales, act_store, h_store;
+};
+
+template <int kAct, bool kDiagnostic, int kOperands>
+void launch_kernel(const ForwardMaps& m, const ForwardArgs& args) {
+  launch_persistent(moe_forward_kernel<kAct, kDiagnostic, kOperands>, kSharedBytes, m.rows, m.w1,
+                    m.act, m.w2, m.w1_scales, m.w2_scales, m.act_store, m.h_store, args);
+}
+
+template <int kAct, bool kDiagnostic>
+void launch_forward(ForwardOperands operands, const ForwardMaps& m, const ForwardArgs& args) {
+  switch (operands) {
+    case kBf16Operands: launch_kernel<kAct, kDiagnostic, kBf16Operands>(m, args); break;
+    case kMxfp8Values: launch_kernel<kAct, kDiagnostic, kMxfp8Values>(m, args); break;
+    case kMxfp8Codes: launch_kernel<kAct, kDiagnostic, kMxfp8Codes>(m, args); break;
   }
 }
 
@@ -372,9 +427,18 @@ CUtensorMap rows_tensor_map(const at::Tensor& t) {
   return row_tile_map(t.data_ptr(), t.size(0), t.size(1), t.stride(0));
 }
 
-CUtensorMap weight_tensor_map(const at::Tensor& w, int halves) {
-  return expert_weight_map(w.data_ptr(), w.size(0), w.size(1), w.size(2), w.stride(0),
-                           w.stride(1), halves);
+// A bf16 weight, or with `scales` its MXFP8 codes (and the scales' map into `scales_map`).
+CUtensorMap weight_tensor_map(const at::Tensor& w, int halves,
+                              const c10::optional<at::Tensor>& scales, CUtensorMap& scales_map) {
+  if (!scales) {
+    scales_map = CUtensorMap{};
+    return expert_weight_map(w.data_ptr(), w.size(0), w.size(1), w.size(2), w.stride(0),
+                             w.stride(1), halves);
+  }
+  scales_map = expert_weight_scales_map(scales->data_ptr(), w.size(0), scales->size(1), halves,
+                                        w.size(1) / halves, scales->size(3));
+  return expert_weight_codes_map(w.data_ptr(), w.size(0), w.size(1), w.size(2), w.stride(0),
+                                 w.stride(1), halves);
 }
 
 }  // namespace
@@ -383,7 +447,9 @@ void moe_forward_megakernel(const at::Tensor& peer_bases, int64_t tokens_offset,
                             int64_t slots_offset, const at::Tensor& offsets,
                             const at::Tensor& row_slot, const at::Tensor& row_prob,
                             int64_t max_tokens, int64_t topk, const at::Tensor& w1,
-                            const at::Tensor& w2, int64_t activation, at::Tensor& rows,
+                            const at::Tensor& w2, const c10::optional<at::Tensor>& w1_scales,
+                            const c10::optional<at::Tensor>& w2_scales, bool mxfp8,
+                            int64_t activation, at::Tensor& rows,
                             at::Tensor& act, const c10::optional<at::Tensor>& h_out,
                             at::Tensor& counters, int64_t comm_blocks, int64_t minibatch_rows,
                             int64_t ring_mblocks, int64_t ring_slots, int64_t timeout_ns,
@@ -400,6 +466,17 @@ void moe_forward_megakernel(const at::Tensor& peer_bases, int64_t tokens_offset,
   const int sms = at::cuda::getCurrentDeviceProperties()->multiProcessorCount;
   check_megakernel_call("moe_forward_megakernel", w1, w2, offsets, peer_bases, H, F1,
                         minibatch_rows);
+  const bool codes = w1_scales.has_value();
+  MOK_HOST_CHECK(w2_scales.has_value() == codes && (!codes || mxfp8),
+                 "moe_forward_megakernel: weight scales come for both weights, under mxfp8");
+  if (codes) {
+    check_mx_weight("moe_forward_megakernel", w1, *w1_scales, gated ? 2 : 1);
+    check_mx_weight("moe_forward_megakernel", w2, *w2_scales, 1);
+  } else {
+    MOK_HOST_CHECK(w1.scalar_type() == at::kBFloat16 && w2.scalar_type() == at::kBFloat16,
+                   "moe_forward_megakernel: W1 and W2 must be bf16 (or, with scales, MXFP8 "
+                   "codes)");
+  }
   MOK_HOST_CHECK(!ring_on || (ring_slots >= 2 && !h_out),
                  "moe_forward_megakernel: the macrobatch ring needs >= 2 slots and no h_out "
                  "(h is recomputed in backward), got ", ring_slots, " slots");
@@ -457,17 +534,19 @@ void moe_forward_megakernel(const at::Tensor& peer_bases, int64_t tokens_offset,
   args.skip = static_cast<int>(profile_skip);
   args.trace = trace ? trace->data_ptr<int64_t>() : nullptr;
 
-  const CUtensorMap rows_map = rows_tensor_map(rows);
-  const CUtensorMap act_map = rows_tensor_map(act);
-  const CUtensorMap w1_map = weight_tensor_map(w1, gated ? 2 : 1);
-  const CUtensorMap w2_map = weight_tensor_map(w2, 1);
-  const CUtensorMap act_store_map = staged_rows_map(act.data_ptr(), act.size(0), F, 1, F);
-  const CUtensorMap h_store_map =
+  ForwardMaps maps;
+  maps.rows = rows_tensor_map(rows);
+  maps.act = rows_tensor_map(act);
+  maps.w1 = weight_tensor_map(w1, gated ? 2 : 1, w1_scales, maps.w1_scales);
+  maps.w2 = weight_tensor_map(w2, 1, w2_scales, maps.w2_scales);
+  maps.act_store = staged_rows_map(act.data_ptr(), act.size(0), F, 1, F);
+  maps.h_store =
       h_out ? staged_rows_map(h_out->data_ptr(), cap, F, gated ? 2 : 1, F1) : CUtensorMap{};
+  const ForwardOperands operands = codes ? kMxfp8Codes : mxfp8 ? kMxfp8Values : kBf16Operands;
+  const bool diagnostic = profile_skip != 0 || trace.has_value();
   MOK_DISPATCH_ACTIVATION(activation, KACT,
-                          launch_forward<KACT>(profile_skip != 0 || trace.has_value(),
-                                               rows_map, w1_map, act_map, w2_map,
-                                               act_store_map, h_store_map, args));
+                          if (diagnostic) launch_forward<KACT, true>(operands, maps, args);
+                          else launch_forward<KACT, false>(operands, maps, args));
 }
 
 }  // namespace mok

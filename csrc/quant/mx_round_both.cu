@@ -34,6 +34,7 @@
 #include "config/kernel_config.cuh"
 #include "ops.h"
 #include "quant/column_block.cuh"
+#include "quant/mx_block_scale.cuh"
 #include "quant/mx_format.cuh"
 
 namespace mok {
@@ -50,61 +51,6 @@ constexpr int kWideLanes = kWideBlock / 8;                      // a row's block
 constexpr int kWideRowsPerPass = kMxRoundThreads / kWideLanes;  // 16 row groups
 constexpr int kWidePasses = kWideBlock / kWideRowsPerPass;      // 8 rows per thread
 static_assert(kWideLanes == 16 && kWidePasses == 8, "two row groups per warp, 8 rows each");
-
-// A block's amax from the bf16 bit patterns: |v| is a value's pattern & 0x7FFF, and finite
-// magnitudes order as those 15-bit patterns do while NaN and Inf (>= 0x7F80) exceed them all,
-// so the max pattern of a block (two per word: __vmaxu2) is its amax's, or says it holds a NaN
-// or an Inf. (Per-value float compares made the first version of these kernels issue-bound at
-// 1.5-2.1 TB/s, perf-log session 21.)
-constexpr uint32_t kBf16Inf = 0x7F80;
-
-__device__ __forceinline__ uint32_t magnitudes(uint32_t pair) { return pair & 0x7FFF7FFFu; }
-__device__ __forceinline__ uint32_t larger_halves(uint32_t a, uint32_t b) {
-  return __vmaxu2(a, b);
-}
-
-// A block's scale from its max magnitude pattern: the E8M0 exponent e (mxfp8.scale_exponent,
-// as mx_scale_exponent of the amax) and the factors 2^-e and 2^e, the latter NaN for a block
-// with a NaN or an Inf so that all its values come out NaN.
-struct BlockScale {
-  int e;
-  bool finite;
-  float down, up;
-
-  __device__ __forceinline__ explicit BlockScale(uint32_t max_pattern) {
-    finite = max_pattern < kBf16Inf;
-    e = mx_scale_exponent(__uint_as_float(max_pattern << 16));
-    down = exact_exp2(-e);
-    up = finite ? exact_exp2(e) : __uint_as_float(0x7FC00000u);
-  }
-};
-
-// Two values' E4M3 codes at their blocks' scales (mx_code, two per conversion) and the codes'
-// values times 2^e as a bf16 pair (mx_round's result, rounded to bf16 as mx_round_vector).
-__device__ __forceinline__ __nv_fp8x2_storage_t code_pair(float a, float b, float down_a,
-                                                          float down_b) {
-  return __nv_cvt_float2_to_fp8x2(make_float2(__fmul_rn(a, down_a), __fmul_rn(b, down_b)),
-                                  __NV_SATFINITE, __NV_E4M3);
-}
-
-__device__ __forceinline__ uint32_t value_pair(__nv_fp8x2_storage_t q, float up_a, float up_b) {
-  const float2 f = __half22float2(__half2(__nv_cvt_fp8x2_to_halfraw2(q, __NV_E4M3)));
-  return pack_bf16x2(__fmul_rn(f.x, up_a), __fmul_rn(f.y, up_b));
-}
-
-// A vector's 8 values rounded at one scale per value pair position: scales[k] for values 2k
-// and 2k + 1 (MXFP8 along K: one block's scale for all; along the rows: each column's).
-__device__ __forceinline__ int4 round_vector(const uint32_t (&w)[4], const BlockScale* lo,
-                                             const BlockScale* hi, int stride) {
-  uint32_t o[4];
-#pragma unroll
-  for (int k = 0; k < 4; ++k) {
-    const BlockScale& a = lo[k * stride];
-    const BlockScale& b = hi[k * stride];
-    o[k] = value_pair(code_pair(bf16_of(w[k], 0), bf16_of(w[k], 1), a.down, b.down), a.up, b.up);
-  }
-  return make_int4(o[0], o[1], o[2], o[3]);
-}
 
 // The rows of a bf16 matrix [rows, vecs 16-byte vectors].
 struct MatrixRows {

@@ -186,9 +186,12 @@ def test_expert_without_rows():
     assert got["y"].shape == (0, 96) and got["dw1"].abs().sum() == 0
 
 
-def test_mxfp8_runs_on_the_separate_kernels_only(tmp_path):
-    """The CUDA backend runs MXFP8 on the separate kernels (operands.py); a recipe that asks
-    for a megakernel under it is refused - at load and at a call - never run as BF16."""
+def test_mxfp8_megakernels_the_recipe_allows(tmp_path):
+    """The CUDA backend runs MXFP8 forward on the separate kernels or the forward megakernel
+    (with backward_inputs: recomputed: the megakernel's rows are MXFP8 values already, which
+    wgrad's quantization along the expert's rows cannot start from) and backward on the
+    separate kernels; any other setting is refused - at load and at a call - never run as
+    BF16."""
     import dataclasses
 
     from mok_megatron.config import ConfigError, load_recipe
@@ -198,20 +201,28 @@ def test_mxfp8_runs_on_the_separate_kernels_only(tmp_path):
 
     recipe = load_recipe("mxfp8")
     assert resolve_backend(recipe, torch.device("cuda")) == "cuda"
-    megakernel = dataclasses.replace(
-        recipe, kernel=dataclasses.replace(recipe.kernel, backward_kernel="megakernel"))
+
+    def knobs(**kw):
+        return dataclasses.replace(recipe, kernel=dataclasses.replace(recipe.kernel, **kw))
+
     x = torch.zeros(4, 64, dtype=torch.bfloat16)
     call = check_call(x, torch.zeros(4, 2, dtype=torch.int64), torch.ones(4, 2),
                       torch.zeros(2, 64, 64, dtype=torch.bfloat16),
                       torch.zeros(2, 64, 32, dtype=torch.bfloat16), activation="swiglu", world=1)
     check_kernel_call(call, recipe)
-    with pytest.raises(ValueError, match="kernel.backward_kernel: precision mxfp8 runs on the "
-                                         "separate kernels"):
-        check_kernel_call(call, megakernel)
+    check_kernel_call(call, knobs(forward_kernel="megakernel"))
+    with pytest.raises(ValueError, match="kernel.backward_kernel: precision mxfp8 runs backward "
+                                         "on the separate kernels"):
+        check_kernel_call(call, knobs(backward_kernel="megakernel"))
+    with pytest.raises(ValueError, match="kernel.backward_inputs: the forward megakernel under "
+                                         "mxfp8 .* set it to recomputed"):
+        check_kernel_call(call, knobs(forward_kernel="megakernel", backward_inputs="saved"))
     path = tmp_path / "mx.yaml"
     path.write_text("precision: mxfp8\nkernel:\n  forward_kernel: megakernel\n")
-    with pytest.raises(ConfigError, match="kernel.forward_kernel: precision mxfp8 runs on the "
-                                          "separate kernels"):
+    assert load_recipe(str(path)).kernel.forward_kernel == "megakernel"
+    path.write_text("precision: mxfp8\nkernel:\n  backward_kernel: megakernel\n")
+    with pytest.raises(ConfigError, match="kernel.backward_kernel: precision mxfp8 runs "
+                                          "backward on the separate kernels"):
         load_recipe(str(path))
 
 

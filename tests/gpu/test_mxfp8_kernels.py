@@ -5,7 +5,8 @@ two, saturation and NaN/Inf; the MoE layer against the MXFP8 reference (rel-L2 <
 y, dx, dprobs, dW1, dW2) and the BF16 reference (sum|d|/sum|ref| <= 0.1, gradient cosine >=
 0.996), bit-identical over runs, EP=1 and emulated EP=2/4, CUDA-graph replay, with the
 weights in either form (kernel.mxfp8_weights: codes, rounded); the engine that dequantizes
-weight codes against fp32 products of MXFP8 values in both weight orientations."""
+weight codes against fp32 products of MXFP8 values in both weight orientations; the forward
+megakernel under the recipe against the reference and bit for bit the separate path."""
 
 import pytest
 import torch
@@ -148,6 +149,55 @@ def test_round_both_refuses_bad_operands():
 def test_layer_matches_mxfp8_reference_and_is_deterministic(spec, form):
     errors = gpu_checks.check_against_reference(spec, 0, None, **FORMS[form])
     print(spec.name, form, {k: f"{v:.2e}" for k, v in errors.items()})
+
+
+# The forward megakernel under the recipe (csrc/megakernel/moe_forward.cu: x rounded at its
+# source, act rounded by the storer, the weights as values or codes), backward separate.
+MEGAKERNEL = {f: {**FORMS[f], "forward_kernel": "megakernel"} for f in FORMS}
+
+
+@pytest.mark.parametrize("form", FORMS)
+@pytest.mark.parametrize("spec", SPECS + ODD_SPECS, ids=lambda s: s.name)
+def test_forward_megakernel_is_the_separate_path(spec, form):
+    """Against the MXFP8 reference (tolerances, 3 runs bit-identical) and bit for bit the
+    separate path's y and gradients: the same rounded operands on the same tile engine,
+    short blocks of F (odd sizes) and skewed routings included."""
+    errors = gpu_checks.check_against_reference(spec, 0, None, **MEGAKERNEL[form])
+    problem = spec.build()
+    max_tokens = max(max(spec.tokens_per_rank), 1)
+    gpu_checks.assert_same_bits(gpu_checks.run_cuda(problem, 0, None, max_tokens, **FORMS[form]),
+                                gpu_checks.run_cuda(problem, 0, None, max_tokens,
+                                                    **MEGAKERNEL[form]),
+                                f"({spec.name}) between the separate path and the megakernel")
+    print(spec.name, form, {k: f"{v:.2e}" for k, v in errors.items()})
+
+
+@pytest.mark.parametrize("form", FORMS)
+def test_forward_megakernel_settings_and_graph_replay(form):
+    """Pulling blocks, minibatches and the macrobatch ring's size never change the bits;
+    a CUDA graph replays the megakernel under the recipe bit for bit."""
+    spec = SPECS[1]
+    problem = spec.build()
+    max_tokens = max(spec.tokens_per_rank)
+    settings = [{}, {"comm_sms_forward": 1, "minibatch_tokens": 37},
+                {"comm_sms_forward": 32, "macrobatch_tokens": 128}]
+    runs = [gpu_checks.run_cuda(problem, 0, None, max_tokens, **MEGAKERNEL[form], **knobs)
+            for knobs in settings]
+    for knobs, run in zip(settings[1:], runs[1:]):
+        gpu_checks.assert_same_bits(runs[0], run, f"({spec.name}) with {knobs}")
+    gpu_checks.check_cuda_graph(spec, 0, None, **MEGAKERNEL[form])
+
+
+@pytest.mark.parametrize("form", FORMS)
+@pytest.mark.parametrize("world", [2, 4])
+def test_forward_megakernel_emulated_group(world, form):
+    """EP=2/4 emulated on one GPU: the megakernel's bits are the separate path's and the
+    whole problem's on one rank; against the reference within the recipe's tolerances."""
+    spec = gpu_checks.ep_specs(world)[3]
+    gpu_checks.check_emulated_settings(spec, [MEGAKERNEL[form], FORMS[form]])
+    errors = gpu_checks.check_emulated_against_reference(gpu_checks.ep_specs(world)[1],
+                                                         **MEGAKERNEL[form])
+    print(f"EP={world}", form, {k: f"{v:.2e}" for k, v in errors.items()})
 
 
 @pytest.mark.parametrize("form", FORMS)
@@ -293,6 +343,48 @@ def test_mx_weight_gemm_equals_engine_on_rounded_weights(activation, k, n):
             ref = a[lo:hi].float().cpu() @ wd.T
             err = (got[0][lo:hi].float().cpu() - ref).norm() / ref.norm()
             assert err < 1e-2, (e, float(err))
+
+
+@pytest.mark.parametrize("activation", [None, "swiglu"])
+def test_weight_codes_dequantize_bit_exact_at_every_scale(activation):
+    """The stage's conversion (gemm/sm90/mx_weight_stage.cuh: codes placed as bf16 bits, one
+    bf16x2 multiply by the scale, a second above scale code 134) on blocks at scales from
+    2^-127 (bf16 subnormal results) to 2^120 and a NaN block: one-hot rows make the GEMM's
+    out (or h) the weight's transpose, so every dequantized value is compared bit for bit
+    with the engine on the weights mx_round_columns rounds."""
+    from mok_megatron.mxfp8_weights import quantize_weight
+
+    g = torch.Generator(device="cuda").manual_seed(11)
+    k, n = 256, 128
+    w = torch.randn(1, n, k, device="cuda", generator=g)
+    exponents = torch.tensor([-133, -128, -120, -90, -30, 0, 5, 9, 16, 40, 100, 120],
+                             device="cuda")
+    scale = torch.pow(2.0, exponents[torch.randint(0, len(exponents), (n, k // 32),
+                                                   device="cuda", generator=g)].float())
+    w = (w * scale.repeat_interleave(32, dim=1)).to(torch.bfloat16)
+    w[0, 3, 40] = float("nan")  # one NaN block: output column 3 only
+    a = torch.eye(k, device="cuda").to(torch.bfloat16)
+    offsets = torch.tensor([0, k], dtype=torch.int32, device="cuda")
+    gated = activation == "swiglu"
+    epilogue = {} if activation is None else dict(
+        activation=activation, row_prob=torch.ones(k, device="cuda"))
+
+    def run(weight, scales=None):
+        out = torch.full((k, n // 2 if gated else n), 7.0, dtype=torch.bfloat16, device="cuda")
+        h = torch.full((k, n), 7.0, dtype=torch.bfloat16, device="cuda") if gated else None
+        ops.grouped_gemm(a, weight, offsets, out, h_out=h, w_scales=scales, **epilogue)
+        return h if gated else out
+
+    q = quantize_weight(w, halves=2 if gated else 1)
+    rounded = ops.mx_round_columns(w.view(n, k)).view(1, n, k)
+    want = run(rounded)
+    # The engine passes W^T through (normal values; what the tensor cores do with bf16
+    # subnormals is the same for both runs compared below).
+    wt = rounded[0].T
+    normal = ~wt.isnan().any(dim=0, keepdim=True).expand(k, n) & (wt.float().abs() >= 2.0**-126)
+    assert torch.equal(want[normal].view(torch.int16), wt[normal].view(torch.int16)), \
+        "the engine does not pass W^T through"
+    _assert_same(run(q.codes, q.scales), want, f"dequantized codes ({activation})")
 
 
 def _products_of_mxfp8_values(a, w, offsets, w_dim):
