@@ -97,22 +97,79 @@ __device__ __forceinline__ void sts_16(uint32_t addr, uint32_t a, uint32_t b, ui
                : "memory");
 }
 
-// 16 codes (one 16-byte chunk) times 2^e as bf16 into two 16-byte chunks of a 128-byte-swizzled
-// row: chunks q, q + 1 (q even) sit at q ^ (row % 8) and (q ^ (row % 8)) ^ 1, so `swizzled`
-// (the first's byte offset) gives both. `row`: the row's shared-space address.
+// The conversion without conversion instructions (F2FP / HADD2.F32 issue at a quarter of the
+// integer and bf16x2 rate: 63% of this stage's stall samples at 4 of them per code, perf-log
+// session 20). An E4M3 byte b placed as the bf16 bits (b & 0x80) << 8 | (b & 0x7F) << 4 is
+// exactly b's value x 2^-120: E4M3's exponent field (bias 7) lands in bf16's (bias 127) and
+// its subnormal step 2^-9 becomes 2^-129, a bf16 subnormal step. One bf16x2 multiply by
+// 2^(e + 120) = 2^(code - 7) then applies the block's scale: exact where the result is a normal
+// bf16, rounded as the fp32 product rounded to bf16 below that - dequantize_pair's values, bit
+// for bit. Above scale code 134 the factor leaves bf16's range and a second multiply follows
+// (2^127, then 2^(code - 134)); the NaN code makes the factor NaN.
+struct CodeScale {
+  uint32_t factor;  // bf16x2 pair of 2^(code - 7), or 2^127 when `large`
+  uint32_t extra;   // bf16x2 pair of 2^(code - 134), applied after `factor` when `large`
+  bool large;
+};
+
+__device__ __forceinline__ uint32_t bf16_pair_of_exponent(uint32_t biased) {
+  return (biased << 7) | (biased << 23);
+}
+
+__device__ __forceinline__ CodeScale code_scale(uint32_t scale_code) {
+  if (scale_code == kE8m0Nan) return {0x7FC07FC0u, 0u, false};
+  const bool large = scale_code > 134;
+  return {bf16_pair_of_exponent(large ? 254u : scale_code + 120u),
+          bf16_pair_of_exponent(scale_code - 7u), large};
+}
+
+__device__ __forceinline__ uint32_t bf16x2_mul(uint32_t a, uint32_t b) {
+  uint32_t d;
+  asm("mul.rn.bf16x2 %0, %1, %2;" : "=r"(d) : "r"(a), "r"(b));
+  return d;
+}
+
+// Codes kByte and kByte + 1 of `four` as a bf16 pair of their values times the scale.
+template <int kByte, bool kLarge>
+__device__ __forceinline__ uint32_t dequantize_code_pair(uint32_t four, const CodeScale& s) {
+  // Byte kByte to bits 8..15, byte kByte + 1 to bits 24..31, zeros elsewhere.
+  constexpr uint32_t kSelector = 0x0404u | (kByte << 4) | ((kByte + 1) << 12);
+  uint32_t spread;
+  asm("prmt.b32 %0, %1, 0, %2;" : "=r"(spread) : "r"(four), "n"(kSelector));
+  const uint32_t bits = (spread & 0x80008000u) | ((spread & 0x7F007F00u) >> 4);
+  const uint32_t scaled = bf16x2_mul(bits, s.factor);
+  return kLarge ? bf16x2_mul(scaled, s.extra) : scaled;
+}
+
+// 16 codes (one 16-byte chunk) times their scale as bf16 into two 16-byte chunks of a
+// 128-byte-swizzled row: chunks q, q + 1 (q even) sit at q ^ (row % 8) and (q ^ (row % 8)) ^ 1,
+// so `swizzled` (the first's byte offset) gives both. `row`: the row's shared-space address.
+template <bool kLarge>
 __device__ __forceinline__ void store_dequantized(uint32_t row, int swizzled, const uint4& codes,
-                                                  float factor) {
-  const uint32_t* pairs = reinterpret_cast<const uint32_t*>(&codes);
+                                                  const CodeScale& s) {
+  const uint32_t* words = reinterpret_cast<const uint32_t*>(&codes);
 #pragma unroll
   for (int half = 0; half < 2; ++half) {
     uint32_t o[4];
 #pragma unroll
     for (int w = 0; w < 2; ++w) {
-      const uint32_t four = pairs[2 * half + w];
-#pragma unroll
-      for (int h = 0; h < 2; ++h) o[2 * w + h] = dequantize_pair(four >> (16 * h), factor);
+      const uint32_t four = words[2 * half + w];
+      o[2 * w] = dequantize_code_pair<0, kLarge>(four, s);
+      o[2 * w + 1] = dequantize_code_pair<2, kLarge>(four, s);
     }
     sts_16(row + (swizzled ^ (16 * half)), o[0], o[1], o[2], o[3]);
+  }
+}
+
+// A pass's chunk at its scale: the second multiply only where the scale needs it (weights
+// above 448 x 2^7 per block; none in training) - a branch, not a predicated multiply per pair.
+__device__ __forceinline__ void store_dequantized(uint32_t row, int swizzled, const uint4& codes,
+                                                  uint32_t scale_code) {
+  const CodeScale s = code_scale(scale_code);
+  if (s.large) {
+    store_dequantized<true>(row, swizzled, codes, s);
+  } else {
+    store_dequantized<false>(row, swizzled, codes, s);
   }
 }
 
@@ -186,14 +243,12 @@ struct MxWeightStage {
     }
 #pragma unroll
     for (int p = 0; p < kLowPasses; ++p) {
-      store_dequantized(rows + p * kPassRowBytes, swizzled, chunk[p],
-                        e8m0_factor(static_cast<uint8_t>(scale[p])));
+      store_dequantized(rows + p * kPassRowBytes, swizzled, chunk[p], scale[p]);
     }
     named_barrier_sync(kMxStageBarrier, kMxThreads);
 #pragma unroll
     for (int p = kLowPasses; p < kMxPasses; ++p) {
-      store_dequantized(rows + p * kPassRowBytes, swizzled, chunk[p],
-                        e8m0_factor(static_cast<uint8_t>(scale[p])));
+      store_dequantized(rows + p * kPassRowBytes, swizzled, chunk[p], scale[p]);
     }
     fence_proxy_async_shared();  // the generic-proxy writes, before wgmma reads them
     named_barrier_sync(kMxStageBarrier, kMxThreads);
