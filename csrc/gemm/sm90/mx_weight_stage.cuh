@@ -104,24 +104,27 @@ __device__ __forceinline__ void sts_16(uint32_t addr, uint32_t a, uint32_t b, ui
 // its subnormal step 2^-9 becomes 2^-129, a bf16 subnormal step. One bf16x2 multiply by
 // 2^(e + 120) = 2^(code - 7) then applies the block's scale: exact where the result is a normal
 // bf16, rounded as the fp32 product rounded to bf16 below that - dequantize_pair's values, bit
-// for bit. Above scale code 134 the factor leaves bf16's range and a second multiply follows
-// (2^127, then 2^(code - 134)); the NaN code makes the factor NaN.
-struct CodeScale {
-  uint32_t factor;  // bf16x2 pair of 2^(code - 7), or 2^127 when `large`
-  uint32_t extra;   // bf16x2 pair of 2^(code - 134), applied after `factor` when `large`
-  bool large;
-};
+// for bit. Above scale code 134 the factor leaves bf16's range: such a stage (weights above
+// 448 x 2^7 in a block; none in training) takes a second multiply per pair (2^127, then
+// 2^(code - 134); 1 for the other blocks). The NaN code makes the factor NaN.
+constexpr uint32_t kMxLargestSingleFactorCode = 134;
 
 __device__ __forceinline__ uint32_t bf16_pair_of_exponent(uint32_t biased) {
   return (biased << 7) | (biased << 23);
 }
 
-__device__ __forceinline__ CodeScale code_scale(uint32_t scale_code) {
-  if (scale_code == kE8m0Nan) return {0x7FC07FC0u, 0u, false};
-  const bool large = scale_code > 134;
-  return {bf16_pair_of_exponent(large ? 254u : scale_code + 120u),
-          bf16_pair_of_exponent(scale_code - 7u), large};
-}
+template <bool kTwice>
+struct CodeScale {
+  uint32_t factor;  // bf16x2 pair of 2^(code - 7), or 2^127 above kMxLargestSingleFactorCode
+  uint32_t extra;   // kTwice: the pair applied after `factor`, 2^(code - 134) or 1
+
+  __device__ __forceinline__ explicit CodeScale(uint32_t code) {
+    const bool large = kTwice && code > kMxLargestSingleFactorCode && code != kE8m0Nan;
+    factor = code == kE8m0Nan ? 0x7FC07FC0u
+                              : bf16_pair_of_exponent(large ? 254u : code + 120u);
+    extra = bf16_pair_of_exponent(large ? code - 7u : 127u);
+  }
+};
 
 __device__ __forceinline__ uint32_t bf16x2_mul(uint32_t a, uint32_t b) {
   uint32_t d;
@@ -130,23 +133,25 @@ __device__ __forceinline__ uint32_t bf16x2_mul(uint32_t a, uint32_t b) {
 }
 
 // Codes kByte and kByte + 1 of `four` as a bf16 pair of their values times the scale.
-template <int kByte, bool kLarge>
-__device__ __forceinline__ uint32_t dequantize_code_pair(uint32_t four, const CodeScale& s) {
+template <int kByte, bool kTwice>
+__device__ __forceinline__ uint32_t dequantize_code_pair(uint32_t four,
+                                                         const CodeScale<kTwice>& s) {
   // Byte kByte to bits 8..15, byte kByte + 1 to bits 24..31, zeros elsewhere.
   constexpr uint32_t kSelector = 0x0404u | (kByte << 4) | ((kByte + 1) << 12);
   uint32_t spread;
   asm("prmt.b32 %0, %1, 0, %2;" : "=r"(spread) : "r"(four), "n"(kSelector));
   const uint32_t bits = (spread & 0x80008000u) | ((spread & 0x7F007F00u) >> 4);
   const uint32_t scaled = bf16x2_mul(bits, s.factor);
-  return kLarge ? bf16x2_mul(scaled, s.extra) : scaled;
+  return kTwice ? bf16x2_mul(scaled, s.extra) : scaled;
 }
 
 // 16 codes (one 16-byte chunk) times their scale as bf16 into two 16-byte chunks of a
 // 128-byte-swizzled row: chunks q, q + 1 (q even) sit at q ^ (row % 8) and (q ^ (row % 8)) ^ 1,
 // so `swizzled` (the first's byte offset) gives both. `row`: the row's shared-space address.
-template <bool kLarge>
+template <bool kTwice>
 __device__ __forceinline__ void store_dequantized(uint32_t row, int swizzled, const uint4& codes,
-                                                  const CodeScale& s) {
+                                                  uint32_t scale_code) {
+  const CodeScale<kTwice> s(scale_code);
   const uint32_t* words = reinterpret_cast<const uint32_t*>(&codes);
 #pragma unroll
   for (int half = 0; half < 2; ++half) {
@@ -154,22 +159,10 @@ __device__ __forceinline__ void store_dequantized(uint32_t row, int swizzled, co
 #pragma unroll
     for (int w = 0; w < 2; ++w) {
       const uint32_t four = words[2 * half + w];
-      o[2 * w] = dequantize_code_pair<0, kLarge>(four, s);
-      o[2 * w + 1] = dequantize_code_pair<2, kLarge>(four, s);
+      o[2 * w] = dequantize_code_pair<0, kTwice>(four, s);
+      o[2 * w + 1] = dequantize_code_pair<2, kTwice>(four, s);
     }
     sts_16(row + (swizzled ^ (16 * half)), o[0], o[1], o[2], o[3]);
-  }
-}
-
-// A pass's chunk at its scale: the second multiply only where the scale needs it (weights
-// above 448 x 2^7 per block; none in training) - a branch, not a predicated multiply per pair.
-__device__ __forceinline__ void store_dequantized(uint32_t row, int swizzled, const uint4& codes,
-                                                  uint32_t scale_code) {
-  const CodeScale s = code_scale(scale_code);
-  if (s.large) {
-    store_dequantized<true>(row, swizzled, codes, s);
-  } else {
-    store_dequantized<false>(row, swizzled, codes, s);
   }
 }
 
@@ -233,7 +226,6 @@ struct MxWeightStage {
     const uint32_t scale_codes = smem_addr(scales) + o.scale;
     const int swizzled = o.swizzle;
     constexpr int kPassCodeBytes = kMxRowsPerPass * kGemmBlockK;
-    constexpr int kPassRowBytes = kMxRowsPerPass * 128;
     uint32_t scale[kMxPasses];
     uint4 chunk[kMxPasses];
 #pragma unroll
@@ -241,14 +233,35 @@ struct MxWeightStage {
       scale[p] = scale_code(scale_codes, p);
       chunk[p] = lds_16(codes + p * kPassCodeBytes);
     }
+    // No branch between the passes (a branch per pass made each wait for its scale code
+    // before converting: session 22's first version, 15% slower than the F2FP conversion);
+    // the rare stage with a scale above kMxLargestSingleFactorCode takes the second multiply
+    // for the whole warp (the named barriers inside need the warp converged).
+    bool twice = false;
+#pragma unroll
+    for (int p = 0; p < kMxPasses; ++p) {
+      twice |= scale[p] > kMxLargestSingleFactorCode && scale[p] != kE8m0Nan;
+    }
+    if (__any_sync(0xffffffffu, twice)) {
+      convert_passes<true>(rows, swizzled, chunk, scale);
+    } else {
+      convert_passes<false>(rows, swizzled, chunk, scale);
+    }
+  }
+
+  template <bool kTwice>
+  __device__ __forceinline__ static void convert_passes(uint32_t rows, int swizzled,
+                                                        const uint4 (&chunk)[kMxPasses],
+                                                        const uint32_t (&scale)[kMxPasses]) {
+    constexpr int kPassRowBytes = kMxRowsPerPass * 128;
 #pragma unroll
     for (int p = 0; p < kLowPasses; ++p) {
-      store_dequantized(rows + p * kPassRowBytes, swizzled, chunk[p], scale[p]);
+      store_dequantized<kTwice>(rows + p * kPassRowBytes, swizzled, chunk[p], scale[p]);
     }
     named_barrier_sync(kMxStageBarrier, kMxThreads);
 #pragma unroll
     for (int p = kLowPasses; p < kMxPasses; ++p) {
-      store_dequantized(rows + p * kPassRowBytes, swizzled, chunk[p], scale[p]);
+      store_dequantized<kTwice>(rows + p * kPassRowBytes, swizzled, chunk[p], scale[p]);
     }
     fence_proxy_async_shared();  // the generic-proxy writes, before wgmma reads them
     named_barrier_sync(kMxStageBarrier, kMxThreads);
