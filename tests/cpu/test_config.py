@@ -364,7 +364,7 @@ def test_mxfp8_weight_form_auto_picks_by_rows_per_local_expert():
     at = MXFP8_ROUNDED_MIN_ROWS
     assert mxfp8_weight_form(auto, at, 8, 8) == "rounded"  # exactly the threshold
     assert mxfp8_weight_form(auto, at - 1, 8, 8) == "codes"
-    assert mxfp8_weight_form(auto, 4096, 8, 256) == "codes"  # 128 rows per expert
+    assert mxfp8_weight_form(auto, 2048, 8, 256) == "codes"  # 64 rows per expert
     assert quantized_operands(auto, 4096, 8, 8)[1] is round_pair
     assert quantized_operands(auto, 64, 8, 8)[1] is quantize_pair
     for form in ("codes", "rounded"):

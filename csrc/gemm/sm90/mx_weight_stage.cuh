@@ -97,70 +97,23 @@ __device__ __forceinline__ void sts_16(uint32_t addr, uint32_t a, uint32_t b, ui
                : "memory");
 }
 
-// The conversion without conversion instructions (F2FP / HADD2.F32 issue at a quarter of the
-// integer and bf16x2 rate: 63% of this stage's stall samples at 4 of them per code, perf-log
-// session 20). An E4M3 byte b placed as the bf16 bits (b & 0x80) << 8 | (b & 0x7F) << 4 is
-// exactly b's value x 2^-120: E4M3's exponent field (bias 7) lands in bf16's (bias 127) and
-// its subnormal step 2^-9 becomes 2^-129, a bf16 subnormal step. One bf16x2 multiply by
-// 2^(e + 120) = 2^(code - 7) then applies the block's scale: exact where the result is a normal
-// bf16, rounded as the fp32 product rounded to bf16 below that - dequantize_pair's values, bit
-// for bit. Above scale code 134 the factor leaves bf16's range: such a stage (weights above
-// 448 x 2^7 in a block; none in training) takes a second multiply per pair (2^127, then
-// 2^(code - 134); 1 for the other blocks). The NaN code makes the factor NaN.
-constexpr uint32_t kMxLargestSingleFactorCode = 134;
-
-__device__ __forceinline__ uint32_t bf16_pair_of_exponent(uint32_t biased) {
-  return (biased << 7) | (biased << 23);
-}
-
-template <bool kTwice>
-struct CodeScale {
-  uint32_t factor;  // bf16x2 pair of 2^(code - 7), or 2^127 above kMxLargestSingleFactorCode
-  uint32_t extra;   // kTwice: the pair applied after `factor`, 2^(code - 134) or 1
-
-  __device__ __forceinline__ explicit CodeScale(uint32_t code) {
-    const bool large = kTwice && code > kMxLargestSingleFactorCode && code != kE8m0Nan;
-    factor = code == kE8m0Nan ? 0x7FC07FC0u
-                              : bf16_pair_of_exponent(large ? 254u : code + 120u);
-    extra = bf16_pair_of_exponent(large ? code - 7u : 127u);
-  }
-};
-
-__device__ __forceinline__ uint32_t bf16x2_mul(uint32_t a, uint32_t b) {
-  uint32_t d;
-  asm("mul.rn.bf16x2 %0, %1, %2;" : "=r"(d) : "r"(a), "r"(b));
-  return d;
-}
-
-// Codes kByte and kByte + 1 of `four` as a bf16 pair of their values times the scale.
-template <int kByte, bool kTwice>
-__device__ __forceinline__ uint32_t dequantize_code_pair(uint32_t four,
-                                                         const CodeScale<kTwice>& s) {
-  // Byte kByte to bits 8..15, byte kByte + 1 to bits 24..31, zeros elsewhere.
-  constexpr uint32_t kSelector = 0x0404u | (kByte << 4) | ((kByte + 1) << 12);
-  uint32_t spread;
-  asm("prmt.b32 %0, %1, 0, %2;" : "=r"(spread) : "r"(four), "n"(kSelector));
-  const uint32_t bits = (spread & 0x80008000u) | ((spread & 0x7F007F00u) >> 4);
-  const uint32_t scaled = bf16x2_mul(bits, s.factor);
-  return kTwice ? bf16x2_mul(scaled, s.extra) : scaled;
-}
-
-// 16 codes (one 16-byte chunk) times their scale as bf16 into two 16-byte chunks of a
-// 128-byte-swizzled row: chunks q, q + 1 (q even) sit at q ^ (row % 8) and (q ^ (row % 8)) ^ 1,
-// so `swizzled` (the first's byte offset) gives both. `row`: the row's shared-space address.
-template <bool kTwice>
+// 16 codes (one 16-byte chunk) times 2^e as bf16 into two 16-byte chunks of a 128-byte-swizzled
+// row: chunks q, q + 1 (q even) sit at q ^ (row % 8) and (q ^ (row % 8)) ^ 1, so `swizzled`
+// (the first's byte offset) gives both. `row`: the row's shared-space address. (Placing each
+// code's bits as a bf16 of value x 2^-120 and scaling with one bf16x2 multiply per pair issues
+// a third of these instructions, none at the conversion units' quarter rate, and was no faster
+// twice - sessions 14 and 22, perf-log: the arithmetic does not bound this stage.)
 __device__ __forceinline__ void store_dequantized(uint32_t row, int swizzled, const uint4& codes,
-                                                  uint32_t scale_code) {
-  const CodeScale<kTwice> s(scale_code);
-  const uint32_t* words = reinterpret_cast<const uint32_t*>(&codes);
+                                                  float factor) {
+  const uint32_t* pairs = reinterpret_cast<const uint32_t*>(&codes);
 #pragma unroll
   for (int half = 0; half < 2; ++half) {
     uint32_t o[4];
 #pragma unroll
     for (int w = 0; w < 2; ++w) {
-      const uint32_t four = words[2 * half + w];
-      o[2 * w] = dequantize_code_pair<0, kTwice>(four, s);
-      o[2 * w + 1] = dequantize_code_pair<2, kTwice>(four, s);
+      const uint32_t four = pairs[2 * half + w];
+#pragma unroll
+      for (int h = 0; h < 2; ++h) o[2 * w + h] = dequantize_pair(four >> (16 * h), factor);
     }
     sts_16(row + (swizzled ^ (16 * half)), o[0], o[1], o[2], o[3]);
   }
@@ -226,6 +179,7 @@ struct MxWeightStage {
     const uint32_t scale_codes = smem_addr(scales) + o.scale;
     const int swizzled = o.swizzle;
     constexpr int kPassCodeBytes = kMxRowsPerPass * kGemmBlockK;
+    constexpr int kPassRowBytes = kMxRowsPerPass * 128;
     uint32_t scale[kMxPasses];
     uint4 chunk[kMxPasses];
 #pragma unroll
@@ -233,35 +187,16 @@ struct MxWeightStage {
       scale[p] = scale_code(scale_codes, p);
       chunk[p] = lds_16(codes + p * kPassCodeBytes);
     }
-    // No branch between the passes (a branch per pass made each wait for its scale code
-    // before converting: session 22's first version, 15% slower than the F2FP conversion);
-    // the rare stage with a scale above kMxLargestSingleFactorCode takes the second multiply
-    // for the whole warp (the named barriers inside need the warp converged).
-    bool twice = false;
-#pragma unroll
-    for (int p = 0; p < kMxPasses; ++p) {
-      twice |= scale[p] > kMxLargestSingleFactorCode && scale[p] != kE8m0Nan;
-    }
-    if (__any_sync(0xffffffffu, twice)) {
-      convert_passes<true>(rows, swizzled, chunk, scale);
-    } else {
-      convert_passes<false>(rows, swizzled, chunk, scale);
-    }
-  }
-
-  template <bool kTwice>
-  __device__ __forceinline__ static void convert_passes(uint32_t rows, int swizzled,
-                                                        const uint4 (&chunk)[kMxPasses],
-                                                        const uint32_t (&scale)[kMxPasses]) {
-    constexpr int kPassRowBytes = kMxRowsPerPass * 128;
 #pragma unroll
     for (int p = 0; p < kLowPasses; ++p) {
-      store_dequantized<kTwice>(rows + p * kPassRowBytes, swizzled, chunk[p], scale[p]);
+      store_dequantized(rows + p * kPassRowBytes, swizzled, chunk[p],
+                        e8m0_factor(static_cast<uint8_t>(scale[p])));
     }
     named_barrier_sync(kMxStageBarrier, kMxThreads);
 #pragma unroll
     for (int p = kLowPasses; p < kMxPasses; ++p) {
-      store_dequantized<kTwice>(rows + p * kPassRowBytes, swizzled, chunk[p], scale[p]);
+      store_dequantized(rows + p * kPassRowBytes, swizzled, chunk[p],
+                        e8m0_factor(static_cast<uint8_t>(scale[p])));
     }
     fence_proxy_async_shared();  // the generic-proxy writes, before wgmma reads them
     named_barrier_sync(kMxStageBarrier, kMxThreads);
