@@ -46,7 +46,7 @@ def stall(world: int, stalled_rank: int) -> None:
 
     def stalled_launch(*args, rank: int = 0, **kw):
         if rank == stalled_rank:
-            counters = args[14]
+            counters = kw["counters"]  # megakernel_path passes the launch's buffers by name
             counters[-1] = 1000  # the arrival counter: no block's ticket makes it a puller
         return launch(*args, rank=rank, **kw)
 
