@@ -9,7 +9,8 @@ HybridEP / DeepEP where importable (reported as skipped otherwise).
         --tokens 2048 4096 8192 --out benchmarks/results/h200x2
 
 Each model runs with its full expert count and as its EP64-equivalent. Outputs are checked
-against each other before timing. Times: CUDA events after warm-up, per iteration the max
+against each other before timing. Times: CUDA events after warm-up (each timing starts after
+0.3 s of dense matmuls, so no path gains from a cooler GPU), per iteration the max
 over ranks, then the median over iterations; "bwd" is (fwd+bwd) - fwd. The roofline has
 three terms (shared/DESIGN.md section 4), each with peaks measured in this run: tensor cores
 (FLOPs / grouped-GEMM rate), HBM (weights read once + weight grads written + expert
@@ -235,8 +236,31 @@ def optional_baselines() -> dict[str, str]:
 # ------------------------------------------------------------------------------ timing
 
 
+_HEAT = []  # the matmul operands of precondition(), allocated once
+
+
+def precondition(seconds: float = 0.3) -> None:
+    """Dense bf16 matmuls for about `seconds` before a path is timed, so every path starts
+    from the clock and power state sustained tensor-core work leaves (training's): timed right
+    after lighter work (a weight quantization loop), a compute-bound path ran up to 10% faster
+    than after a heavy one (perf-log session 22, call 7) - the paths' order in a run was
+    deciding their ratios."""
+    if not _HEAT:
+        _HEAT.extend(torch.randn(2, 8192, 8192, device="cuda", dtype=torch.bfloat16).unbind(0))
+    a, b = _HEAT
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    a @ b
+    end.record()
+    torch.cuda.synchronize()
+    for _ in range(max(1, int(seconds / (start.elapsed_time(end) / 1e3)))):
+        a @ b
+    torch.cuda.synchronize()
+
+
 def timed(fn, iters: int, warmup: int) -> float:
-    """Median over iterations of the max over ranks, seconds."""
+    """Median over iterations of the max over ranks, seconds, after precondition()."""
+    precondition()
     def start_together():
         dist.barrier()
         torch.cuda.synchronize()

@@ -1,6 +1,7 @@
 #!/bin/bash
-# Session 22, call 7 (one H200): the mxfp8 forward megakernel at DeepSeek E=8 T=4096 ran 4.68 ms
-# in call 3 and 5.76 in call 6, whose run had no mxfp8 separate path before it. Two runs of
+# Session 22, call 7 (one H200; call 8 reruns it with bench_moe.py's precondition() before
+# every timing): the mxfp8 forward megakernel at DeepSeek E=8 T=4096 ran 4.68 ms in call 3
+# and 5.76 in call 6, whose run had no mxfp8 separate path before it. Two runs of
 # each path set, alternating: A = --mxfp8-megakernel (call 6's), B = --mxfp8
 # --mxfp8-megakernel (call 3's). Output: $OUT.
 #   bash benchmarks/results/h200_mxfp8_megakernel/run7.sh
