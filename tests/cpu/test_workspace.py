@@ -54,16 +54,18 @@ def test_tokens_region_holds_bf16_rows_and_fp8_wire_rows():
     assert o["inputs"] - o["tokens"] >= 64 * 32  # the 32-byte wire row, not the 16-byte bf16 row
 
 
-@pytest.mark.parametrize("precision,backward_inputs,block", [
-    ("bf16", "recomputed", None),
-    ("mxfp8", "recomputed", 32),
-    ("fp8_blockwise", "recomputed", 128),
-    ("mxfp8", "saved", None),  # wgrad reads forward's bf16 rows
-    ("fp8_blockwise", "saved", None),
+@pytest.mark.parametrize("precision,backward_inputs,forward_kernel,block", [
+    ("bf16", "recomputed", "separate", None),
+    ("mxfp8", "recomputed", "separate", 32),
+    ("fp8_blockwise", "recomputed", "separate", 128),
+    ("mxfp8", "saved", "separate", None),  # wgrad reads forward's bf16 rows
+    ("fp8_blockwise", "saved", "separate", None),
+    ("mxfp8", "recomputed", "megakernel", None),  # it pulls bf16 rows of the MXFP8 values
 ])
-def test_fp8_rows_on_the_wire_per_recipe(precision, backward_inputs, block):
+def test_fp8_rows_on_the_wire_per_recipe(precision, backward_inputs, forward_kernel, block):
     recipe = Recipe(name="t", precision=precision, backend="cuda",
-                    kernel=KernelKnobs(backward_inputs=backward_inputs))
+                    kernel=KernelKnobs(backward_inputs=backward_inputs,
+                                       forward_kernel=forward_kernel))
     layout = workspace_layout(topk=2, hidden=256, recipe=recipe)
     if block is None:
         assert fp8_wire_row(256, recipe) is None and layout.fp8_rows is None
