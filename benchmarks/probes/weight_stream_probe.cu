@@ -213,7 +213,8 @@ int main() {
       {kCodes, 3, 2, 1, 700, 2},      {kCodes, 3, 2, 1, 700, 4},    {kCodes, 3, 2, 1, 700, 8},
       {kCodesTiled, 3, 2, 1, 700, 4}, {kBf16, 3, 2, 1, 700, 2},     {kBf16, 3, 2, 1, 700, 4},
       {kBf16, 3, 2, 1, 1400, 0},      {kBf16, 3, 2, 1, 1400, 4},    {kCodes, 3, 2, 1, 1400, 0},
-      {kCodes, 3, 2, 1, 1400, 4}};
+      {kCodes, 3, 2, 1, 1400, 4},     {kBf16, 3, 2, 0, 700, 0},     {kCodes, 3, 2, 0, 700, 0},
+      {kCodes, 6, 2, 0, 700, 0},      {kCodes, 3, 2, 0, 700, 4}};
   const char* forms[] = {"bf16 rows", "codes rows", "codes tiled"};
   cudaEvent_t t0, t1;
   CHECK(cudaEventCreate(&t0));
