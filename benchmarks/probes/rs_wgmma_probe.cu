@@ -22,17 +22,9 @@
 #include <vector>
 
 #include "gemm/sm90/wgmma.cuh"
+#include "probe_check.cuh"
 
 using namespace mok::sm90;
-
-#define CHECK(x)                                                                          \
-  do {                                                                                    \
-    cudaError_t e_ = (x);                                                                 \
-    if (e_ != cudaSuccess) {                                                              \
-      printf("CUDA error %s at %s:%d\n", cudaGetErrorString(e_), __FILE__, __LINE__);     \
-      exit(1);                                                                            \
-    }                                                                                     \
-  } while (0)
 
 constexpr int kRows = 128;     // weight rows of a CTA tile (two warpgroups x m64)
 constexpr int kTokens = 128;   // n

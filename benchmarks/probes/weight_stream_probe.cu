@@ -25,17 +25,9 @@
 #include <cstdlib>
 
 #include "gemm/sm90/tma.cuh"
+#include "probe_check.cuh"
 
 using namespace mok::sm90;
-
-#define CHECK(x)                                                                      \
-  do {                                                                                \
-    cudaError_t e_ = (x);                                                             \
-    if (e_ != cudaSuccess) {                                                          \
-      printf("CUDA error %s at %s:%d\n", cudaGetErrorString(e_), __FILE__, __LINE__); \
-      exit(1);                                                                        \
-    }                                                                                 \
-  } while (0)
 
 constexpr int kExperts = 256, kN = 4096, kK = 7168, kRowsPerExpert = 64;
 constexpr int kHalfRows = 128, kNBlocks = kN / 2 / kHalfRows, kKBlock = 64;
