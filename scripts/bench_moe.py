@@ -38,7 +38,7 @@ import torch.nn.functional as F
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from gpu_timing import mean_seconds, per_call_seconds  # noqa: E402
+from gpu_timing import mean_seconds, per_call_seconds, precondition  # noqa: E402
 from mok_megatron.config import KernelKnobs, Recipe, load_model  # noqa: E402
 from mok_megatron.functional import moe_experts  # noqa: E402
 from mok_megatron import mxfp8_weights  # noqa: E402
@@ -234,28 +234,6 @@ def optional_baselines() -> dict[str, str]:
 
 
 # ------------------------------------------------------------------------------ timing
-
-
-_HEAT = []  # the matmul operands of precondition(), allocated once
-
-
-def precondition(seconds: float = 0.3) -> None:
-    """Dense bf16 matmuls for about `seconds` before a path is timed, so every path starts
-    from the clock and power state sustained tensor-core work leaves (training's): timed right
-    after lighter work (a weight quantization loop), a compute-bound path ran up to 10% faster
-    than after a heavy one (perf-log session 22, call 7) - the paths' order in a run was
-    deciding their ratios."""
-    if not _HEAT:
-        _HEAT.extend(torch.randn(2, 8192, 8192, device="cuda", dtype=torch.bfloat16).unbind(0))
-    a, b = _HEAT
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    start.record()
-    a @ b
-    end.record()
-    torch.cuda.synchronize()
-    for _ in range(max(1, int(seconds / (start.elapsed_time(end) / 1e3)))):
-        a @ b
-    torch.cuda.synchronize()
 
 
 def timed(fn, iters: int, warmup: int) -> float:
