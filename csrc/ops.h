@@ -118,8 +118,10 @@ void grouped_gemm(const at::Tensor& a, const at::Tensor& w, const at::Tensor& of
                   const c10::optional<at::Tensor>& w_scales, int64_t timeout_ns, int64_t rank);
 
 // megakernel/moe_forward.cu: pull-dispatch + FC1/activation + FC2 + push-combine in one
-// persistent launch. mxfp8: act is rounded to MXFP8 along F before FC2 reads it (rows must
-// hold MXFP8 values already); the weights are bf16 (under mxfp8 their MXFP8 values) or, with
+// persistent launch. mxfp8: act is rounded to MXFP8 along F before FC2 reads it, and the
+// published rows are FP8 wire rows (wire_row_bytes, wire_code_bytes, wire_block:
+// comm/wire_row.cuh) the pull dequantizes, or (wire_row_bytes 0) bf16 rows of MXFP8 values
+// already; the weights are bf16 (under mxfp8 their MXFP8 values) or, with
 // w1_scales and w2_scales, MXFP8 codes (gemm/mx_weight_checks.h). counters: int32 zeros
 // (ops.megakernel_counters sizes them). h_out
 // (optional) receives FC1's output for backward. minibatch_rows: rows the pull publishes at
@@ -132,6 +134,7 @@ void moe_forward_megakernel(const at::Tensor& peer_bases, int64_t tokens_offset,
                             int64_t max_tokens, int64_t topk, const at::Tensor& w1,
                             const at::Tensor& w2, const c10::optional<at::Tensor>& w1_scales,
                             const c10::optional<at::Tensor>& w2_scales, bool mxfp8,
+                            int64_t wire_row_bytes, int64_t wire_code_bytes, int64_t wire_block,
                             int64_t activation, at::Tensor& rows,
                             at::Tensor& act, const c10::optional<at::Tensor>& h_out,
                             at::Tensor& counters, int64_t comm_blocks, int64_t minibatch_rows,

@@ -42,15 +42,16 @@ def forward(plan: Plan, sched: Schedule, keep: bool) -> ExpertInputs:
                                counters=counters, comm_blocks=plan.comm_blocks_forward,
                                timeout_ns=ws.timeout_ns, minibatch_rows=plan.minibatch_rows,
                                ring_mblocks=plan.ring_mblocks, rank=ws.rank,
-                               **plan.operands.megakernel_weights(plan))
+                               wire=ws.layout.fp8_rows, **plan.operands.megakernel_weights(plan))
     return ExpertInputs(rows, h, act) if keep else ExpertInputs(None, None, None)
 
 
 def recompute(plan: Plan, sched: Schedule) -> ExpertInputs:
     """The rows, h and act forward had, bit for bit: the megakernel's FC1 tiles are the tile
-    engine's, so the standalone engine reproduces them. Under a quantized recipe the
-    separate path's FC1 is that engine on the same operands already (operands.py)."""
-    if plan.operands.rounds_published_rows:
+    engine's, so the standalone engine reproduces them. Under a quantized recipe (forward
+    dispatched FP8 wire rows) the separate path's FC1 is that engine on the same operands
+    already (operands.py)."""
+    if plan.ws.layout.fp8_rows is not None:
         return separate_path.recompute(plan, sched)
     ws = plan.ws
     rows = pull(plan, "inputs", sched)

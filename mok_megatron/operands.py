@@ -12,7 +12,7 @@ reads it, as the reference's expert MLP does (mxfp8.py, the table before ``_qmm`
 Q along H, F, F1 ("columns") cuts each row; Q_n cuts each expert's rows from its first row
 (the schedule's offsets). The activation operand is bf16 rows holding MXFP8 values: FC1's rows
 as the FP8 wire's pull delivers them when forward dispatches FP8 rows
-(symm_moe.fp8_wire_row), every other activation operand rounded per call by
+(symm_moe.fp8_wire_row; the forward megakernel's pull dequantizes them the same way), every other activation operand rounded per call by
 csrc/quant/mx_round.cu. The weights are quantized once per optimizer step in both
 orientations (mxfp8_weights.py) and kept in one of two forms (kernel.mxfp8_weights):
 - codes (one byte each): forward and dgrad on the tile engine that dequantizes them to bf16
@@ -92,10 +92,6 @@ class Bf16Operands:
     def both_ways(self, sched: "Schedule", x: torch.Tensor):
         """A backward operand (dh) as its dgrad and wgrad read it."""
         return x
-
-    # Whether the rows the forward megakernel pulls are published rounded to the recipe's
-    # format (round_published_rows) instead of as they are (ops.publish_inputs).
-    rounds_published_rows = False
 
     def megakernel_weights(self, plan: "Plan") -> dict:
         """The forward megakernel's weight arguments (ops.moe_forward_megakernel)."""
@@ -221,14 +217,9 @@ class Mxfp8Operands(_QuantizedOperands):
         return ops.mx_round_columns(a, sched.num_rows)
 
     # The forward megakernel (recomputed backward inputs only: config.recipe_problems) pulls
-    # x as FC1 reads it, rounded once at its source, and rounds act itself; its FC1 and FC2
-    # are the tile engine's with either form of the weights, so y is the separate path's bit
-    # for bit.
-    rounds_published_rows = True
-
-    def round_published_rows(self, x, out):
-        ops.mx_round_columns(x, out=out)
-
+    # x's FP8 wire rows as the separate path does, dequantized to the values FC1 reads, and
+    # rounds act itself; its FC1 and FC2 are the tile engine's with either form of the
+    # weights, so y is the separate path's bit for bit.
     def megakernel_weights(self, plan):
         w1, w2 = self.weights.w1, self.weights.w2
         if isinstance(w1, MxWeight):

@@ -95,16 +95,12 @@ class _SymmMoE(torch.autograd.Function):
         ws = plan.ws
         T, K = ids.shape
         ids32 = torch.empty(T, K, dtype=torch.int32, device=x.device)
-        # x as FC1 reads it: FP8 wire rows (the separate path under an FP8 recipe), rounded
-        # bf16 rows (the forward megakernel under one), or x itself.
+        # x as forward dispatches it: FP8 wire rows under an FP8 recipe, or x itself.
         fp8_rows = ws.layout.fp8_rows
-        rounded = plan.forward_megakernel and plan.operands.rounds_published_rows
         ops.publish_inputs(x, ids.contiguous(), probs.contiguous(), ws.buffer, ws.offsets,
-                           ids32, rows=fp8_rows is None and not rounded)
+                           ids32, rows=fp8_rows is None)
         if fp8_rows is not None:
             ops.publish_fp8_rows(x, ws.buffer, ws.offsets["tokens"], fp8_rows)
-        elif rounded:
-            plan.operands.round_published_rows(x, ws.tokens(T))
         ws.barrier(ops.Stage.FORWARD_PUBLISHED)
         sched = _schedule(plan)
         keep = not plan.recompute
@@ -224,11 +220,10 @@ def fp8_wire_row(hidden: int, recipe: Recipe) -> Optional[ops.Fp8WireRow]:
     """The FP8 rows forward dispatches under an FP8 recipe (x quantized once at its source,
     as FC1 reads it), or None: bf16 rows. Only with recomputed backward inputs, whose wgrad
     reads the bf16 rows pulled again from `inputs`; saved inputs keep forward's bf16 rows for
-    it (dW1 reads x quantized along each expert's rows, not along H). The forward
-    megakernel pulls bf16 rows (under mxfp8 x's MXFP8 values: operands.py)."""
+    it (dW1 reads x quantized along each expert's rows, not along H). Both forward kernels
+    pull them (the forward megakernel under mxfp8, dequantized as it pulls)."""
     knobs = recipe.kernel
-    if (recipe.precision not in QUANTIZED_OPERANDS or knobs.backward_inputs != "recomputed"
-            or knobs.forward_kernel == "megakernel"):
+    if recipe.precision not in QUANTIZED_OPERANDS or knobs.backward_inputs != "recomputed":
         return None
     return ops.Fp8WireRow(hidden, QUANTIZED_OPERANDS[recipe.precision][0].block)
 

@@ -11,6 +11,7 @@
 #include "common/error.cuh"
 #include "comm/copy_row.cuh"
 #include "comm/peer_row.cuh"
+#include "comm/wire_row.cuh"
 #include "config/kernel_config.cuh"
 #include "ops.h"
 #include "quant/mx_format.cuh"
@@ -63,22 +64,6 @@ __global__ void pull_fp8_rows_kernel(const int64_t* __restrict__ peer_bases,
              reinterpret_cast<const int4*>(remote), code_bytes / 16, lane);
     for (int b = lane; b < blocks; b += 32) scales[b * scale_stride + r] = remote[code_bytes + b];
   }
-}
-
-// 16 codes (one 16-byte vector of a wire row) times `factor` as 16 bf16 values at dst (8 of
-// them when the row's last vector holds only 8 columns: cols % 16 == 8).
-__device__ __forceinline__ void store_dequantized_codes(__nv_bfloat16* dst, const int4& codes,
-                                                        float factor, bool second_half) {
-  const uint32_t* four = reinterpret_cast<const uint32_t*>(&codes);
-  uint32_t o[8];
-#pragma unroll
-  for (int i = 0; i < 4; ++i) {
-    o[2 * i] = dequantize_pair(four[i], factor);
-    o[2 * i + 1] = dequantize_pair(four[i] >> 16, factor);
-  }
-  int4* out = reinterpret_cast<int4*>(dst);
-  out[0] = make_int4(o[0], o[1], o[2], o[3]);
-  if (second_half) out[1] = make_int4(o[4], o[5], o[6], o[7]);
 }
 
 // The same pull for an FC1 that multiplies bf16 (MXFP8's dequantizing engine): row r's codes
@@ -212,10 +197,7 @@ void pull_fp8_rows_dequantized(const at::Tensor& peer_bases, int64_t src_offset,
                  "and 16-byte aligned rows, got ", rows.sizes(), " stride ", rows.stride(0));
   const int64_t cap = rows.size(0), cols = rows.size(1);
   MOK_HOST_CHECK(row_slot.numel() >= cap, what, ": row_slot shorter than the row buffer");
-  MOK_HOST_CHECK(block > 0 && block % 16 == 0 && code_bytes >= cols && code_bytes % 16 == 0 &&
-                     row_bytes % 16 == 0 && row_bytes >= code_bytes + (cols + block - 1) / block,
-                 what, ": wire rows of ", row_bytes, " bytes (codes ", code_bytes, ", a scale "
-                 "code per ", block, ") do not hold ", cols, " codes");
+  check_wire_row(what, row_bytes, code_bytes, block, cols);
   if (cap == 0) return;
   auto stream = at::cuda::getCurrentCUDAStream();
   pull_fp8_rows_dequantized_kernel<<<row_blocks(), kRowThreads, 0, stream>>>(

@@ -46,7 +46,7 @@ inline void check_megakernel_call(const char* who, const at::Tensor& w1, const a
   MOK_HOST_CHECK(offsets.numel() == E + 1 && offsets.scalar_type() == at::kInt, who,
                  ": offsets must be int32 [E + 1]");
   MOK_HOST_CHECK(hidden % 8 == 0 && F % 8 == 0, who, ": H and F must be multiples of 8");
-  MOK_HOST_CHECK(pull_slots(static_cast<int>(hidden)) >= kPullMinSlots, who, ": H = ", hidden,
+  MOK_HOST_CHECK(pull_slots(static_cast<int>(2 * hidden)) >= kPullMinSlots, who, ": H = ", hidden,
                  " rows are too wide for the row-pulling ring (at most ",
                  kPullBytes / (2 * kPullMinSlots), ")");
   MOK_HOST_CHECK(minibatch_rows >= 1 && minibatch_rows <= (int64_t(1) << 30), who,

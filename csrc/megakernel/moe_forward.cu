@@ -26,14 +26,17 @@
 // from its storer, which waits only for its own stores. So the kernel needs just
 // comm_blocks + 1 blocks resident, not the whole grid - kernels of other streams (NCCL,
 // another rank's kernels when ranks share a GPU in tests) may hold SMs while it runs.
-// Recipes (kOperands): BF16; or MXFP8 (docs/mxfp8.md), with the rows already MXFP8 values
-// (x rounded at its source before it is published), act rounded along F by the storer before
+// Recipes (kOperands): BF16; or MXFP8 (docs/mxfp8.md), with x quantized once at its source
+// and published as FP8 wire rows that the pull dequantizes into bf16 rows of MXFP8 values
+// (megakernel/row_pull.cuh: one byte per element over NVLink; or, without a wire, published
+// as bf16 rows of those values), act rounded along F by the storer before
 // it is stored, and the weights either as their MXFP8 values in bf16 (rounded once per
 // optimizer step) or as E4M3 codes with E8M0 scales that the consumers dequantize per stage in
 // shared memory (gemm/sm90/mx_weight_stage.cuh, as grouped_gemm.cu does) - the same bits as
 // the separate path's FC1 and FC2 under the recipe.
 // Memory ordering: rows and activations are written by TMA / bulk stores (async proxy; an
-// expert's partial last block of activations by plain stores) and read by TMA in another
+// expert's partial last block of activations and dequantized wire rows by plain stores,
+// fenced before the release) and read by TMA in another
 // block: writer waits for its stores to complete -> fence.proxy.async -> release counter;
 // reader acquire -> fence.proxy.async.global -> TMA load.
 #include <ATen/cuda/CUDAContext.h>
@@ -68,6 +71,7 @@ using namespace sm90;
 struct ForwardArgs {
   const int64_t* peer_bases;  // [world] address of each rank's workspace
   int64_t tokens_offset;      // byte offset of the published token rows [max_tokens, H]
+  WireRow wire;               // their layout under an FP8 recipe (row_bytes 0: bf16 rows)
   int64_t slots_offset;       // byte offset of the combine slots [max_tokens * topk, H]
   const int32_t* offsets;     // [E + 1] expert row ranges in the row buffer
   const int32_t* row_slot;    // [rows] flat (source, token, k) of each row
@@ -152,7 +156,7 @@ __global__ void __launch_bounds__(kGemmThreads, 1)
   if (threadIdx.x < 32) {
     build_mblock_table(a.offsets, E, s.row_begin, s.mblock_begin);
   }
-  const int slots = pull_slots(a.hidden);
+  const int slots = pull_slots(a.wire.row_bytes > 0 ? a.wire.row_bytes : 2 * a.hidden);
   const PullRing pull_ring{s.epilogue.out[0], s.pull_full, s.pull_empty, slots,
                            min(32, max(1, slots / kPullLanesDivisor))};
   if (threadIdx.x == 32) {
@@ -188,9 +192,14 @@ __global__ void __launch_bounds__(kGemmThreads, 1)
                                    !(skip & (kSkipFc2 | kSkipWaits)),
                                    a.timeout_ns,
                                    a.report};
-      pull_rows_bulk(RowSource{a.peer_bases, a.row_slot, a.per_rank, a.topk, a.world},
-                     RowStreams{{a.tokens_offset, 0}, {a.rows, nullptr}, 1}, a.hidden, ticket,
-                     a.comm_blocks, pull_ring, placement, a.rows_ready);
+      const RowSource src{a.peer_bases, a.row_slot, a.per_rank, a.topk, a.world};
+      if (a.wire.row_bytes > 0) {
+        pull_wire_rows_bulk(src, a.tokens_offset, a.wire, a.hidden, a.rows, ticket,
+                            a.comm_blocks, pull_ring, placement, a.rows_ready);
+      } else {
+        pull_rows_bulk(src, RowStreams{{a.tokens_offset, 0}, {a.rows, nullptr}, 1}, a.hidden,
+                       ticket, a.comm_blocks, pull_ring, placement, a.rows_ready);
+      }
     }
     // Its rows are pulled (every slot's bulk store has completed): the block's shared memory
     // is free, and it joins the GEMM tiles below.
@@ -449,6 +458,7 @@ void moe_forward_megakernel(const at::Tensor& peer_bases, int64_t tokens_offset,
                             int64_t max_tokens, int64_t topk, const at::Tensor& w1,
                             const at::Tensor& w2, const c10::optional<at::Tensor>& w1_scales,
                             const c10::optional<at::Tensor>& w2_scales, bool mxfp8,
+                            int64_t wire_row_bytes, int64_t wire_code_bytes, int64_t wire_block,
                             int64_t activation, at::Tensor& rows,
                             at::Tensor& act, const c10::optional<at::Tensor>& h_out,
                             at::Tensor& counters, int64_t comm_blocks, int64_t minibatch_rows,
@@ -466,6 +476,14 @@ void moe_forward_megakernel(const at::Tensor& peer_bases, int64_t tokens_offset,
   const int sms = at::cuda::getCurrentDeviceProperties()->multiProcessorCount;
   check_megakernel_call("moe_forward_megakernel", w1, w2, offsets, peer_bases, H, F1,
                         minibatch_rows);
+  MOK_HOST_CHECK(wire_row_bytes == 0 || mxfp8,
+                 "moe_forward_megakernel: FP8 wire rows come under mxfp8 (x's MXFP8 codes)");
+  if (wire_row_bytes > 0) {
+    check_wire_row("moe_forward_megakernel", wire_row_bytes, wire_code_bytes, wire_block, H);
+    MOK_HOST_CHECK(pull_slots(static_cast<int>(wire_row_bytes)) >= kPullMinSlots,
+                   "moe_forward_megakernel: wire rows of ", wire_row_bytes,
+                   " bytes are too wide for the row-pulling ring");
+  }
   const bool codes = w1_scales.has_value();
   MOK_HOST_CHECK(w2_scales.has_value() == codes && (!codes || mxfp8),
                  "moe_forward_megakernel: weight scales come for both weights, under mxfp8");
@@ -507,6 +525,8 @@ void moe_forward_megakernel(const at::Tensor& peer_bases, int64_t tokens_offset,
   ForwardArgs args{};
   args.peer_bases = peer_bases.data_ptr<int64_t>();
   args.tokens_offset = tokens_offset;
+  args.wire = WireRow{static_cast<int>(wire_row_bytes), static_cast<int>(wire_code_bytes),
+                      static_cast<int>(wire_block)};
   args.slots_offset = slots_offset;
   args.offsets = offsets.data_ptr<int32_t>();
   args.row_slot = row_slot.data_ptr<int32_t>();

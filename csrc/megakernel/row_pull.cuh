@@ -22,6 +22,7 @@
 
 #include <cstdint>
 
+#include "comm/wire_row.cuh"
 #include "common/ptx.cuh"
 #include "gemm/sm90/tile_engine.cuh"
 #include "gemm/sm90/tile_epilogue.cuh"
@@ -39,8 +40,9 @@ static_assert(offsetof(sm90::StageRing, a) == 0 &&
                   offsetof(sm90::StageRing, b) == sizeof(sm90::StageRing::a),
               "ring.a and ring.b lie back to back");
 
-__host__ __device__ constexpr int pull_slots(int hidden) {
-  const size_t fit = kPullBytes / (size_t(hidden) * 2);
+// Whole-row slots of `row_bytes` (a bf16 row: 2 H; an FP8 wire row: WireRow::row_bytes).
+__host__ __device__ constexpr int pull_slots(int row_bytes) {
+  const size_t fit = kPullBytes / size_t(row_bytes);
   return fit < kPullMaxSlots ? int(fit) : kPullMaxSlots;
 }
 
@@ -156,6 +158,44 @@ __device__ __forceinline__ void for_each_chunk(const RowPlacement& placement, in
   }
 }
 
+// The loading warp of a row-pulling block: every row of its chunks, stream by stream, into
+// ring slot q % slots (q: the rows it has loaded before) as one bulk copy of `row_bytes` from
+// the source rank's published buffer. The schedule entries of the next step are fetched one
+// step ahead: the two dependent global reads per row (row_slot, then the peer's base)
+// otherwise cost more than the copy of a 4 KB row.
+__device__ inline void load_rows_into_ring(const RowSource& src, const RowStreams& streams,
+                                           uint32_t row_bytes, int comm_block, int comm_blocks,
+                                           const PullRing& ring, const RowPlacement& placement) {
+  const int lane = threadIdx.x % 32;
+  const int lanes = ring.lanes;
+  const int64_t peer_base = lane < src.world ? src.peer_bases[lane] : 0;
+  int seq = 0;  // rows this block has handled: row seq sits in slot seq % slots
+  for_each_chunk(placement, comm_block, comm_blocks, [&](int, int c0, int c1) {
+    for (int stream = 0; stream < streams.count; ++stream) {
+      const int64_t lane_base = lane < src.world ? peer_base + streams.offset[stream] : 0;
+      int flat_next = lane < lanes && c0 + lane < c1 ? src.row_slot[c0 + lane] : 0;
+      for (int base = c0; base < c1; base += lanes) {
+        // Every row number q is used exactly once, so each slot's barriers advance one
+        // phase per use and the parities stay right.
+        const int step = min(lanes, c1 - base);
+        const int q = seq + lane;
+        seq += step;
+        const int flat = flat_next;
+        const int ahead = base + lanes + lane;
+        flat_next = lane < lanes && ahead < c1 ? src.row_slot[ahead] : 0;
+        const char* from = row_source(src, flat, lane_base, row_bytes);
+        if (lane >= step) continue;
+        const int slot = q % ring.slots;
+        sm90::mbar_wait(&ring.empty[slot], ((q / ring.slots) & 1) ^ 1, placement.timeout_ns,
+                        sm90::kWaitPullSlot, base + lane, slot, placement.report);
+        sm90::mbar_arrive_expect_tx(&ring.full[slot], row_bytes);
+        sm90::bulk_load(ring.data + size_t(slot) * row_bytes, from, row_bytes,
+                        &ring.full[slot]);
+      }
+    }
+  });
+}
+
 // `streams`: the row tensors filled, each row of a chunk copied from every stream before the
 // chunk is published. `placement`: where each schedule row goes in them (place(r)) and, with
 // the ring, the wait for a macrobatch's slot to be free (wait_slot(k)), which the storing
@@ -173,35 +213,7 @@ __device__ inline void pull_rows_bulk(const RowSource& src, const RowStreams& st
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int lanes = ring.lanes;
   if (warp == 0) {
-    // Loader. The schedule entries of the next step are fetched one step ahead: the two
-    // dependent global reads per row (row_slot, then the peer's base) otherwise cost more
-    // than the copy of a 4 KB row.
-    const int64_t peer_base = lane < src.world ? src.peer_bases[lane] : 0;
-    int seq = 0;  // rows this block has handled: row seq sits in slot seq % slots
-    for_each_chunk(placement, comm_block, comm_blocks, [&](int, int c0, int c1) {
-      for (int stream = 0; stream < streams.count; ++stream) {
-        const int64_t lane_base = lane < src.world ? peer_base + streams.offset[stream] : 0;
-        int flat_next = lane < lanes && c0 + lane < c1 ? src.row_slot[c0 + lane] : 0;
-        for (int base = c0; base < c1; base += lanes) {
-          // Every row number q is used exactly once, so each slot's barriers advance one
-          // phase per use and the parities stay right.
-          const int step = min(lanes, c1 - base);
-          const int q = seq + lane;
-          seq += step;
-          const int flat = flat_next;
-          const int ahead = base + lanes + lane;
-          flat_next = lane < lanes && ahead < c1 ? src.row_slot[ahead] : 0;
-          const char* from = row_source(src, flat, lane_base, row_bytes);
-          if (lane >= step) continue;
-          const int slot = q % ring.slots;
-          sm90::mbar_wait(&ring.empty[slot], ((q / ring.slots) & 1) ^ 1, timeout_ns,
-                          sm90::kWaitPullSlot, base + lane, slot, report);
-          sm90::mbar_arrive_expect_tx(&ring.full[slot], row_bytes);
-          sm90::bulk_load(ring.data + size_t(slot) * row_bytes, from, row_bytes,
-                          &ring.full[slot]);
-        }
-      }
-    });
+    load_rows_into_ring(src, streams, row_bytes, comm_block, comm_blocks, ring, placement);
   } else if (warp == 1) {
     // Storer: same row numbering as the loader. A lane keeps two stores in flight: a slot is
     // freed once the lane's next store is issued and the one before has read it (the
@@ -247,6 +259,61 @@ __device__ inline void pull_rows_bulk(const RowSource& src, const RowStreams& st
       }
     });
   }
+}
+
+// The converting warps of a block pulling FP8 wire rows (pull_wire_rows_bulk): every warp but
+// the loader. Named barrier 1 while the block pulls: it runs no GEMM tile before the pull ends.
+constexpr int kPullConverterWarps = kGemmThreads / 32 - 1;
+constexpr int kPullConvertBarrier = 1;
+
+// The pull under an FP8 recipe: the source ranks publish wire rows (comm/wire_row.cuh), the
+// loading warp brings them into the ring as pull_rows_bulk's does (half the bytes of a bf16
+// row), and the other warps dequantize them into the bf16 row buffer `rows` - row q of the
+// block's sequence by warp 1 + q % kPullConverterWarps, 16 codes a lane at a time, stored
+// straight to global memory (a warp converts a 7168-wide row in ~14 steps; one warp per
+// row kept up with the bulk path's ~30 GB/s a block only with all warps converting). A slot
+// is free once its warp has read it (its loads feed the stores it issues, so __syncwarp
+// orders them). A chunk is published after every converting warp has stored its rows of it
+// and fenced them: plain stores, then fence -> named barrier -> one release per m-block;
+// FC1's producer acquires and fences the async proxy before its TMA reads, as for the bulk
+// stores.
+__device__ inline void pull_wire_rows_bulk(const RowSource& src, int64_t tokens_offset,
+                                           const WireRow& wire, int hidden,
+                                           __nv_bfloat16* rows, int comm_block, int comm_blocks,
+                                           const PullRing& ring, const RowPlacement& placement,
+                                           uint32_t* rows_ready) {
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  if (warp == 0) {
+    load_rows_into_ring(src, RowStreams{{tokens_offset, 0}, {rows, nullptr}, 1},
+                        uint32_t(wire.row_bytes), comm_block, comm_blocks, ring, placement);
+    return;
+  }
+  const int converter = warp - 1;
+  const int vecs = (hidden + 15) / 16;  // 16-code vectors of a row (inside the padded codes)
+  int seq = 0;
+  for_each_chunk(placement, comm_block, comm_blocks, [&](int macro, int c0, int c1) {
+    if (lane == 0) placement.wait_slot(macro);
+    __syncwarp();
+    for (int r = c0; r < c1; ++r, ++seq) {
+      if (seq % kPullConverterWarps != converter) continue;
+      const int slot = seq % ring.slots;
+      sm90::mbar_wait(&ring.full[slot], (seq / ring.slots) & 1, placement.timeout_ns,
+                      sm90::kWaitPullRow, r, slot, placement.report);
+      const uint8_t* codes = ring.data + size_t(slot) * wire.row_bytes;
+      __nv_bfloat16* row = rows + placement.place(r) * hidden;
+      for (int v = lane; v < vecs; v += 32) {
+        const uint4 c = sm90::ld_shared_16(codes + 16 * v);
+        const uint8_t scale = codes[wire.code_bytes + 16 * v / wire.block];
+        store_dequantized_codes(row + 16 * v, make_int4(c.x, c.y, c.z, c.w), e8m0_factor(scale),
+                                16 * v + 8 < hidden);
+      }
+      __syncwarp();
+      if (lane == 0) sm90::mbar_arrive(&ring.empty[slot]);
+    }
+    __threadfence();
+    sm90::named_barrier_sync(kPullConvertBarrier, 32 * kPullConverterWarps);
+    if (converter == 0 && lane == 0) publish_rows(placement.table, c0, c1, rows_ready);
+  });
 }
 
 }  // namespace mok

@@ -60,7 +60,7 @@ def test_tokens_region_holds_bf16_rows_and_fp8_wire_rows():
     ("fp8_blockwise", "recomputed", "separate", 128),
     ("mxfp8", "saved", "separate", None),  # wgrad reads forward's bf16 rows
     ("fp8_blockwise", "saved", "separate", None),
-    ("mxfp8", "recomputed", "megakernel", None),  # it pulls bf16 rows of the MXFP8 values
+    ("mxfp8", "recomputed", "megakernel", 32),  # its pull dequantizes them
 ])
 def test_fp8_rows_on_the_wire_per_recipe(precision, backward_inputs, forward_kernel, block):
     recipe = Recipe(name="t", precision=precision, backend="cuda",
