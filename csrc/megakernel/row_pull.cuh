@@ -270,8 +270,9 @@ constexpr int kPullConvertBarrier = 1;
 // loading warp brings them into the ring as pull_rows_bulk's does (half the bytes of a bf16
 // row), and the other warps dequantize them into the bf16 row buffer `rows` - row q of the
 // block's sequence by warp 1 + q % kPullConverterWarps, 16 codes a lane at a time, stored
-// straight to global memory (a warp converts a 7168-wide row in ~14 steps; one warp per
-// row kept up with the bulk path's ~30 GB/s a block only with all warps converting). A slot
+// straight to global memory (estimated, not measured: a warp converts a 7168-wide row in 14
+// steps of ~60 instructions, so the 11 warps together stay ahead of the ~30 GB/s a block's
+// bulk copies bring in; one converting warp would not). A slot
 // is free once its warp has read it (its loads feed the stores it issues, so __syncwarp
 // orders them). A chunk is published after every converting warp has stored its rows of it
 // and fenced them: plain stores, then fence -> named barrier -> one release per m-block;
