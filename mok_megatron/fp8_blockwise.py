@@ -41,8 +41,9 @@ from typing import Sequence
 import torch
 import torch.nn.functional as F
 
-from .activations import get_activation, weighted_activation_backward
+from . import quantized_mlp
 from .mxfp8 import E4M3_MAX, scale_exponent
+from .quantized_mlp import QuantizedGemms, accumulation_dtype
 
 BLOCK = 128
 
@@ -181,47 +182,26 @@ def fake_quantize_segments(x: torch.Tensor, offsets: torch.Tensor) -> torch.Tens
 # a multiple of 128.
 
 
-def _accumulation(dtype: torch.dtype) -> torch.dtype:
-    # reference.accumulation_dtype's rule (reference imports this module, so not from there).
-    return torch.float64 if dtype == torch.float64 else torch.float32
-
-
 def _matmul(qa: torch.Tensor, qb: torch.Tensor, out_dtype: torch.dtype) -> torch.Tensor:
     """round(qa @ qb) of fake-quantized (fp32) operands, accumulated in fp32 (fp64 for fp64
     outputs)."""
-    acc = _accumulation(out_dtype)
+    acc = accumulation_dtype(out_dtype)
     return (qa.to(acc) @ qb.to(acc)).to(out_dtype)
 
 
-class _ExpertMLP(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, x, w1, w2, probs, activation):
-        acc = _accumulation(x.dtype)
-        act = get_activation(activation)
-        h = _matmul(fake_quantize_rows(x), fake_quantize_weight(w1).t(), x.dtype)
-        a = (act(h.to(acc)) * probs.to(acc).unsqueeze(-1)).to(x.dtype)
-        o = _matmul(fake_quantize_rows(a), fake_quantize_weight(w2).t(), x.dtype)
-        ctx.save_for_backward(x, w1, w2, probs, h, a)
-        ctx.activation = activation
-        return o
-
-    @staticmethod
-    def backward(ctx, grad_o):
-        x, w1, w2, probs, h, a = ctx.saved_tensors
-        dt = x.dtype
-        grad_o = grad_o.to(dt)
-        d_a = _matmul(fake_quantize_rows(grad_o), fake_quantize_weight(w2), dt)
-        d_h, d_p = weighted_activation_backward(ctx.activation, h, probs, d_a,
-                                                _accumulation(dt))
-        d_x = _matmul(fake_quantize_rows(d_h), fake_quantize_weight(w1), dt)
-        # All rows are this expert's: one segment, blocks of 128 rows from the first.
-        d_w2 = _matmul(fake_quantize_rows(grad_o, 0).t(), fake_quantize_rows(a, 0), dt)
-        d_w1 = _matmul(fake_quantize_rows(d_h, 0).t(), fake_quantize_rows(x, 0), dt)
-        return d_x, d_w1, d_w2, d_p, None
+# Activations and gradients in 1 x 128 blocks along the row, weights in 128 x 128 blocks;
+# wgrad's operands in 128 x 1 blocks along the rows - all of one expert here, one segment from
+# the first row (quantized_mlp.py has the chain).
+GEMMS = QuantizedGemms(
+    forward=lambda rows, w, dt: _matmul(fake_quantize_rows(rows), fake_quantize_weight(w).t(), dt),
+    dgrad=lambda grad, w, dt: _matmul(fake_quantize_rows(grad), fake_quantize_weight(w), dt),
+    wgrad=lambda grad, rows, dt: _matmul(fake_quantize_rows(grad, 0).t(),
+                                         fake_quantize_rows(rows, 0), dt),
+)
 
 
 def expert_mlp(x: torch.Tensor, w1: torch.Tensor, w2: torch.Tensor, probs: torch.Tensor,
                activation: str = "swiglu") -> torch.Tensor:
     """One expert on its rows under the blockwise FP8 recipe (the section above);
     differentiable in x, w1, w2 and probs."""
-    return _ExpertMLP.apply(x, w1, w2, probs, activation)
+    return quantized_mlp.expert_mlp(x, w1, w2, probs, activation, GEMMS)

@@ -28,6 +28,9 @@ from __future__ import annotations
 
 import torch
 
+from . import quantized_mlp
+from .quantized_mlp import QuantizedGemms, accumulation_dtype
+
 BLOCK = 32
 E4M3_MAX = 448.0
 E8M0_BIAS = 127
@@ -108,53 +111,27 @@ def fake_quantize(x: torch.Tensor, dim: int = -1, block: int = BLOCK) -> torch.T
 # H, F or F1 is short when that size is not a multiple of 32.
 
 
-def _accumulation(dtype: torch.dtype) -> torch.dtype:
-    # reference.accumulation_dtype's rule (reference imports this module, so not from there).
-    return torch.float64 if dtype == torch.float64 else torch.float32
-
-
 def _qmm(a: torch.Tensor, b: torch.Tensor, dim_a: int, dim_b: int,
          out_dtype: torch.dtype) -> torch.Tensor:
     """round(Q(a) @ Q(b)) with a quantized along dim_a and b along dim_b (each its reduction
     dimension), accumulated in fp32 (fp64 for fp64 outputs)."""
-    acc = _accumulation(out_dtype)
+    acc = accumulation_dtype(out_dtype)
     qa = fake_quantize(a, dim_a).to(acc)
     qb = fake_quantize(b, dim_b).to(acc)
     return (qa @ qb).to(out_dtype)
 
 
-class _ExpertMLP(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, x, w1, w2, probs, activation):
-        from .activations import get_activation
-
-        acc = _accumulation(x.dtype)
-        act = get_activation(activation)
-        h = _qmm(x, w1.t(), 1, 0, x.dtype)
-        a = (act(h.to(acc)) * probs.to(acc).unsqueeze(-1)).to(x.dtype)
-        o = _qmm(a, w2.t(), 1, 0, x.dtype)
-        ctx.save_for_backward(x, w1, w2, probs, h, a)
-        ctx.activation = activation
-        return o
-
-    @staticmethod
-    def backward(ctx, grad_o):
-        from .activations import weighted_activation_backward
-
-        x, w1, w2, probs, h, a = ctx.saved_tensors
-        dt = x.dtype
-        grad_o = grad_o.to(dt)
-        d_a = _qmm(grad_o, w2, 1, 0, dt)
-        d_h, d_p = weighted_activation_backward(ctx.activation, h, probs, d_a,
-                                                _accumulation(dt))
-        d_x = _qmm(d_h, w1, 1, 0, dt)
-        d_w2 = _qmm(grad_o.t(), a, 1, 0, dt)
-        d_w1 = _qmm(d_h.t(), x, 1, 0, dt)
-        return d_x, d_w1, d_w2, d_p, None
+# Every GEMM of the recipe quantizes both operands along its reduction dimension
+# (quantized_mlp.py has the chain).
+GEMMS = QuantizedGemms(
+    forward=lambda rows, w, dt: _qmm(rows, w.t(), 1, 0, dt),
+    dgrad=lambda grad, w, dt: _qmm(grad, w, 1, 0, dt),
+    wgrad=lambda grad, rows, dt: _qmm(grad.t(), rows, 1, 0, dt),
+)
 
 
 def expert_mlp(x: torch.Tensor, w1: torch.Tensor, w2: torch.Tensor, probs: torch.Tensor,
                activation: str = "swiglu") -> torch.Tensor:
     """One expert on its rows under the MXFP8 recipe (the section above); differentiable in
     x, w1, w2 and probs."""
-    return _ExpertMLP.apply(x, w1, w2, probs, activation)
+    return quantized_mlp.expert_mlp(x, w1, w2, probs, activation, GEMMS)

@@ -30,10 +30,7 @@ import torch.distributed as dist
 from . import fp8_blockwise, mxfp8
 from .activations import get_activation
 from .inputs import MoECall, Weights, check_call, check_routing_values
-
-
-def accumulation_dtype(dtype: torch.dtype) -> torch.dtype:
-    return torch.float64 if dtype == torch.float64 else torch.float32
+from .quantized_mlp import accumulation_dtype
 
 
 def _matmul_nt(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:

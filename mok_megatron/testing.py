@@ -253,6 +253,28 @@ class MoEProblem:
                 "dw2": grad(w2)}
 
 
+def expert_problem(n: int, hidden: int, ffn: int, seed: int = 0):
+    """One expert's bf16 problem for a quantized recipe's expert_mlp: x [n, H], gated W1
+    [2F, H], W2 [H, F] (both scaled to unit output variance), probs [n] and dY [n, H], the
+    first four requiring grad."""
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(n, hidden, generator=g).bfloat16().requires_grad_()
+    w1 = (torch.randn(2 * ffn, hidden, generator=g) * hidden**-0.5).bfloat16().requires_grad_()
+    w2 = (torch.randn(hidden, ffn, generator=g) * ffn**-0.5).bfloat16().requires_grad_()
+    p = torch.rand(n, generator=g).requires_grad_()
+    do = torch.randn(n, hidden, generator=g).bfloat16()
+    return x, w1, w2, p, do
+
+
+def expert_grads(fn: Callable, x, w1, w2, p, do) -> dict[str, torch.Tensor]:
+    """y = fn(x, w1, w2, p, "swiglu") and its gradients for dY = do."""
+    for t in (x, w1, w2, p):
+        t.grad = None
+    y = fn(x, w1, w2, p, "swiglu")
+    y.backward(do)
+    return {"y": y.detach(), "dx": x.grad, "dw1": w1.grad, "dw2": w2.grad, "dprobs": p.grad}
+
+
 def layer_outputs(y: torch.Tensor, inputs: dict) -> dict[str, torch.Tensor]:
     """y and the gradients backward left in `inputs` (zeros where none arrived), where they
     were computed."""

@@ -17,6 +17,11 @@ three terms (shared/DESIGN.md section 4), each with peaks measured in this run: 
 activations, / copy bandwidth), NVLink (rows that cross GPUs per direction, / peer-copy
 bandwidth). The largest binds; "roof" is that floor over the measured time. The routed
 experts only: the shared expert is a dense MLP identical for every dispatcher.
+
+    ... scripts/bench_moe.py --recipe mxfp8 fp8_blockwise --models deepseek_v3_like
+
+times the quantized recipes next to bf16 in the same run (--mxfp8-megakernel adds mxfp8 on the
+forward megakernel), with bytes dispatched per row and peak memory.
 """
 
 from __future__ import annotations
@@ -619,8 +624,13 @@ def main(argv=None):
     p.add_argument("--cuda-graph", action="store_true",
                    help="also time the mok paths' forward and forward + backward replayed from "
                         "a CUDA graph")
+    p.add_argument("--recipe", nargs="+", default=[], choices=["bf16", "mxfp8", "fp8_blockwise"],
+                   help="recipes timed next to bf16 (which always runs): mxfp8 is --mxfp8 (the "
+                        "separate kernels), fp8_blockwise is --fp8-blockwise")
     p.add_argument("--out", type=Path, default=None)
     args = p.parse_args(argv)
+    args.mxfp8 = args.mxfp8 or "mxfp8" in args.recipe
+    args.fp8_blockwise = args.fp8_blockwise or "fp8_blockwise" in args.recipe
 
     for var, val in (("NCCL_NVLS_ENABLE", "0"), ("TORCH_SYMM_MEM_DISABLE_MULTICAST", "1"),
                      ("NVSHMEM_DISABLE_NVLS", "1")):

@@ -14,6 +14,7 @@ import torch
 from mok_megatron import config, demo, fp8_blockwise as fb
 from mok_megatron.config import ConfigError, load_recipe
 from mok_megatron.functional import resolve_backend
+from mok_megatron.testing import expert_grads, expert_problem
 
 
 def _e4m3_grid() -> list[float]:
@@ -259,30 +260,12 @@ def test_segments_with_an_empty_expert_and_bad_offsets():
 
 # ---- the expert MLP -----------------------------------------------------------------------
 
-def _expert_problem(n=300, H=200, F=72, seed=11):
-    g = torch.Generator().manual_seed(seed)
-    x = torch.randn(n, H, generator=g).bfloat16().requires_grad_()
-    w1 = (torch.randn(2 * F, H, generator=g) * H**-0.5).bfloat16().requires_grad_()
-    w2 = (torch.randn(H, F, generator=g) * F**-0.5).bfloat16().requires_grad_()
-    p = torch.rand(n, generator=g).requires_grad_()
-    do = torch.randn(n, H, generator=g).bfloat16()
-    return x, w1, w2, p, do
-
-
-def _grads(fn, x, w1, w2, p, do):
-    for t in (x, w1, w2, p):
-        t.grad = None
-    y = fn(x, w1, w2, p, "swiglu")
-    y.backward(do)
-    return {"y": y.detach(), "dx": x.grad, "dw1": w1.grad, "dw2": w2.grad, "dprobs": p.grad}
-
-
 def test_expert_mlp_follows_the_documented_formulas():
     """Each GEMM of fp8_blockwise.expert_mlp rewritten from its table with the operands
     quantized as stated (rows along H, F or F1, weights in 128x128 blocks, wgrad along the
     rows): the same bits, on CPU. Sizes off the block edges: 300 rows, H=200, F1=144."""
-    x, w1, w2, p, do = _expert_problem()
-    got = _grads(fb.expert_mlp, x, w1, w2, p, do)
+    x, w1, w2, p, do = expert_problem(300, 200, 72, seed=11)
+    got = expert_grads(fb.expert_mlp, x, w1, w2, p, do)
     qr, qw = fb.fake_quantize_rows, fb.fake_quantize_weight
     bf = torch.bfloat16
     silu = torch.nn.functional.silu
@@ -309,21 +292,21 @@ def test_expert_mlp_against_bf16_within_the_recipe_bounds():
     the same bits on a second run."""
     from mok_megatron.reference import expert_mlp as bf16_mlp
 
-    problem = _expert_problem(n=256, H=256, F=128, seed=13)
-    ref = _grads(bf16_mlp, *problem)
-    got = _grads(fb.expert_mlp, *problem)
+    problem = expert_problem(256, 256, 128, seed=13)
+    ref = expert_grads(bf16_mlp, *problem)
+    got = expert_grads(fb.expert_mlp, *problem)
     for name, r in ref.items():
         d, r = got[name].double(), r.double()
         assert float((d - r).abs().sum() / r.abs().sum()) <= 0.1, name
         cos = float(torch.nn.functional.cosine_similarity(d.flatten(), r.flatten(), dim=0))
         assert cos >= 0.996, (name, cos)
-    again = _grads(fb.expert_mlp, *problem)
+    again = expert_grads(fb.expert_mlp, *problem)
     assert all(torch.equal(again[n], got[n]) for n in got)
 
 
 def test_expert_without_rows():
-    x, w1, w2, p, do = _expert_problem(n=0)
-    got = _grads(fb.expert_mlp, x, w1, w2, p, do)
+    x, w1, w2, p, do = expert_problem(0, 200, 72, seed=11)
+    got = expert_grads(fb.expert_mlp, x, w1, w2, p, do)
     assert got["y"].shape == (0, 200) and got["dw1"].abs().sum() == 0
 
 

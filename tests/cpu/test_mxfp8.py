@@ -9,6 +9,7 @@ import pytest
 import torch
 
 from mok_megatron import mxfp8
+from mok_megatron.testing import expert_grads, expert_problem
 
 
 def _e4m3_grid() -> list[float]:
@@ -116,31 +117,13 @@ def test_error_bound_and_no_saturation():
     assert ((dq - x).abs()[normal] <= 2.0**-4 * x.abs()[normal]).all()
 
 
-def _expert_problem(n=80, H=96, F=40, seed=5):
-    g = torch.Generator().manual_seed(seed)
-    x = torch.randn(n, H, generator=g).bfloat16().requires_grad_()
-    w1 = (torch.randn(2 * F, H, generator=g) * H**-0.5).bfloat16().requires_grad_()
-    w2 = (torch.randn(H, F, generator=g) * F**-0.5).bfloat16().requires_grad_()
-    p = torch.rand(n, generator=g).requires_grad_()
-    do = torch.randn(n, H, generator=g).bfloat16()
-    return x, w1, w2, p, do
-
-
-def _grads(fn, x, w1, w2, p, do):
-    for t in (x, w1, w2, p):
-        t.grad = None
-    y = fn(x, w1, w2, p, "swiglu")
-    y.backward(do)
-    return {"y": y.detach(), "dx": x.grad, "dw1": w1.grad, "dw2": w2.grad, "dprobs": p.grad}
-
-
 def test_expert_mlp_follows_the_documented_formulas():
     """Each GEMM of mxfp8.expert_mlp, rewritten from its documentation with operands
     quantized along the stated dimensions (H, F, F1 or the expert's rows): the same bits
     (dprobs up to its summation order).
     Sizes off the block edges (H=96, F1=80, 80 rows: short last blocks)."""
-    x, w1, w2, p, do = _expert_problem()
-    got = _grads(mxfp8.expert_mlp, x, w1, w2, p, do)
+    x, w1, w2, p, do = expert_problem(80, 96, 40, seed=5)
+    got = expert_grads(mxfp8.expert_mlp, x, w1, w2, p, do)
     q = mxfp8.fake_quantize
     bf = torch.bfloat16
     xd, w1d, w2d, pd = (t.detach() for t in (x, w1, w2, p))
@@ -168,21 +151,21 @@ def test_expert_mlp_against_bf16_within_the_recipe_bounds():
     cosine >= 0.996; and the same bits on a second run."""
     from mok_megatron.reference import expert_mlp as bf16_mlp
 
-    problem = _expert_problem(n=256, H=256, F=128, seed=6)
-    ref = _grads(bf16_mlp, *problem)
-    got = _grads(mxfp8.expert_mlp, *problem)
+    problem = expert_problem(256, 256, 128, seed=6)
+    ref = expert_grads(bf16_mlp, *problem)
+    got = expert_grads(mxfp8.expert_mlp, *problem)
     for name, r in ref.items():
         d, r = got[name].double(), r.double()
         assert float((d - r).abs().sum() / r.abs().sum()) <= 0.1, name
         cos = float(torch.nn.functional.cosine_similarity(d.flatten(), r.flatten(), dim=0))
         assert cos >= 0.996, (name, cos)
-    again = _grads(mxfp8.expert_mlp, *problem)
+    again = expert_grads(mxfp8.expert_mlp, *problem)
     assert all(torch.equal(again[n], got[n]) for n in got)
 
 
 def test_expert_without_rows():
-    x, w1, w2, p, do = _expert_problem(n=0)
-    got = _grads(mxfp8.expert_mlp, x, w1, w2, p, do)
+    x, w1, w2, p, do = expert_problem(0, 96, 40, seed=5)
+    got = expert_grads(mxfp8.expert_mlp, x, w1, w2, p, do)
     assert got["y"].shape == (0, 96) and got["dw1"].abs().sum() == 0
 
 
