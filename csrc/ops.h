@@ -120,8 +120,7 @@ void grouped_gemm(const at::Tensor& a, const at::Tensor& w, const at::Tensor& of
 // megakernel/moe_forward.cu: pull-dispatch + FC1/activation + FC2 + push-combine in one
 // persistent launch. mxfp8: act is rounded to MXFP8 along F before FC2 reads it, and the
 // published rows are FP8 wire rows (wire_row_bytes, wire_code_bytes, wire_block:
-// comm/wire_row.cuh) the pull dequantizes, or (wire_row_bytes 0) bf16 rows of MXFP8 values
-// already; the weights are bf16 (under mxfp8 their MXFP8 values) or, with
+// comm/wire_row.cuh) the pull dequantizes (wire_row_bytes 0 without mxfp8); the weights are bf16 (under mxfp8 their MXFP8 values) or, with
 // w1_scales and w2_scales, MXFP8 codes (gemm/mx_weight_checks.h). counters: int32 zeros
 // (ops.megakernel_counters sizes them). h_out
 // (optional) receives FC1's output for backward. minibatch_rows: rows the pull publishes at

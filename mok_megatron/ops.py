@@ -443,8 +443,7 @@ def moe_forward_megakernel(peer_bases, tokens_offset, slots_offset, offsets, row
     """Pull-dispatch + FC1/activation + FC2 + push-combine in one persistent launch
     (csrc/megakernel/moe_forward.cu). ``mxfp8``: the MXFP8 recipe - the published rows are
     ``wire`` rows (publish_fp8_rows: x quantized along H at its source) that the pull
-    dequantizes, or without ``wire`` bf16 rows of x's MXFP8 values already; act is rounded
-    along F before FC2 reads it, and ``w1``/``w2`` are the weights' MXFP8 values in bf16 or,
+    dequantizes; act is rounded along F before FC2 reads it, and ``w1``/``w2`` are the weights' MXFP8 values in bf16 or,
     with ``w1_scales``/``w2_scales``, their codes (mxfp8_weights.MxWeight). ``h_out``: FC1's output for backward, or None (not
     kept). ``counters``: ``megakernel_counters(...)``, zeroed before every launch.
     ``minibatch_rows``: rows the pull copies and publishes together (the overlap unit).
@@ -469,8 +468,8 @@ def moe_forward_megakernel(peer_bases, tokens_offset, slots_offset, offsets, row
     weight_dtype = torch.float8_e4m3fn if codes else torch.bfloat16
     _check(w1.dtype == weight_dtype and w2.dtype == weight_dtype,
            f"weights must be {weight_dtype} (got {w1.dtype}, {w2.dtype})")
-    _check(wire is None or (mxfp8 and wire.hidden == rows.shape[1]),
-           "FP8 wire rows come under mxfp8, as wide as the rows")
+    _check(mxfp8 == (wire is not None) and (wire is None or wire.hidden == rows.shape[1]),
+           "mxfp8 pulls FP8 wire rows as wide as the rows, and only mxfp8 does")
     _check(0 <= rank < MAX_RANKS, f"rank {rank} outside [0, {MAX_RANKS})")
     wire_layout = (0, 0, 0) if wire is None else (wire.row_bytes, wire.code_bytes, wire.block)
     stall_watch.install()

@@ -28,8 +28,8 @@
 // another rank's kernels when ranks share a GPU in tests) may hold SMs while it runs.
 // Recipes (kOperands): BF16; or MXFP8 (docs/mxfp8.md), with x quantized once at its source
 // and published as FP8 wire rows that the pull dequantizes into bf16 rows of MXFP8 values
-// (megakernel/row_pull.cuh: one byte per element over NVLink; or, without a wire, published
-// as bf16 rows of those values), act rounded along F by the storer before
+// (megakernel/row_pull.cuh: one byte per element over NVLink), act rounded along F by the
+// storer before
 // it is stored, and the weights either as their MXFP8 values in bf16 (rounded once per
 // optimizer step) or as E4M3 codes with E8M0 scales that the consumers dequantize per stage in
 // shared memory (gemm/sm90/mx_weight_stage.cuh, as grouped_gemm.cu does) - the same bits as
@@ -476,8 +476,9 @@ void moe_forward_megakernel(const at::Tensor& peer_bases, int64_t tokens_offset,
   const int sms = at::cuda::getCurrentDeviceProperties()->multiProcessorCount;
   check_megakernel_call("moe_forward_megakernel", w1, w2, offsets, peer_bases, H, F1,
                         minibatch_rows);
-  MOK_HOST_CHECK(wire_row_bytes == 0 || mxfp8,
-                 "moe_forward_megakernel: FP8 wire rows come under mxfp8 (x's MXFP8 codes)");
+  MOK_HOST_CHECK((wire_row_bytes > 0) == mxfp8,
+                 "moe_forward_megakernel: mxfp8 pulls FP8 wire rows (x's MXFP8 codes), and only "
+                 "mxfp8 does");
   if (wire_row_bytes > 0) {
     check_wire_row("moe_forward_megakernel", wire_row_bytes, wire_code_bytes, wire_block, H);
     MOK_HOST_CHECK(pull_slots(static_cast<int>(wire_row_bytes)) >= kPullMinSlots,
