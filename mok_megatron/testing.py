@@ -253,7 +253,7 @@ class MoEProblem:
                 "dw2": grad(w2)}
 
 
-def expert_problem(n: int, hidden: int, ffn: int, seed: int = 0):
+def expert_problem(n: int, hidden: int, ffn: int, seed: int):
     """One expert's bf16 problem for a quantized recipe's expert_mlp: x [n, H], gated W1
     [2F, H], W2 [H, F] (both scaled to unit output variance), probs [n] and dY [n, H], the
     first four requiring grad."""

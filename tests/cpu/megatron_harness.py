@@ -244,9 +244,10 @@ def _entry(rank, world_size, expert_model_parallel_size, port, out_dir, fn, args
     os._exit(0)
 
 
-# A crash of gloo's own coalesced reduce-scatter (torch 2.11), seen twice in about ten CI runs
-# under Megatron's overlapped grad reduce and never when rerun (docs/megatron.md): such a run
-# is repeated once, loudly; a second crash, or any other, fails.
+# A segfault inside torch's coalescing manager - seen twice in about ten CI runs, both in
+# gloo's coalesced reduce-scatter under Megatron's overlapped grad reduce, never when rerun
+# (docs/megatron.md; the fault dump names the Python frame, not the collective): such a run is
+# repeated once, loudly; a second crash, or any other, fails.
 GLOO_COALESCED_CRASH = ("Segmentation fault", "in _coalescing_manager")
 
 
@@ -266,8 +267,8 @@ def run_distributed(world_size: int, fn, *args, expert_model_parallel_size=None,
                 dumps.append(f"--- rank {r} (result written: {done}) ---\n{text or '(no dump)'}")
             report = f"{exc}\n" + "\n".join(dumps)
             if retries > 0 and all(s in report for s in GLOO_COALESCED_CRASH):
-                print(f"run_distributed: gloo's coalesced reduce-scatter crashed; running "
-                      f"again once\n{report}", file=sys.stderr)
+                print(f"run_distributed: a rank crashed inside torch's coalescing manager "
+                      f"(gloo); running again once\n{report}", file=sys.stderr)
                 return run_distributed(world_size, fn, *args, expert_model_parallel_size=ep,
                                        retries=retries - 1)
             raise RuntimeError(report) from exc

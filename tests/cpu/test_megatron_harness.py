@@ -1,6 +1,6 @@
-"""megatron_harness.run_distributed repeats a run once when gloo's coalesced reduce-scatter
-crashed (GLOO_COALESCED_CRASH: seen twice in CI, never reproduced; docs/megatron.md) - and only
-then: any other crash, or that one twice, fails. The crashes here are real segfaults in the
+"""megatron_harness.run_distributed repeats a run once when a rank segfaulted inside torch's
+coalescing manager (GLOO_COALESCED_CRASH: gloo's coalesced reduce-scatter, seen twice in CI,
+never reproduced; docs/megatron.md) - and only then: any other crash, or that one twice, fails. The crashes here are real segfaults in the
 spawned rank, inside functions named as torch's coalescing manager or not."""
 
 import ctypes
