@@ -275,9 +275,9 @@ constexpr int kPullConvertBarrier = 1;
 // bulk copies bring in; one converting warp would not). A slot
 // is free once its warp has read it (its loads feed the stores it issues, so __syncwarp
 // orders them). A chunk is published after every converting warp has stored its rows of it
-// and fenced them: plain stores, then fence -> named barrier -> one release per m-block;
-// FC1's producer acquires and fences the async proxy before its TMA reads, as for the bulk
-// stores.
+// and fenced them: plain stores, then fence -> named barrier -> the async-proxy fence and one
+// release per m-block; FC1's producer acquires and fences the async proxy before its TMA
+// reads, as for the bulk stores.
 __device__ inline void pull_wire_rows_bulk(const RowSource& src, int64_t tokens_offset,
                                            const WireRow& wire, int hidden,
                                            __nv_bfloat16* rows, int comm_block, int comm_blocks,
@@ -313,7 +313,12 @@ __device__ inline void pull_wire_rows_bulk(const RowSource& src, int64_t tokens_
     }
     __threadfence();
     sm90::named_barrier_sync(kPullConvertBarrier, 32 * kPullConverterWarps);
-    if (converter == 0 && lane == 0) publish_rows(placement.table, c0, c1, rows_ready);
+    if (converter == 0 && lane == 0) {
+      // The plain stores before FC1's TMA reads of them, as the backward megakernel's writers
+      // of plain stores order theirs (its readers fence the async proxy too).
+      fence_proxy_async_global();
+      publish_rows(placement.table, c0, c1, rows_ready);
+    }
   });
 }
 
