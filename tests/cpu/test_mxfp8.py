@@ -173,14 +173,15 @@ def test_mxfp8_megakernels_the_recipe_allows(tmp_path):
     """The CUDA backend runs MXFP8 forward on the separate kernels or the forward megakernel
     (with backward_inputs: recomputed: the megakernel's rows are MXFP8 values already, which
     wgrad's quantization along the expert's rows cannot start from) and backward on the
-    separate kernels; any other setting is refused - at load and at a call - never run as
-    BF16."""
+    separate kernels or the backward megakernel (recomputed inputs, weights as rounded
+    values: auto picks rounded for it); any other setting is refused - at load and at a call
+    - never run as BF16."""
     import dataclasses
 
     from mok_megatron.config import ConfigError, load_recipe
     from mok_megatron.functional import resolve_backend
     from mok_megatron.inputs import check_call
-    from mok_megatron.symm_moe import check_kernel_call
+    from mok_megatron.symm_moe import check_kernel_call, mxfp8_weight_form
 
     recipe = load_recipe("mxfp8")
     assert resolve_backend(recipe, torch.device("cuda")) == "cuda"
@@ -194,9 +195,19 @@ def test_mxfp8_megakernels_the_recipe_allows(tmp_path):
                       torch.zeros(2, 64, 32, dtype=torch.bfloat16), activation="swiglu", world=1)
     check_kernel_call(call, recipe)
     check_kernel_call(call, knobs(forward_kernel="megakernel"))
-    with pytest.raises(ValueError, match="kernel.backward_kernel: precision mxfp8 runs backward "
-                                         "on the separate kernels"):
-        check_kernel_call(call, knobs(backward_kernel="megakernel"))
+    for kernel in ("separate", "megakernel"):
+        check_kernel_call(call, knobs(forward_kernel=kernel, backward_kernel="megakernel"))
+        check_kernel_call(call, knobs(forward_kernel=kernel, backward_kernel="megakernel",
+                                      mxfp8_weights="rounded"))
+        assert mxfp8_weight_form(knobs(forward_kernel=kernel, backward_kernel="megakernel"),
+                                 tokens=4, topk=2, num_local=2) == "rounded"
+    assert mxfp8_weight_form(recipe, tokens=4, topk=2, num_local=2) == "codes"
+    with pytest.raises(ValueError, match="kernel.backward_inputs: the backward megakernel under "
+                                         "mxfp8 .* set it to recomputed"):
+        check_kernel_call(call, knobs(backward_kernel="megakernel", backward_inputs="saved"))
+    with pytest.raises(ValueError, match="kernel.mxfp8_weights: the backward megakernel under "
+                                         "mxfp8 .* set it to rounded or auto"):
+        check_kernel_call(call, knobs(backward_kernel="megakernel", mxfp8_weights="codes"))
     with pytest.raises(ValueError, match="kernel.backward_inputs: the forward megakernel under "
                                          "mxfp8 .* set it to recomputed"):
         check_kernel_call(call, knobs(forward_kernel="megakernel", backward_inputs="saved"))
@@ -204,8 +215,11 @@ def test_mxfp8_megakernels_the_recipe_allows(tmp_path):
     path.write_text("precision: mxfp8\nkernel:\n  forward_kernel: megakernel\n")
     assert load_recipe(str(path)).kernel.forward_kernel == "megakernel"
     path.write_text("precision: mxfp8\nkernel:\n  backward_kernel: megakernel\n")
-    with pytest.raises(ConfigError, match="kernel.backward_kernel: precision mxfp8 runs "
-                                          "backward on the separate kernels"):
+    assert load_recipe(str(path)).kernel.backward_kernel == "megakernel"
+    path.write_text("precision: mxfp8\nkernel:\n  backward_kernel: megakernel\n"
+                    "  mxfp8_weights: codes\n")
+    with pytest.raises(ConfigError, match="kernel.mxfp8_weights: the backward megakernel under "
+                                          "mxfp8 reads the weights as bf16"):
         load_recipe(str(path))
 
 
