@@ -21,6 +21,7 @@ import argparse
 import json
 import os
 import re
+import statistics
 import subprocess
 import sys
 from pathlib import Path
@@ -51,11 +52,39 @@ WHEEL_FLAGS = ["--transformer-impl", "local", "--no-persist-layer-norm",
                "--no-gradient-accumulation-fusion"]
 
 ITERATION_LOSS = re.compile(r"iteration\s+(\d+)/\s*\d+ \|.*? lm loss: ([0-9.eE+-]+) \|")
+# Megatron's per-iteration log: its time and the batch it took (training.py training_log).
+ITERATION_TIME = re.compile(r"iteration\s+(\d+)/\s*\d+ \|.*? elapsed time per iteration \(ms\): "
+                            r"([0-9.]+) \|.*? global batch size:\s*(\d+) \|")
+# Iterations left out of the throughput: the first ones compile, allocate and warm up.
+WARMUP_ITERATIONS = 3
 
 # Launcher variables of an enclosing torchrun, which would confuse the one started here.
 _LAUNCHER_VARS = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "GROUP_RANK",
                   "GROUP_WORLD_SIZE", "ROLE_RANK", "ROLE_WORLD_SIZE", "ROLE_NAME", "MASTER_ADDR",
                   "MASTER_PORT")
+
+
+def launcher_env() -> dict:
+    """This process's environment for a torchrun started from it (also from inside a torchrun
+    worker: its launcher's variables left out), multicast off, the repository importable."""
+    env = {k: v for k, v in os.environ.items()
+           if k not in _LAUNCHER_VARS and not k.startswith("TORCHELASTIC_")}
+    env.update(SAFE_ENV, PYTHONPATH=os.pathsep.join(filter(None, [str(REPO),
+                                                                  env.get("PYTHONPATH")])))
+    return env
+
+
+def tokens_per_second(log: str, seq_length: int) -> float:
+    """Median training throughput of a Megatron log (tokens per second, all GPUs): global
+    batch x seq_length over each logged iteration's time, the first WARMUP_ITERATIONS left out
+    (all of them when that leaves none). NaN for a log without iteration times."""
+    rates = [int(batch) * seq_length / (float(ms) / 1e3)
+             for it, ms, batch in ITERATION_TIME.findall(log)
+             if int(it) > WARMUP_ITERATIONS and float(ms) > 0]
+    if not rates:
+        rates = [int(batch) * seq_length / (float(ms) / 1e3)
+                 for _, ms, batch in ITERATION_TIME.findall(log) if float(ms) > 0]
+    return statistics.median(rates) if rates else float("nan")
 
 
 def training_args(steps: int, nproc: int, seed: int) -> list[str]:
@@ -83,7 +112,8 @@ def recipe_with_backend(recipe: str, backend: Optional[str], out: Path) -> str:
     return str(derived.resolve())
 
 
-def run(dispatcher: str, opts, recipe: str, name: str) -> list[float]:
+def run(dispatcher: str, opts, recipe: str, name: str) -> tuple[list[float], float]:
+    """-> (the loss at every step, tokens per second)."""
     load_dispatcher(dispatcher).check_available()
     # WHEEL_FLAGS run Megatron's local layers, without Transformer Engine: the recipe's flags
     # for a run without it, wherever TE is installed.
@@ -95,10 +125,7 @@ def run(dispatcher: str, opts, recipe: str, name: str) -> list[float]:
     command = [sys.executable, "-m", "torch.distributed.run", "--standalone",
                "--nproc-per-node", str(opts.nproc),
                str(REPO / "scripts" / "pretrain_mok_gpt.py"), *args]
-    env = {k: v for k, v in os.environ.items()
-           if k not in _LAUNCHER_VARS and not k.startswith("TORCHELASTIC_")}
-    env.update(SAFE_ENV, PYTHONPATH=os.pathsep.join(filter(None, [str(REPO),
-                                                                  env.get("PYTHONPATH")])))
+    env = launcher_env()
     log = opts.out / f"train_{name.replace('/', '_')}.log"
     print(f"[{name}] {' '.join(command)}\n[{name}] log: {log}", flush=True)
     with open(log, "w") as f:
@@ -109,7 +136,8 @@ def run(dispatcher: str, opts, recipe: str, name: str) -> list[float]:
         sys.stdout.write(text[-4000:])
         raise SystemExit(f"[{name}] training failed (exit {proc.returncode}, "
                          f"{len(losses)}/{opts.steps} steps logged); see {log}")
-    return [losses[i] for i in sorted(losses)]
+    return ([losses[i] for i in sorted(losses)],
+            tokens_per_second(text, load_model(opts.model).seq_length))
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
@@ -133,7 +161,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     # One run per (dispatcher, recipe), named "dispatcher/recipe" when several recipes run.
     runs = {(f"{d}/{r}" if len(recipes) > 1 else d): (d, path)
             for r, path in recipes.items() for d in opts.dispatchers}
-    curves = {name: run(d, opts, path, name) for name, (d, path) in runs.items()}
+    results = {name: run(d, opts, path, name) for name, (d, path) in runs.items()}
+    curves = {name: curve for name, (curve, _) in results.items()}
+    throughput = {name: rate for name, (_, rate) in results.items()}
     first, *others = runs
     print(f"{'step':>4} " + " ".join(f"{n:>14}" for n in runs))
     for step in range(opts.steps):
@@ -142,8 +172,12 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
              for n in others}
     for n, diff in worst.items():
         print(f"max relative loss difference {first} vs {n}: {diff:.3e} (rtol {opts.rtol:g})")
+    print("tokens/s (median after the first iterations): " + ", ".join(
+        f"{n} {rate:,.0f}" + (f" (x{rate / throughput[first]:.2f} of {first})" if n != first
+                               else "") for n, rate in throughput.items()))
     summary = {"nproc": opts.nproc, "steps": opts.steps, "model": opts.model,
-               "recipes": recipes, "curves": curves, "max_relative_difference": worst}
+               "recipes": recipes, "curves": curves, "max_relative_difference": worst,
+               "tokens_per_second": throughput}
     (opts.out / "summary.json").write_text(json.dumps(summary, indent=2))
     return 0 if all(diff <= opts.rtol for diff in worst.values()) else 1
 

@@ -89,10 +89,11 @@ def test_macrobatch_ring_bit_identical_to_no_ring(group, backward_kernel):
 
 
 # Both megakernels (dY pulled and dX rows pushed over NVLink) and the FP8 recipes (the separate
-# kernels; forward pulls FP8 wire rows from the peers).
+# kernels, forward pulling FP8 wire rows from the peers; MXFP8 on the forward megakernel too).
 SETTINGS = {
     "megakernels": {**MEGAKERNEL, "backward_kernel": "megakernel", "comm_sms_backward": 8},
     "mxfp8": {"precision": "mxfp8"},
+    "mxfp8_megakernel": {**MEGAKERNEL, "precision": "mxfp8", "backward_inputs": "recomputed"},
     "fp8_blockwise": {"precision": "fp8_blockwise"},
 }
 
