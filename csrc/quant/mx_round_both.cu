@@ -114,20 +114,8 @@ __global__ void __launch_bounds__(kMxRoundThreads, kCtasPerSm)
       const int4 v4 = here && r < len ? src.row(r0 + r)[v] : make_int4(0, 0, 0, 0);
       x[i][0] = v4.x, x[i][1] = v4.y, x[i][2] = v4.z, x[i][3] = v4.w;
     }
-    uint32_t col_max[4] = {0, 0, 0, 0};
-    uint32_t row_max[kWidePasses / 2];
-#pragma unroll
-    for (int i = 0; i < kWidePasses; ++i) {
-      uint32_t m = 0;
-#pragma unroll
-      for (int k = 0; k < 4; ++k) {
-        const uint32_t mk = magnitudes(x[i][k]);
-        col_max[k] = larger_halves(col_max[k], mk);
-        m = larger_halves(m, mk);
-      }
-      m = max(m & 0xFFFFu, m >> 16);
-      row_max[i / 2] = i % 2 == 0 ? m : row_max[i / 2] | (m << 16);
-    }
+    uint32_t col_max[4], row_max[kWidePasses / 2];
+    block_maxima(x, col_max, row_max);
 #pragma unroll
     for (int p = 0; p < kWidePasses / 2; ++p) {
 #pragma unroll

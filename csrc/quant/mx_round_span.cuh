@@ -49,21 +49,8 @@ __device__ __forceinline__ void mx_round_span(const Rows& src, int64_t r0, int r
     const int4 v4 = here && i < rows ? src.row(r0 + i)[v] : make_int4(0, 0, 0, 0);
     x[i][0] = v4.x, x[i][1] = v4.y, x[i][2] = v4.z, x[i][3] = v4.w;
   }
-  // Max magnitude patterns: per column pair over the rows, per row (two rows a word).
-  uint32_t col_max[4] = {0, 0, 0, 0};
-  uint32_t row_max[kMxSpanLaneRows / 2];
-#pragma unroll
-  for (int i = 0; i < kMxSpanLaneRows; ++i) {
-    uint32_t m = 0;
-#pragma unroll
-    for (int k = 0; k < 4; ++k) {
-      const uint32_t mk = magnitudes(x[i][k]);
-      col_max[k] = larger_halves(col_max[k], mk);
-      m = larger_halves(m, mk);
-    }
-    m = max(m & 0xFFFFu, m >> 16);
-    row_max[i / 2] = i % 2 == 0 ? m : row_max[i / 2] | (m << 16);
-  }
+  uint32_t col_max[4], row_max[kMxSpanLaneRows / 2];
+  block_maxima(x, col_max, row_max);
   if constexpr (kAlongN) {
 #pragma unroll
     for (int k = 0; k < 4; ++k) {
@@ -86,13 +73,13 @@ __device__ __forceinline__ void mx_round_span(const Rows& src, int64_t r0, int r
       BlockScale(col_max[3] & 0xFFFFu), BlockScale(col_max[3] >> 16)};
 #pragma unroll
   for (int i = 0; i < kMxSpanLaneRows; ++i) {
+    const BlockScale row(i % 2 == 0 ? row_max[i / 2] & 0xFFFFu : row_max[i / 2] >> 16);
+    const int4 k = round_vector(x[i], &row, &row, 0);
+    const int4 n = round_vector(x[i], &col[0], &col[1], 2);
     if (i < rows) {
       const int64_t at = (r0 + i) * vecs + v;
-      if constexpr (kAlongK) {
-        const BlockScale row(i % 2 == 0 ? row_max[i / 2] & 0xFFFFu : row_max[i / 2] >> 16);
-        along_k[at] = round_vector(x[i], &row, &row, 0);
-      }
-      if constexpr (kAlongN) along_n[at] = round_vector(x[i], &col[0], &col[1], 2);
+      if constexpr (kAlongK) along_k[at] = k;
+      if constexpr (kAlongN) along_n[at] = n;
     }
   }
 }
