@@ -21,6 +21,7 @@ from __future__ import annotations
 import contextlib
 import faulthandler
 import os
+import re
 import socket
 import sys
 import tempfile
@@ -244,11 +245,23 @@ def _entry(rank, world_size, expert_model_parallel_size, port, out_dir, fn, args
     os._exit(0)
 
 
-# A segfault inside torch's coalescing manager - seen twice in about ten CI runs, both in
-# gloo's coalesced reduce-scatter under Megatron's overlapped grad reduce, never when rerun
-# (docs/megatron.md; the fault dump names the Python frame, not the collective): such a run is
-# repeated once, loudly; a second crash, or any other, fails.
-GLOO_COALESCED_CRASH = ("Segmentation fault", "in _coalescing_manager")
+# A rank segfaulting inside a torch.distributed collective - its innermost Python frame in
+# torch/distributed/distributed_c10d.py - seen three times in about fifteen CI runs, always in
+# gloo's coalesced collectives under Megatron's overlapped buckets (the reduce-scatter's
+# _coalescing_manager twice, the parameter all-gather's _CoalescingManager.wait once), under CPU
+# load, never when rerun (docs/megatron.md): such a run is repeated once, loudly; a second
+# crash, or any other, fails.
+C10D_MODULE = os.path.join("torch", "distributed", "distributed_c10d.py")
+_FRAME = re.compile(r'File "([^"]+)", line \d+ in ')
+
+
+def crashed_in_c10d(dump: str) -> bool:
+    """A rank's fault dump (faulthandler's) is a segfault whose first listed thread was inside
+    torch.distributed's c10d module."""
+    if "Segmentation fault" not in dump:
+        return False
+    frame = _FRAME.search(dump)
+    return frame is not None and frame.group(1).endswith(C10D_MODULE)
 
 
 def run_distributed(world_size: int, fn, *args, expert_model_parallel_size=None,
@@ -259,15 +272,16 @@ def run_distributed(world_size: int, fn, *args, expert_model_parallel_size=None,
             mp.spawn(_entry, args=(world_size, ep, _free_port(), out_dir, fn, args),
                      nprocs=world_size)
         except mp.ProcessExitedException as exc:
-            dumps = []
+            dumps, texts = [], []
             for r in range(world_size):
                 path = os.path.join(out_dir, f"rank{r}.fault")
                 text = open(path).read().strip() if os.path.exists(path) else ""
+                texts.append(text)
                 done = os.path.exists(os.path.join(out_dir, f"rank{r}.pt"))
                 dumps.append(f"--- rank {r} (result written: {done}) ---\n{text or '(no dump)'}")
             report = f"{exc}\n" + "\n".join(dumps)
-            if retries > 0 and all(s in report for s in GLOO_COALESCED_CRASH):
-                print(f"run_distributed: a rank crashed inside torch's coalescing manager "
+            if retries > 0 and any(map(crashed_in_c10d, texts)):
+                print(f"run_distributed: a rank crashed inside a torch.distributed collective "
                       f"(gloo); running again once\n{report}", file=sys.stderr)
                 return run_distributed(world_size, fn, *args, expert_model_parallel_size=ep,
                                        retries=retries - 1)
