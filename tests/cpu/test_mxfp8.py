@@ -259,3 +259,29 @@ def test_weight_cache_invalidation(monkeypatch):
     entries = len(mw._cache)
     del other
     assert len(mw._cache) == entries - 1  # the other owner's entry went with it
+
+
+def test_backward_megakernel_weights_per_form():
+    """What the backward megakernel gets under each recipe (operands.py): BF16 the stacked
+    weights and no transposed ones; MXFP8 with rounded weights W1's values along H and the
+    dgrads' transposed values (W1^T, W2^T); MXFP8 with codes a clear refusal (the recipe
+    check refuses that setting before any call)."""
+    from types import SimpleNamespace
+
+    from mok_megatron.mxfp8_weights import MxWeight, Mxfp8Weights, RoundedWeights
+    from mok_megatron.operands import Bf16Operands, Fp8BlockwiseOperands, Mxfp8Operands
+
+    E, F1, H, F = 2, 16, 8, 8
+    plan = SimpleNamespace(w1=torch.randn(E, F1, H), w2=torch.randn(E, H, F))
+    w1, w2, transposed = Bf16Operands().backward_megakernel_weights(plan)
+    assert w1 is plan.w1 and w2 is plan.w2 and transposed is None
+    rounded = RoundedWeights(torch.randn(E, F1, H), torch.randn(E, H, F),
+                             torch.randn(E, H, F1), torch.randn(E, F, H))
+    w1, w2, transposed = Mxfp8Operands(rounded).backward_megakernel_weights(plan)
+    assert w1 is rounded.w1 and w2 is plan.w2
+    assert transposed[0] is rounded.w1_t and transposed[1] is rounded.w2_t
+    code = MxWeight(torch.zeros(1), torch.zeros(1))
+    with pytest.raises(NotImplementedError, match="kernel.mxfp8_weights: rounded"):
+        Mxfp8Operands(Mxfp8Weights(code, code, code, code)).backward_megakernel_weights(plan)
+    with pytest.raises(NotImplementedError, match="does not run this recipe"):
+        Fp8BlockwiseOperands(None).backward_megakernel_weights(plan)
