@@ -143,10 +143,6 @@ struct BackwardOrder {
                       nb_dgrad1) +
            experts * wgrad_tiles();
   }
-  // Tiles per m-block of a rounding kind.
-  __host__ __device__ int round_tiles(int kind) const {
-    return kind == kRoundIn ? nb_round_in() : kind == kRoundAct ? nb_round_act : nb_round_dh;
-  }
   // The tile's place among its expert part's weight-gradient tiles.
   __device__ int wgrad_index(const BackwardTile& w) const {
     return w.kind == kWgrad2 ? w.block * nb_wgrad2 + w.n_block
