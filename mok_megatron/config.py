@@ -98,7 +98,8 @@ class KernelKnobs:
     # the activation backward, dX and dprob pushes and both weight gradients;
     # comm_sms_backward blocks pull dY rows, and x rows with backward_inputs: recomputed, which
     # it reruns FC1 on inside the launch). With backward_inputs: saved the megakernel also
-    # keeps forward's act (F more bf16 per row).
+    # keeps forward's act (F more bf16 per row). Precisions bf16 and mxfp8, the latter with
+    # backward_inputs: recomputed and mxfp8_weights rounded (or auto, which then picks it).
     backward_kernel: Literal["separate", "megakernel"] = "separate"
     # What backward starts from. "recomputed" (the default: what a many-layer model can hold):
     # forward keeps only the schedule (8 bytes per row); backward pulls the token rows again
@@ -121,7 +122,8 @@ class KernelKnobs:
     # in shared memory. "rounded": the MXFP8 values as bf16, 2 bytes per weight, multiplied by
     # the same tile engine as plain bf16 weights (no per-tile conversion). "auto": rounded
     # where a call's average rows per local expert (tokens x topk / local experts, known from
-    # shapes) reach MXFP8_ROUNDED_MIN_ROWS, codes below.
+    # shapes) reach MXFP8_ROUNDED_MIN_ROWS, codes below; rounded wherever backward_kernel is
+    # megakernel (it reads no codes).
     mxfp8_weights: Literal["auto", "codes", "rounded"] = "auto"
 
 
@@ -390,10 +392,19 @@ def recipe_problems(r: Recipe) -> Iterator[tuple[str, str]]:
     if r.precision != "mxfp8" and r.kernel.mxfp8_weights != "auto":
         yield ("kernel.mxfp8_weights", f"only precision mxfp8 reads it (this recipe's is "
                                        f"{r.precision}): leave it at auto")
-    if r.precision in FP8_PRECISIONS and r.kernel.backward_kernel != "separate":
-        yield ("kernel.backward_kernel", f"precision {r.precision} runs backward on the separate "
-                                         "kernels so far (the backward megakernel is BF16): set "
-                                         "it to separate")
+    if r.precision == "fp8_blockwise" and r.kernel.backward_kernel != "separate":
+        yield ("kernel.backward_kernel", "precision fp8_blockwise runs backward on the separate "
+                                         "kernels so far (the backward megakernel runs bf16 and "
+                                         "mxfp8): set it to separate")
+    if r.precision == "mxfp8" and r.kernel.backward_kernel == "megakernel":
+        if r.kernel.backward_inputs != "recomputed":
+            yield ("kernel.backward_inputs", "the backward megakernel under mxfp8 rounds the rows "
+                                             "it pulls in place, which forward's saved rows "
+                                             "must outlive: set it to recomputed")
+        if r.kernel.mxfp8_weights == "codes":
+            yield ("kernel.mxfp8_weights", "the backward megakernel under mxfp8 reads the weights "
+                                           "as bf16 MXFP8 values (its dgrads have no per-stage "
+                                           "code conversion yet): set it to rounded or auto")
     if r.precision == "fp8_blockwise" and r.kernel.forward_kernel != "separate":
         yield ("kernel.forward_kernel", "precision fp8_blockwise runs forward on the separate "
                                         "kernels so far (the forward megakernel runs bf16 and "

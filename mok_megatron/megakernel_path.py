@@ -1,5 +1,5 @@
 """The megakernel path: the expert stage of a MoE call as one persistent kernel each way
-(forward under bf16 and mxfp8, backward under bf16: config.recipe_problems).
+(under bf16 and mxfp8: config.recipe_problems).
 
 forward   csrc/megakernel/moe_forward.cu: pull x rows | FC1 + act * p | FC2 | push result
           rows to their (source rank, token, k) slots
@@ -8,7 +8,8 @@ recompute pull x rows again | FC1 + act * p by the same tile engine (bit-identic
 backward  csrc/megakernel/moe_backward.cu: pull dY rows (and x, recomputing) | FC1 again
           (recomputing) | FC2-dgrad + act backward | dW2 | FC1-dgrad, dX rows and dprobs
           pushed to the source slots | dW1; recomputing, macrobatch by macrobatch through a
-          ring, so its buffers do not grow with the routing
+          ring, so its buffers do not grow with the routing; under mxfp8 it also rounds dY,
+          x, act and dh (operands.py's table) once each, inside the launch
 
 symm_moe.py runs the publish, barriers and fixed-order reductions around these calls.
 """
@@ -81,6 +82,11 @@ def backward(plan: Plan, sched: Schedule, kept: Optional[ExpertInputs]):
     if kept is None:
         kept = ExpertInputs(rows_buffer(hidden), rows_buffer(f1), rows_buffer(ffn))
     dout, dh = rows_buffer(hidden), rows_buffer(f1)
+    w1, w2, transposed = plan.operands.backward_megakernel_weights(plan)
+    mxfp8 = None
+    if transposed is not None:
+        mxfp8 = ops.MxBackwardOperands(*transposed, rows_buffer(hidden), rows_buffer(hidden),
+                                       rows_buffer(f1))
     dprob_part = torch.empty(ops.dprob_part_size(n, ffn), dtype=torch.float32, device=device)
     if plan.main_grads is None:
         dw1 = torch.empty(plan.w1.shape, dtype=torch.bfloat16, device=device)
@@ -91,15 +97,15 @@ def backward(plan: Plan, sched: Schedule, kept: Optional[ExpertInputs]):
         into = dict(dw1_fp32=plan.main_grads.dw1, dw2_fp32=plan.main_grads.dw2)
     wgrad_tiles = ops.backward_wgrad_tiles(hidden, ffn, f1)
     counters = ops.backward_megakernel_counters(cap, plan.num_local, device, ring_mblocks,
-                                                wgrad_tiles)
+                                                wgrad_tiles, mxfp8=mxfp8 is not None)
     carry = ops.backward_carry(cap, plan.num_local, ring_mblocks, wgrad_tiles, device)
     ops.moe_backward_megakernel(ws.peer_bases, ws.offsets["tokens"],
                                 ws.offsets["inputs"], ws.offsets["slots"],
                                 ws.offsets["slot_values"], sched.offsets, sched.row_slot,
-                                sched.row_prob, ws.layout.max_tokens, plan.topk, plan.w1,
-                                plan.w2, plan.activation, kept.rows, kept.h, kept.act, dout,
-                                dh, dprob_part, counters, plan.comm_blocks_backward,
-                                ws.timeout_ns, **into, carry=carry,
+                                sched.row_prob, ws.layout.max_tokens, plan.topk, w1, w2,
+                                plan.activation, kept.rows, kept.h, kept.act, dout, dh,
+                                dprob_part, counters, plan.comm_blocks_backward,
+                                ws.timeout_ns, **into, carry=carry, mxfp8=mxfp8,
                                 minibatch_rows=plan.minibatch_rows, ring_mblocks=ring_mblocks,
                                 rank=ws.rank)
     return dw1, dw2

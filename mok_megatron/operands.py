@@ -39,7 +39,9 @@ Under both FP8 recipes backward's operands that two GEMMs read - dY, dh and the 
 rows, along K by a dgrad or FC1 and along the expert's rows by wgrad - get both forms from one
 pass (RoundedBoth: dY and the rows as they are pulled, dh after the activation's backward),
 so none is read once per form. Only act (wgrad alone) and forward's saved rows are rounded
-along the rows by themselves.
+along the rows by themselves. The backward megakernel under mxfp8 multiplies the same
+operands: its rounding tiles run the both-forms pass's arithmetic inside the launch
+(csrc/megakernel/mx_round_tile.cuh).
 """
 
 from __future__ import annotations
@@ -96,6 +98,11 @@ class Bf16Operands:
     def megakernel_weights(self, plan: "Plan") -> dict:
         """The forward megakernel's weight arguments (ops.moe_forward_megakernel)."""
         return dict(w1=plan.w1, w2=plan.w2)
+
+    def backward_megakernel_weights(self, plan: "Plan") -> tuple:
+        """The backward megakernel's weights: (w1, w2, transposed), transposed the dgrads'
+        (W1^T, W2^T) where the recipe reads them so (ops.MxBackwardOperands), else None."""
+        return plan.w1, plan.w2, None
 
     def fc1(self, plan: "Plan", sched: "Schedule", rows: torch.Tensor):
         """-> (h [cap, F1], act = act(h) * p [cap, F])."""
@@ -162,6 +169,10 @@ class _QuantizedOperands(Bf16Operands, abc.ABC):
         raise NotImplementedError(f"{type(self).__name__}: the forward megakernel does not run "
                                   f"this recipe (config.recipe_problems refuses it)")
 
+    def backward_megakernel_weights(self, plan):
+        raise NotImplementedError(f"{type(self).__name__}: the backward megakernel does not run "
+                                  f"this recipe (config.recipe_problems refuses it)")
+
     def _along_k(self, sched, a):
         return a.along_k if isinstance(a, RoundedBoth) else self._prepare(sched, a)
 
@@ -226,6 +237,18 @@ class Mxfp8Operands(_QuantizedOperands):
             return dict(w1=w1.codes, w2=w2.codes, w1_scales=w1.scales, w2_scales=w2.scales,
                         mxfp8=True)
         return dict(w1=w1, w2=w2, mxfp8=True)
+
+    # The backward megakernel (recomputed inputs, rounded weights: config.recipe_problems)
+    # rounds dY, x, act and dh itself, as the separate backward's both-forms passes do, and
+    # multiplies the rounded weights: FC1 again on W1 along H, the dgrads on the transposed
+    # copies, K-major.
+    def backward_megakernel_weights(self, plan):
+        w = self.weights
+        if isinstance(w.w1, MxWeight):
+            raise NotImplementedError("mxfp8: the backward megakernel reads the weights as "
+                                      "bf16 MXFP8 values (kernel.mxfp8_weights: rounded), not "
+                                      "as codes (config.recipe_problems refuses it)")
+        return w.w1, plan.w2, (w.w1_t, w.w2_t)
 
     def _gemm(self, plan, sched, a, w, out, **epilogue):
         codes, scales = (w.codes, w.scales) if isinstance(w, MxWeight) else (w, None)

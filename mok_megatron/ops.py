@@ -488,6 +488,7 @@ def moe_backward_megakernel(peer_bases, tokens_offset: int, inputs_offset: int,
                             max_tokens: int, topk: int, w1, w2, activation: str, rows, h, act,
                             dout, dh, dprob_part, counters, comm_blocks: int, timeout_ns: int,
                             *, dw1=None, dw2=None, dw1_fp32=None, dw2_fp32=None, carry=None,
+                            mxfp8: Optional[MxBackwardOperands] = None,
                             minibatch_rows: int = MEGAKERNEL_BLOCK_M, ring_mblocks: int = 0,
                             rank: int = 0) -> None:
     """Pull dY + FC2-dgrad with the activation backward + dW2 + FC1-dgrad (dX rows and dprobs
@@ -503,7 +504,10 @@ def moe_backward_megakernel(peer_bases, tokens_offset: int, inputs_offset: int,
     the launch's own buffers. Each weight gradient goes to ``dw`` (bf16, stacked like the
     weight) or is added into fp32 tensors whose addresses ``dw_fp32`` lists (int64 [E], e.g.
     Megatron's main_grad). ``counters``: ``backward_megakernel_counters(...)``, zeroed before
-    every launch."""
+    every launch. ``mxfp8`` (ring only): every GEMM multiplies MXFP8 values
+    (MxBackwardOperands), ``w1`` then being W1's MXFP8 values along H; the launch rounds dY,
+    x, act and dh itself, overwriting ``dout``, ``rows``, ``act`` and ``dh`` with their forms
+    along the rows."""
     _cuda("peer_bases", peer_bases, torch.int64)
     _cuda("offsets", offsets, torch.int32)
     _cuda("row_slot", row_slot, torch.int32)
@@ -523,13 +527,33 @@ def moe_backward_megakernel(peer_bases, tokens_offset: int, inputs_offset: int,
            "each weight gradient is either bf16 (dw) or fp32 accumulated (dw_fp32)")
     _check(w1.dtype == torch.bfloat16 and w2.dtype == torch.bfloat16, "weights must be bf16")
     _check(0 <= rank < MAX_RANKS, f"rank {rank} outside [0, {MAX_RANKS})")
+    mx = mxfp8 or MxBackwardOperands(None, None, None, None, None)
+    if mxfp8 is not None:
+        _check(ring_mblocks > 0, "MXFP8 runs with the ring (recomputed inputs) only")
+        for name, t in vars(mxfp8).items():
+            _cuda(name, t, torch.bfloat16)
     stall_watch.install()
     extension().moe_backward_megakernel(peer_bases, tokens_offset, inputs_offset, slots_offset,
                                         values_offset, offsets, row_slot, row_prob, max_tokens,
                                         topk, w1, w2, ACTIVATION_IDS[activation], rows, h, act,
                                         dout, dh, dprob_part, dw1, dw2, dw1_fp32, dw2_fp32,
-                                        carry, counters, comm_blocks, minibatch_rows,
-                                        ring_mblocks, MACROBATCH_RING_SLOTS, timeout_ns, rank)
+                                        carry, mx.w1_t, mx.w2_t, mx.rows_k, mx.dout_k, mx.dh_k,
+                                        counters, comm_blocks, minibatch_rows, ring_mblocks,
+                                        MACROBATCH_RING_SLOTS, timeout_ns, rank)
+
+
+@dataclasses.dataclass(frozen=True)
+class MxBackwardOperands:
+    """What the backward megakernel reads under MXFP8 beyond the BF16 launch's arguments: the
+    dgrads' weights as MXFP8 values along their K, transposed (``w1_t`` [E, H, F1] along F1,
+    ``w2_t`` [E, F, H] along H: mxfp8_weights.RoundedWeights), and the launch's buffers of the
+    forms rounded along K (``rows_k``, ``dout_k`` [ring rows, H], ``dh_k`` [ring rows, F1])."""
+
+    w1_t: Optional[torch.Tensor]
+    w2_t: Optional[torch.Tensor]
+    rows_k: Optional[torch.Tensor]
+    dout_k: Optional[torch.Tensor]
+    dh_k: Optional[torch.Tensor]
 
 
 DGRAD2_COLS = 128  # csrc/megakernel/backward_tiles.cuh kDgrad2Cols
@@ -568,15 +592,18 @@ def macrobatches(rows: int, num_experts: int, ring_mblocks: int) -> int:
 
 
 def backward_megakernel_counters(rows: int, num_experts: int, device, ring_mblocks: int = 0,
-                                 wgrad_tiles: int = 0) -> torch.Tensor:
+                                 wgrad_tiles: int = 0, mxfp8: bool = False) -> torch.Tensor:
     """Zeroed counters for a backward megakernel launch over `rows` scheduled rows: per
     m-block rows pulled, FC1 and FC2-dgrad tile halves stored; per macrobatch tile halves
     done; with the ring (``ring_mblocks``), per macrobatch and weight-gradient tile
     (``backward_wgrad_tiles``) the carries stored; per macrobatch the three totals; the tile
-    counter and the arrival ticket counter."""
+    counter and the arrival ticket counter; under MXFP8, per m-block and then per macrobatch
+    the halves of its three kinds of rounding tiles."""
     macros = macrobatches(rows, num_experts, ring_mblocks)
+    mblocks = _max_mblocks(rows, num_experts)
     carry_flags = macros * wgrad_tiles * CONSUMERS if ring_mblocks > 0 else 0
-    return torch.zeros(3 * _max_mblocks(rows, num_experts) + 4 * macros + carry_flags + 2,
+    rounded = 3 * mblocks + 3 * macros if mxfp8 else 0
+    return torch.zeros(3 * mblocks + 4 * macros + carry_flags + 2 + rounded,
                        dtype=torch.int32, device=device)
 
 
@@ -643,7 +670,7 @@ def macrobatch_ring_rows(rows: int, num_experts: int, ring_mblocks: int) -> int:
 
 WAIT_ROLES = ("gemm producer", "gemm mma", "rows ready", "fc1 done", "pull slot",
               "pull row", "tile queue", "ring slot", "staging", "fc2 dgrad done",
-              "h tile", "wgrad carry")  # csrc sm90::WaitRole
+              "h tile", "wgrad carry", "operands rounded")  # csrc sm90::WaitRole
 REPORT_KERNELS = ("grouped GEMM engine", "forward megakernel",
                   "backward megakernel")  # csrc ReportKernel
 

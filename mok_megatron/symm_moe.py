@@ -259,10 +259,13 @@ def moe_experts_on_workspace(ws: Workspace, x, ids, probs, w1, w2, *, activation
 
 def mxfp8_weight_form(recipe: Recipe, tokens: int, topk: int, num_local: int) -> str:
     """kernel.mxfp8_weights for a call of `tokens` per rank: auto picks from the average rows
-    per local expert (tokens x topk / local experts: shapes only, no device sync)."""
+    per local expert (tokens x topk / local experts: shapes only, no device sync), or rounded
+    where the backward megakernel runs (it reads no codes)."""
     form = recipe.kernel.mxfp8_weights
     if form == "auto":
-        form = "rounded" if tokens * topk / num_local >= MXFP8_ROUNDED_MIN_ROWS else "codes"
+        rows = tokens * topk / num_local
+        form = ("rounded" if rows >= MXFP8_ROUNDED_MIN_ROWS
+                or recipe.kernel.backward_kernel == "megakernel" else "codes")
     return form
 
 

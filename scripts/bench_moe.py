@@ -21,7 +21,8 @@ experts only: the shared expert is a dense MLP identical for every dispatcher.
     ... scripts/bench_moe.py --recipe mxfp8 fp8_blockwise --models deepseek_v3_like
 
 times the quantized recipes next to bf16 in the same run (--mxfp8-megakernel adds mxfp8 on the
-forward megakernel), with bytes dispatched per row and peak memory.
+forward megakernel, --mxfp8-megakernels on both), with bytes dispatched per row and peak
+memory.
 """
 
 from __future__ import annotations
@@ -51,15 +52,18 @@ from mok_megatron.symm_moe import (fp8_wire_row, mxfp8_weight_form,  # noqa: E40
                                    quantized_operands)
 
 # The quantized recipes' paths: recipe precision, kernel.mxfp8_weights ("auto" for
-# mok_mxfp8; the forms forced by --mxfp8-weights get paths of their own) and
-# kernel.forward_kernel (--mxfp8-megakernel: the forward megakernel, backward separate).
-QUANTIZED_PATHS = {"mok_mxfp8": ("mxfp8", "auto", "separate"),
-                   "mok_mxfp8_codes": ("mxfp8", "codes", "separate"),
-                   "mok_mxfp8_rounded": ("mxfp8", "rounded", "separate"),
-                   "mok_mxfp8_megakernel": ("mxfp8", "auto", "megakernel"),
-                   "mok_mxfp8_codes_megakernel": ("mxfp8", "codes", "megakernel"),
-                   "mok_mxfp8_rounded_megakernel": ("mxfp8", "rounded", "megakernel"),
-                   "mok_fp8_blockwise": ("fp8_blockwise", "auto", "separate")}
+# mok_mxfp8; the forms forced by --mxfp8-weights get paths of their own), kernel.forward_kernel
+# (--mxfp8-megakernel: the forward megakernel, backward separate) and kernel.backward_kernel
+# (--mxfp8-megakernels: both megakernels, recomputed inputs, auto's weights rounded).
+QUANTIZED_PATHS = {"mok_mxfp8": ("mxfp8", "auto", "separate", "separate"),
+                   "mok_mxfp8_codes": ("mxfp8", "codes", "separate", "separate"),
+                   "mok_mxfp8_rounded": ("mxfp8", "rounded", "separate", "separate"),
+                   "mok_mxfp8_megakernel": ("mxfp8", "auto", "megakernel", "separate"),
+                   "mok_mxfp8_codes_megakernel": ("mxfp8", "codes", "megakernel", "separate"),
+                   "mok_mxfp8_rounded_megakernel": ("mxfp8", "rounded", "megakernel",
+                                                    "separate"),
+                   "mok_mxfp8_megakernels": ("mxfp8", "auto", "megakernel", "megakernel"),
+                   "mok_fp8_blockwise": ("fp8_blockwise", "auto", "separate", "separate")}
 
 
 def log0(*a):
@@ -358,13 +362,16 @@ def run_case(model, variant, tokens, peaks, args, group):
     forms = ["mok_mxfp8" + ("" if f == "auto" else f"_{f}") for f in args.mxfp8_weights]
     wanted = ((forms if args.mxfp8 else [])
               + ([f"{f}_megakernel" for f in forms] if args.mxfp8_megakernel else [])
+              + (["mok_mxfp8_megakernels"] if args.mxfp8_megakernels else [])
               + (["mok_fp8_blockwise"] if args.fp8_blockwise else []))
     for name in wanted:
-        precision, form, forward_kernel = QUANTIZED_PATHS[name]
+        precision, form, forward_kernel, backward_kernel = QUANTIZED_PATHS[name]
         paths[name] = mok_path(group, tokens, forward_kernel, args.comm_sms,
-                               backward_inputs=args.backward_inputs,
+                               backward_inputs=("recomputed" if backward_kernel == "megakernel"
+                                                else args.backward_inputs),
                                macrobatch_tokens=args.macrobatch_tokens, precision=precision,
-                               mxfp8_weights=form)
+                               mxfp8_weights=form, backward_kernel=backward_kernel,
+                               comm_sms_backward=args.comm_sms_backward)
     leaves = [x.requires_grad_(), probs.requires_grad_(), w1, w2]
 
     # Weight gradients are compared on the first experts only: full clones of both paths'
@@ -526,10 +533,12 @@ def print_row(r):
         if name not in r["paths"]:
             continue
         q, m = r["paths"][name], r["paths"]["mok"]
-        # The forward megakernel's recipe also next to the BF16 forward megakernel.
-        mk = (r["paths"]["mok_megakernel_fwd_only"] if name.endswith("_megakernel") else None)
+        # A megakernel's recipe also next to the BF16 path on the same megakernels.
+        baseline = ("mok_megakernel_fwd_only" if name.endswith("_megakernel")
+                    else "mok_megakernel" if name.endswith("_megakernels") else None)
+        mk = r["paths"].get(baseline)
         vs_mk = (f", x{mk['fwd_s'] / q['fwd_s']:.2f} / x{mk['both_s'] / q['both_s']:.2f} vs "
-                 f"bf16 megakernel fwd" if mk else "")
+                 f"{baseline[4:]}" if mk else "")
         log0(f"{'':<20} {name[4:]} [{q['weights']}] fwd {q['fwd_s']*1e3:7.2f} ms "
              f"(x{m['fwd_s'] / q['fwd_s']:.2f} vs bf16) fwd+bwd {q['both_s']*1e3:7.2f} ms "
              f"(x{m['both_s'] / q['both_s']:.2f} vs bf16{vs_mk}), vs alltoall rel-L2 "
@@ -564,7 +573,8 @@ def chart(results, path: Path):
                   "mok_mxfp8": "tab:purple", "mok_mxfp8_codes": "tab:pink",
                   "mok_mxfp8_rounded": "tab:cyan", "mok_mxfp8_megakernel": "indigo",
                   "mok_mxfp8_codes_megakernel": "deeppink",
-                  "mok_mxfp8_rounded_megakernel": "teal", "mok_fp8_blockwise": "tab:brown",
+                  "mok_mxfp8_rounded_megakernel": "teal", "mok_mxfp8_megakernels": "navy",
+                  "mok_fp8_blockwise": "tab:brown",
                   "alltoall": "tab:blue"}
         width = 0.8 / len(names)
         for i, name in enumerate(names):
@@ -603,6 +613,10 @@ def main(argv=None):
                    help="also time the mxfp8 recipe on the forward megakernel (backward "
                         "separate; path mok_mxfp8_megakernel, one per --mxfp8-weights form) and "
                         "the BF16 forward megakernel it is measured against")
+    p.add_argument("--mxfp8-megakernels", action="store_true",
+                   help="also time the mxfp8 recipe on both megakernels (path "
+                        "mok_mxfp8_megakernels, recomputed inputs; with --megakernel next to "
+                        "BF16's both-megakernel path mok_megakernel)")
     p.add_argument("--mxfp8-weights", nargs="+", default=["auto"],
                    choices=["auto", "codes", "rounded"],
                    help="with --mxfp8: the kernel.mxfp8_weights forms to time, each its own "

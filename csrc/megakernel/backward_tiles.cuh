@@ -3,15 +3,20 @@
 //
 // The schedule's m-blocks are walked macrobatch by macrobatch (macrobatch_ring.cuh: with the
 // ring on, a macrobatch's rows live in one of `slots` ring slots; off, there is one macrobatch
-// holding every m-block at its schedule position). A macrobatch's tiles are five runs of
+// holding every m-block at its schedule position). A macrobatch's tiles are runs of
 // consecutive indices:
+//   round in   (MXFP8) per m-block x 2 H / kRoundCols: dY, then x, rounded both ways
+//              (mx_round_tile.cuh)
 //   FC1        per m-block x F / tile_cols (only when recomputing): h and act(h) * p from the
 //              pulled x rows, the forward's FC1 tile bit for bit (tile_epilogue.cuh)
-//   FC2-dgrad  per m-block x F / kDgrad2Cols:  dA = dY W2 (N-major W2), whose epilogue is the
-//              activation backward: dh (gate | up) and a per-row dprob partial
+//   FC2-dgrad  per m-block x F / kDgrad2Cols:  dA = dY W2 (N-major W2; MXFP8: K-major W2^T),
+//              whose epilogue is the activation backward: dh (gate | up) and a per-row dprob
+//              partial
+//   round act  (MXFP8) per m-block x F / kRoundCols: act rounded along the rows
+//   round dh   (MXFP8) per m-block x F1 / kRoundCols: dh rounded both ways
 //   dW2        per expert part x H / kGemmBlockM x F / kGemmBlockN:  dY^T act over the part's rows
-//   FC1-dgrad  per m-block x H / kGemmBlockN:  dX rows = dh W1 (N-major W1), each row into its
-//              (token, k) slot on the source rank, with its dprob
+//   FC1-dgrad  per m-block x H / kGemmBlockN:  dX rows = dh W1 (N-major W1; MXFP8: K-major
+//              W1^T), each row into its (token, k) slot on the source rank, with its dprob
 //   dW1        per expert part x F1 / kGemmBlockM x H / kGemmBlockN:  dh^T x over the part's rows
 // An expert part is the expert's rows inside the macrobatch. An expert whose rows cross a
 // macrobatch boundary has a part on each side; the weight-gradient tile of its first part
@@ -24,7 +29,9 @@
 // FC2-dgrad for its dY rows and FC1 tiles, dW2 for the dY rows and FC1 tiles of its part's
 // m-blocks, FC1-dgrad for its m-block's FC2-dgrad tiles, dW1 for those of its part's m-blocks,
 // a carried part for the same tile of the part before (an earlier macrobatch); the pull of a
-// macrobatch waits for every tile of the macrobatch that held its slot before.
+// macrobatch waits for every tile of the macrobatch that held its slot before. Under MXFP8
+// the GEMM tiles read the rounded forms instead (tile_needs): the round-in tiles wait for the
+// m-block's rows, round act for its FC1 tiles, round dh for its FC2-dgrad tiles.
 #pragma once
 
 #include <cstdint>
@@ -32,6 +39,7 @@
 #include "config/kernel_config.cuh"
 #include "gemm/sm90/tile_engine.cuh"
 #include "megakernel/macrobatch_ring.cuh"
+#include "megakernel/mx_round_tile.cuh"
 
 namespace mok {
 
@@ -40,7 +48,57 @@ namespace mok {
 // it is prefetched during the mainloop and overwritten in place by dh.
 constexpr int kDgrad2Cols = 128;
 
-enum BackwardKind : int { kFc1 = 0, kDgrad2 = 1, kWgrad2 = 2, kDgrad1 = 3, kWgrad1 = 4 };
+enum BackwardKind : int {
+  kFc1 = 0, kDgrad2 = 1, kWgrad2 = 2, kDgrad1 = 3, kWgrad1 = 4,
+  kRoundIn = 5, kRoundAct = 6, kRoundDh = 7,  // MXFP8 (mx_round_tile.cuh)
+};
+
+__host__ __device__ constexpr bool is_round_tile(int kind) { return kind >= kRoundIn; }
+
+// Progress a tile waits for, counted per m-block and per macrobatch.
+enum BackwardProgress : int {
+  kRowsPulled = 0,  // rows pulled (dY, and x when recomputing): counted in rows
+  kFc1Stored,       // FC1 tile halves (h, act)
+  kDhStored,        // FC2-dgrad tile halves (dh, dprob partials)
+  kInRounded,       // MXFP8: round-in tile halves (dY and x both ways)
+  kActRounded,      // MXFP8: round-act tile halves
+  kDhRounded,       // MXFP8: round-dh tile halves
+  kProgressKinds
+};
+
+// What the producer of a tile of `kind` waits for before its loads, as a set of
+// BackwardProgress bits. Rounding tiles have no loads: their consumers wait themselves
+// (round_tile_input).
+template <bool kMx>
+__host__ __device__ constexpr uint32_t tile_needs(int kind, bool recompute) {
+  const uint32_t fc1 = recompute ? 1u << kFc1Stored : 0u;
+  if constexpr (kMx) {
+    switch (kind) {
+      case kFc1: return 1u << kInRounded;
+      case kDgrad2: return 1u << kInRounded | fc1;
+      case kWgrad2: return 1u << kInRounded | 1u << kActRounded;
+      case kDgrad1: return 1u << kDhRounded;
+      case kWgrad1: return 1u << kInRounded | 1u << kDhRounded;
+      default: return 0u;
+    }
+  } else {
+    switch (kind) {
+      case kFc1: return 1u << kRowsPulled;
+      case kDgrad2: case kWgrad2: return 1u << kRowsPulled | fc1;
+      case kDgrad1: return 1u << kDhStored;
+      case kWgrad1: return 1u << kRowsPulled | 1u << kDhStored;
+      default: return 0u;
+    }
+  }
+}
+
+// What a rounding tile's consumers wait for (of its own m-block), and what it counts when done.
+__host__ __device__ constexpr int round_tile_input(int kind) {
+  return kind == kRoundIn ? kRowsPulled : kind == kRoundAct ? kFc1Stored : kDhStored;
+}
+__host__ __device__ constexpr int round_tile_output(int kind) {
+  return kind == kRoundIn ? kInRounded : kind == kRoundAct ? kActRounded : kDhRounded;
+}
 
 // A weight-gradient part's place in its expert's chain of parts.
 constexpr int kPartCarryIn = 1;   // rows of the expert came before: start from the carry
@@ -63,19 +121,27 @@ struct BackwardOrder {
   int nb_dgrad2, nb_dgrad1;    // n-blocks per m-block: F / kDgrad2Cols, H / kGemmBlockN
   int mb_wgrad2, nb_wgrad2;    // per expert: H / kGemmBlockM, F / kGemmBlockN
   int mb_wgrad1, nb_wgrad1;    // per expert: F1 / kGemmBlockM, H / kGemmBlockN
+  // MXFP8 rounding tiles per m-block (0 under BF16): H / kRoundCols of dY then as many of x
+  // (nb_round_h each), F / kRoundCols of act, F1 / kRoundCols of dh.
+  int nb_round_h, nb_round_act, nb_round_dh;
 
-  __host__ __device__ static BackwardOrder make(int hidden, int ffn, int f1, int fc1_cols) {
+  __host__ __device__ static BackwardOrder make(int hidden, int ffn, int f1, int fc1_cols,
+                                                bool mx) {
     auto up = [](int a, int b) { return (a + b - 1) / b; };
     return {fc1_cols > 0 ? up(ffn, fc1_cols) : 0, up(ffn, kDgrad2Cols), up(hidden, kGemmBlockN),
             up(hidden, kGemmBlockM), up(ffn, kGemmBlockN), up(f1, kGemmBlockM),
-            up(hidden, kGemmBlockN)};
+            up(hidden, kGemmBlockN), mx ? up(hidden, kRoundCols) : 0,
+            mx ? up(ffn, kRoundCols) : 0, mx ? up(f1, kRoundCols) : 0};
   }
+  __host__ __device__ int nb_round_in() const { return 2 * nb_round_h; }
   __host__ __device__ int wgrad2_tiles() const { return mb_wgrad2 * nb_wgrad2; }
   __host__ __device__ int wgrad1_tiles() const { return mb_wgrad1 * nb_wgrad1; }
   // Weight-gradient tiles of one expert part: the carry's tiles (wgrad.cuh).
   __host__ __device__ int wgrad_tiles() const { return wgrad2_tiles() + wgrad1_tiles(); }
   __host__ __device__ int macro_tiles(int mblocks, int experts) const {
-    return mblocks * (nb_fc1 + nb_dgrad2 + nb_dgrad1) + experts * wgrad_tiles();
+    return mblocks * (nb_round_in() + nb_fc1 + nb_dgrad2 + nb_round_act + nb_round_dh +
+                      nb_dgrad1) +
+           experts * wgrad_tiles();
   }
   // The tile's place among its expert part's weight-gradient tiles.
   __device__ int wgrad_index(const BackwardTile& w) const {
@@ -166,10 +232,16 @@ __device__ __forceinline__ BackwardTile backward_tile_at(const BackwardOrder& o,
                         j, part};
   };
   const int mblocks = m1 - m0;
+  if (local < mblocks * o.nb_round_in()) return per_mblock(kRoundIn, o.nb_round_in());
+  local -= mblocks * o.nb_round_in();
   if (local < mblocks * o.nb_fc1) return per_mblock(kFc1, o.nb_fc1);
   local -= mblocks * o.nb_fc1;
   if (local < mblocks * o.nb_dgrad2) return per_mblock(kDgrad2, o.nb_dgrad2);
   local -= mblocks * o.nb_dgrad2;
+  if (local < mblocks * o.nb_round_act) return per_mblock(kRoundAct, o.nb_round_act);
+  local -= mblocks * o.nb_round_act;
+  if (local < mblocks * o.nb_round_dh) return per_mblock(kRoundDh, o.nb_round_dh);
+  local -= mblocks * o.nb_round_dh;
   if (local < experts * o.wgrad2_tiles()) return per_part(kWgrad2, o.mb_wgrad2, o.nb_wgrad2);
   local -= experts * o.wgrad2_tiles();
   if (local < mblocks * o.nb_dgrad1) return per_mblock(kDgrad1, o.nb_dgrad1);

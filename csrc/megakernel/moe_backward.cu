@@ -27,6 +27,13 @@
 // accumulation its first part started).
 // Operands: dgrad reads the weights as stored (N-major B), wgrad reads rows of dY, act, dh and
 // x with K = the part's rows (both operands MN-major); no transposed copies.
+// MXFP8 (kMx; recomputed inputs only): every GEMM multiplies MXFP8 values in bf16 with fp32
+// accumulation, the separate path's products (mok_megatron/operands.py): rounding tiles
+// (megakernel/mx_round_tile.cuh) round dY and x once pulled, act once FC1 has stored it and
+// dh once FC2-dgrad has, along K into rows_k / dout_k / dh_k and along the rows in place; the
+// weights come as MXFP8 values quantized once per optimizer step, W1 along H for FC1 as
+// forward reads it, and for the dgrads transposed along their K (W2^T [E, F, H], W1^T
+// [E, H, F1]: K-major B, as forward's tiles read weights).
 // Deadlock freedom is forward's argument: tiles depend on lower indices or on the pull, and
 // the pull on tiles of earlier macrobatches only.
 // Memory ordering is forward's too: async-proxy writes complete (bulk_wait), fence.proxy.async,
@@ -62,15 +69,16 @@ namespace {
 using namespace sm90;
 
 struct BackwardMaps {
-  CUtensorMap rows_k;      // x rows [buffer rows, H], K-major A of the FC1 recompute
+  CUtensorMap rows_k;      // x rows [buffer rows, H], K-major A of the FC1 recompute (kMx:
+                           // rows_k, rounded along H)
   CUtensorMap w1_k;        // W1 [E, F1, H] as forward reads it (gate | up halves): its B
   CUtensorMap act_store;   // act [buffer rows, F]: the FC1 recompute's stores
-  CUtensorMap dout_rows;   // dY rows [buffer rows, H], K-major A of FC2-dgrad
-  CUtensorMap w2_mn;       // W2 [E, H, F] N-major: B of FC2-dgrad
+  CUtensorMap dout_rows;   // dY rows [buffer rows, H], K-major A of FC2-dgrad (kMx: dout_k)
+  CUtensorMap w2_dgrad;    // B of FC2-dgrad: W2 [E, H, F] N-major (kMx: W2^T [E, F, H] K-major)
   CUtensorMap h_tile;      // h [buffer rows, (2,) F]: FC1's stores, FC2-dgrad's prefetch
   CUtensorMap dh_store;    // dh [buffer rows, (2,) F]: its stores
-  CUtensorMap dh_rows;     // dh [buffer rows, F1], K-major A of FC1-dgrad
-  CUtensorMap w1_mn;       // W1 [E, F1, H] N-major: B of FC1-dgrad
+  CUtensorMap dh_rows;     // dh [buffer rows, F1], K-major A of FC1-dgrad (kMx: dh_k)
+  CUtensorMap w1_dgrad;    // B of FC1-dgrad: W1 [E, F1, H] N-major (kMx: W1^T [E, H, F1])
   CUtensorMap dout_mn;     // dY rows, MN-major A of dW2
   CUtensorMap act_mn;      // act [buffer rows, F], MN-major B of dW2
   CUtensorMap dh_mn;       // dh, MN-major A of dW1
@@ -95,20 +103,22 @@ struct BackwardArgs {
   __nv_bfloat16* act;         // [buffer rows, F]
   __nv_bfloat16* dout;        // [buffer rows, H] pulled dY rows
   __nv_bfloat16* dh;          // [buffer rows, F1]
+  __nv_bfloat16* rows_k;      // kMx: [buffer rows, H] x rows rounded along H, else null
+  __nv_bfloat16* dout_k;      // kMx: [buffer rows, H] dY rows rounded along H
+  __nv_bfloat16* dh_k;        // kMx: [buffer rows, F1] dh rounded along F1
   float* dprob_part;          // [buffer rows, F / kDgrad2Cols] per-row dprob partials
   __nv_bfloat16* dw1;         // [E, F1, H] bf16 gradient, or null: dw1_fp32
   __nv_bfloat16* dw2;         // [E, H, F]
   const int64_t* dw1_fp32;    // [E] addresses of fp32 [F1, H] gradients added into, or null
   const int64_t* dw2_fp32;    // [E] of fp32 [H, F]
   float* carry;               // [ring_slots + 1, wgrad tiles, consumers, kCarryFloats] or null
-  uint32_t* rows_ready;       // [m-blocks] rows pulled (dY, and x when recomputing)
-  uint32_t* fc1_done;         // [m-blocks] FC1 tile halves stored (recomputing)
-  uint32_t* dgrad2_done;      // [m-blocks] FC2-dgrad tile halves stored (one per consumer)
+  // Per BackwardProgress kind (backward_tiles.cuh; the MXFP8 kinds null under BF16): its count
+  // per m-block (rows pulled, or tile halves - one per consumer warpgroup - stored) and per
+  // macrobatch.
+  uint32_t* per_mblock[kProgressKinds];
+  uint32_t* per_macro[kProgressKinds];
   uint32_t* macro_done;       // [macrobatches] tile halves done (the ring's slot reuse)
   uint32_t* carry_ready;      // [macrobatches, wgrad tiles, consumers] carries stored
-  uint32_t* rows_pulled;      // [macrobatches] rows pulled
-  uint32_t* fc1_halves;       // [macrobatches] FC1 tile halves stored
-  uint32_t* dgrad2_halves;    // [macrobatches] FC2-dgrad tile halves stored
   uint32_t* tile_counter;     // [1] tiles handed out
   uint32_t* arrivals;         // [1] blocks started (their tickets)
   int minibatch_rows;         // rows the pull publishes at once
@@ -137,7 +147,15 @@ constexpr uint32_t kDgrad2StageBytes = kATileBytes + kDgrad2Cols * kGemmBlockK *
 
 __device__ __forceinline__ int ceil_div(int a, int b) { return (a + b - 1) / b; }
 
-template <int kAct>
+// The timeout report's role of a wait for progress p.
+__device__ __forceinline__ int wait_role(int p) {
+  return p == kRowsPulled ? kWaitRowsReady
+         : p == kFc1Stored ? kWaitFc1Done
+         : p == kDhStored  ? kWaitDgradDone
+                           : kWaitRounded;
+}
+
+template <int kAct, bool kMx>
 __global__ void __launch_bounds__(kGemmThreads, 1)
     moe_backward_kernel(const __grid_constant__ BackwardMaps m, const BackwardArgs a) {
   constexpr bool kGated = gated_epilogue<kAct>();
@@ -163,7 +181,7 @@ __global__ void __launch_bounds__(kGemmThreads, 1)
   const int mblocks = s.mblock_begin[E];
   const MacrobatchRing ring = MacrobatchRing::make(a.ring_mblocks, a.ring_slots, mblocks);
   const BackwardOrder order =
-      BackwardOrder::make(a.hidden, a.ffn, a.f1, recompute ? kFc1Cols : 0);
+      BackwardOrder::make(a.hidden, a.ffn, a.f1, recompute ? kFc1Cols : 0, kMx);
   if (threadIdx.x < 32) build_macro_table(s.macros, ring, table, order);
   __syncthreads();
 
@@ -175,8 +193,8 @@ __global__ void __launch_bounds__(kGemmThreads, 1)
         recompute ? RowStreams{{a.tokens_offset, a.inputs_offset}, {a.dout, a.rows}, 2}
                   : RowStreams{{a.tokens_offset, 0}, {a.dout, nullptr}, 1};
     pull_rows_bulk(RowSource{a.peer_bases, a.row_slot, a.per_rank, a.topk, a.world}, streams,
-                   a.hidden, ticket, a.comm_blocks, pull_ring, placement, a.rows_ready,
-                   a.rows_pulled);
+                   a.hidden, ticket, a.comm_blocks, pull_ring, placement,
+                   a.per_mblock[kRowsPulled], a.per_macro[kRowsPulled]);
     // Its rows are pulled (every slot's bulk store has completed): the block's shared memory
     // is free, and it joins the tiles below.
     __syncthreads();
@@ -185,7 +203,20 @@ __global__ void __launch_bounds__(kGemmThreads, 1)
   const int end_tile = s.macros.tile_begin[ring.n_macro];
   const uint32_t fc1_per_mblock = uint32_t(order.nb_fc1) * kGemmConsumers;
   const uint32_t dgrad2_per_mblock = uint32_t(order.nb_dgrad2) * kGemmConsumers;
+  // What progress p counts per m-block once complete: rows_in of its rows pulled, or every
+  // tile half of the kind that makes it.
+  auto complete_per_mblock = [&](int p, int rows_in) {
+    switch (p) {
+      case kRowsPulled: return uint32_t(rows_in);
+      case kFc1Stored: return fc1_per_mblock;
+      case kDhStored: return dgrad2_per_mblock;
+      case kInRounded: return uint32_t(order.nb_round_in()) * kGemmConsumers;
+      case kActRounded: return uint32_t(order.nb_round_act) * kGemmConsumers;
+      default: return uint32_t(order.nb_round_dh) * kGemmConsumers;
+    }
+  };
   auto k_blocks_of = [&](const BackwardTile& w) {
+    if (is_round_tile(w.kind)) return 0;
     if (w.kind == kFc1 || w.kind == kDgrad2) return ceil_div(a.hidden, kGemmBlockK);
     if (w.kind == kDgrad1) return ceil_div(a.f1, kGemmBlockK);
     return ceil_div(w.rows, kGemmBlockK);
@@ -195,51 +226,43 @@ __global__ void __launch_bounds__(kGemmThreads, 1)
   if (warpgroup == 0) {
     warpgroup_reg_dealloc<kGemmProducerRegs>();
     if (threadIdx.x != 0) return;
-    // A tile's inputs, per m-block of it (a dgrad or FC1 tile's own, a weight-gradient
-    // part's every one): its rows pulled, FC1's h and act (recomputing), FC2-dgrad's dh.
-    // Later tiles of a macrobatch usually find a kind of input complete for the whole
-    // macrobatch: once this thread has seen that (acquire, then the async-proxy fence that
-    // orders it for its later TMA loads) it waits for that kind of that macrobatch no more,
-    // and a weight-gradient tile of a few k-blocks does not pay an L2 round trip and a fence on
-    // the producer's path per tile. Tiles come in macrobatch order, so one macrobatch per kind
-    // is remembered.
-    int rows_seen = -1, fc1_seen = -1, dh_seen = -1;  // macrobatch seen complete
+    // A tile's inputs (tile_needs), per m-block of it (a dgrad or FC1 tile's own, a
+    // weight-gradient part's every one). Later tiles of a macrobatch usually find a kind of
+    // input complete for the whole macrobatch: once this thread has seen that (acquire, then
+    // the async-proxy fence that orders it for its later TMA loads) it waits for that kind of
+    // that macrobatch no more, and a weight-gradient tile of a few k-blocks does not pay an L2
+    // round trip and a fence on the producer's path per tile. Tiles come in macrobatch order,
+    // so one macrobatch per kind is remembered.
+    int seen[kProgressKinds];  // per kind: the macrobatch seen complete
+#pragma unroll
+    for (int p = 0; p < kProgressKinds; ++p) seen[p] = -1;
     auto wait_inputs = [&](const BackwardTile& w) {
+      const uint32_t needs = tile_needs<kMx>(w.kind, recompute);
       bool acquired = false;
       const int j = w.macro;
-      const uint32_t mblocks_j = uint32_t(ring.mblocks_in(j));
-      auto complete = [&](int& seen, const uint32_t* counts, uint32_t target) {
-        if (seen != j) {
-          if (ld_acquire_gpu_u32(&counts[j]) >= target) seen = j;
-          acquired = true;
-        }
-        return seen == j;
-      };
-      const bool rows_ok =
-          w.kind == kDgrad1 ||
-          complete(rows_seen, a.rows_pulled,
-                   uint32_t(s.macros.row_begin[j + 1] - s.macros.row_begin[j]));
-      const bool fc1_ok = !recompute || (w.kind != kDgrad2 && w.kind != kWgrad2) ||
-                          complete(fc1_seen, a.fc1_halves, mblocks_j * fc1_per_mblock);
-      const bool dh_ok = (w.kind != kDgrad1 && w.kind != kWgrad1) ||
-                         complete(dh_seen, a.dgrad2_halves, mblocks_j * dgrad2_per_mblock);
+      uint32_t waiting = 0;
+#pragma unroll
+      for (int p = 0; p < kProgressKinds; ++p) {
+        if (!((needs >> p) & 1u) || seen[p] == j) continue;
+        const uint32_t target =
+            p == kRowsPulled ? uint32_t(s.macros.row_begin[j + 1] - s.macros.row_begin[j])
+                             : uint32_t(ring.mblocks_in(j)) * complete_per_mblock(p, 0);
+        if (ld_acquire_gpu_u32(&a.per_macro[p][j]) >= target) seen[p] = j;
+        else waiting |= 1u << p;
+        acquired = true;
+      }
       const bool part = w.kind == kWgrad2 || w.kind == kWgrad1;
-      if (!(rows_ok && fc1_ok && dh_ok) && w.rows > 0) {
+      if (waiting != 0 && w.rows > 0) {
         const int mb0 = part ? table.mblock_of_row(w.srow0, w.expert) : w.block;
         const int mb1 = part ? table.mblock_of_row(w.srow0 + w.rows - 1, w.expert) + 1 : mb0 + 1;
         for (int mb = mb0; mb < mb1; ++mb) {
           const int rows_in = min(kGemmBlockM, w.rows - (mb - mb0) * kGemmBlockM);
-          if (!rows_ok) {
-            counter_wait(&a.rows_ready[mb], rows_in, a.timeout_ns, kWaitRowsReady, w.tile, mb,
-                         a.report);
-          }
-          if (!fc1_ok) {
-            counter_wait(&a.fc1_done[mb], fc1_per_mblock, a.timeout_ns, kWaitFc1Done, w.tile,
-                         mb, a.report);
-          }
-          if (!dh_ok) {
-            counter_wait(&a.dgrad2_done[mb], dgrad2_per_mblock, a.timeout_ns, kWaitDgradDone,
-                         w.tile, mb, a.report);
+#pragma unroll
+          for (int p = 0; p < kProgressKinds; ++p) {
+            if ((waiting >> p) & 1u) {
+              counter_wait(&a.per_mblock[p][mb], complete_per_mblock(p, rows_in), a.timeout_ns,
+                           wait_role(p), w.tile, mb, a.report);
+            }
           }
         }
       }
@@ -272,13 +295,22 @@ __global__ void __launch_bounds__(kGemmThreads, 1)
                 break;
               case kDgrad2:
                 tma_load_4d(A, &m.dout_rows, full, k0, w.row0, 0, 0);
-                load_mn_boxes(B, &m.w2_mn, full, w.n_block * kDgrad2Cols, k0, w.expert,
-                              kDgrad2Cols / 64);
+                if constexpr (kMx) {
+                  tma_load_4d(B, &m.w2_dgrad, full, k0, w.n_block * kDgrad2Cols, 0, w.expert);
+                } else {
+                  load_mn_boxes(B, &m.w2_dgrad, full, w.n_block * kDgrad2Cols, k0, w.expert,
+                                kDgrad2Cols / 64);
+                }
                 break;
               case kDgrad1:
                 tma_load_4d(A, &m.dh_rows, full, k0, w.row0, 0, 0);
-                load_mn_boxes(B, &m.w1_mn, full, w.n_block * kGemmBlockN, k0, w.expert,
-                              kGemmBlockN / 64);
+                if constexpr (kMx) {
+                  load_weight_tile<false>(B, &m.w1_dgrad, full, k0, w.n_block * kGemmBlockN,
+                                          w.expert);
+                } else {
+                  load_mn_boxes(B, &m.w1_dgrad, full, w.n_block * kGemmBlockN, k0, w.expert,
+                                kGemmBlockN / 64);
+                }
                 break;
               case kWgrad2:
                 load_mn_boxes(A, &m.dout_mn, full, w.block * kGemmBlockM, w.row0 + k0, 0,
@@ -331,6 +363,41 @@ __global__ void __launch_bounds__(kGemmThreads, 1)
     const int64_t tile = int64_t(macro) * order.wgrad_tiles() + order.wgrad_index(w);
     return &a.carry_ready[tile * kGemmConsumers + consumer];
   };
+  // A rounding tile (MXFP8): its m-block's input complete (this thread's loads follow its own
+  // acquire), this warpgroup's 64 rows rounded, plain stores fenced before the count (their
+  // readers' TMA loads acquire it).
+  auto round_tile = [&](const BackwardTile& w) {
+    const uint32_t* ready = &a.per_mblock[round_tile_input(w.kind)][w.block];
+    if (leader) {
+      counter_wait(ready, complete_per_mblock(round_tile_input(w.kind), min(kGemmBlockM, w.rows)),
+                   a.timeout_ns, wait_role(round_tile_input(w.kind)), w.tile, w.block, a.report);
+    }
+    named_barrier_sync(staging, 128);
+    ld_acquire_gpu_u32(ready);
+    const int64_t row0 = w.row0 + kStagedRows * consumer;
+    const int rows_valid = max(0, min(kStagedRows, w.rows - kStagedRows * consumer));
+    if (w.kind == kRoundIn) {
+      const bool dout = w.n_block < order.nb_round_h;
+      const int col0 = (dout ? w.n_block : w.n_block - order.nb_round_h) * kRoundCols;
+      __nv_bfloat16* src = dout ? a.dout : a.rows;
+      round_tile_rows<true, true>(src, dout ? a.dout_k : a.rows_k, src, a.hidden, row0,
+                                  rows_valid, col0, t);
+    } else if (w.kind == kRoundAct) {
+      round_tile_rows<false, true>(a.act, nullptr, a.act, a.ffn, row0, rows_valid,
+                                   w.n_block * kRoundCols, t);
+    } else {
+      round_tile_rows<true, true>(a.dh, a.dh_k, a.dh, a.f1, row0, rows_valid,
+                                  w.n_block * kRoundCols, t);
+    }
+    __threadfence();
+    named_barrier_sync(staging, 128);
+    if (leader) {
+      fence_proxy_async_global();
+      const int p = round_tile_output(w.kind);
+      red_release_gpu_add_u32(&a.per_mblock[p][w.block], 1);
+      red_release_gpu_add_u32(&a.per_macro[p][w.macro], 1);
+    }
+  };
   for (int seq = 0;; ++seq) {
     const BackwardTile w = wait_tile(s.queue, seq, a.timeout_ns, a.report);
     release_tile(s.queue, seq);
@@ -347,7 +414,12 @@ __global__ void __launch_bounds__(kGemmThreads, 1)
     };
     const int k_blocks = k_blocks_of(w);
 
-    if (w.kind == kFc1 || w.kind == kDgrad2 || w.kind == kDgrad1) {
+    if (is_round_tile(w.kind)) {
+      // Its work holds no accumulators, but the compiler keeps the last tile's live through
+      // it (an instruction that ended their life would serialize every wgmma of the kernel:
+      // ptxas C7515), so it runs in what registers remain and spills some.
+      if constexpr (kMx) round_tile(w);
+    } else if (w.kind == kFc1 || w.kind == kDgrad2 || w.kind == kDgrad1) {
       const int row0 = w.row0 + kStagedRows * consumer;    // in the row buffers
       const int srow0 = w.srow0 + kStagedRows * consumer;  // in the schedule
       const int rows_valid = max(0, min(kStagedRows, w.rows - kStagedRows * consumer));
@@ -370,8 +442,8 @@ __global__ void __launch_bounds__(kGemmThreads, 1)
         if (leader) {
           if (recompute) {
             // h comes from this launch's FC1 tiles: acquired by this thread, whose TMA reads it.
-            counter_wait(&a.fc1_done[w.block], fc1_per_mblock, a.timeout_ns, kWaitFc1Done,
-                         w.tile, w.block, a.report);
+            counter_wait(&a.per_mblock[kFc1Stored][w.block], fc1_per_mblock, a.timeout_ns,
+                         kWaitFc1Done, w.tile, w.block, a.report);
             fence_proxy_async_global();
           }
           fence_proxy_async_shared();
@@ -379,7 +451,7 @@ __global__ void __launch_bounds__(kGemmThreads, 1)
         }
         float p[2];
         load_row_probs<kAct>(a.row_prob, srow0, rows_valid, p);
-        consume_tile<kDgrad2Cols, false, true>(s.ring, it, k_blocks, w.tile, consumer, leader,
+        consume_tile<kDgrad2Cols, false, !kMx>(s.ring, it, k_blocks, w.tile, consumer, leader,
                                                acc, a.timeout_ns, a.report);
         mbar_wait(&s.h_full[consumer], h_phase, a.timeout_ns, kWaitHTile, w.tile, consumer,
                   a.report);
@@ -407,7 +479,7 @@ __global__ void __launch_bounds__(kGemmThreads, 1)
           }
         }
       } else {
-        consume_tile<kGemmBlockN, false, true>(s.ring, it, k_blocks, w.tile, consumer, leader,
+        consume_tile<kGemmBlockN, false, !kMx>(s.ring, it, k_blocks, w.tile, consumer, leader,
                                                acc, a.timeout_ns, a.report);
         staging_free();
         write_scatter_staged(acc, buf, t);
@@ -424,7 +496,7 @@ __global__ void __launch_bounds__(kGemmThreads, 1)
           if (w.n_block == 0) {
             // The row's dprob: its FC2-dgrad tiles' partials (complete: the producer waited
             // for them; acquired here again for this thread's loads), in n-block order.
-            ld_acquire_gpu_u32(&a.dgrad2_done[w.block]);
+            ld_acquire_gpu_u32(&a.per_mblock[kDhStored][w.block]);
             const float* part = a.dprob_part + int64_t(row0 + t) * order.nb_dgrad2;
             float dprob = 0.f;
             for (int j = 0; j < order.nb_dgrad2; ++j) dprob += part[j];
@@ -443,13 +515,9 @@ __global__ void __launch_bounds__(kGemmThreads, 1)
         if (leader) {
           bulk_wait<0>();
           fence_proxy_async_global();
-          if (w.kind == kFc1) {
-            red_release_gpu_add_u32(&a.fc1_done[w.block], 1);
-            red_release_gpu_add_u32(&a.fc1_halves[w.macro], 1);
-          } else {
-            red_release_gpu_add_u32(&a.dgrad2_done[w.block], 1);
-            red_release_gpu_add_u32(&a.dgrad2_halves[w.macro], 1);
-          }
+          const int p = w.kind == kFc1 ? kFc1Stored : kDhStored;
+          red_release_gpu_add_u32(&a.per_mblock[p][w.block], 1);
+          red_release_gpu_add_u32(&a.per_macro[p][w.macro], 1);
         }
       }
     } else {
@@ -510,9 +578,9 @@ __global__ void __launch_bounds__(kGemmThreads, 1)
   bulk_wait<0>();  // this thread's stores (peers' slots among them) complete before exit
 }
 
-template <int kAct>
+template <int kAct, bool kMx>
 void launch_backward(const BackwardMaps& maps, const BackwardArgs& args) {
-  launch_persistent(moe_backward_kernel<kAct>, kSharedBytes, maps, args);
+  launch_persistent(moe_backward_kernel<kAct, kMx>, kSharedBytes, maps, args);
 }
 
 const int64_t* fp32_grads(const c10::optional<at::Tensor>& ptrs, int64_t E, const char* name) {
@@ -536,7 +604,12 @@ void moe_backward_megakernel(const at::Tensor& peer_bases, int64_t tokens_offset
                              const c10::optional<at::Tensor>& dw2,
                              const c10::optional<at::Tensor>& dw1_fp32,
                              const c10::optional<at::Tensor>& dw2_fp32,
-                             const c10::optional<at::Tensor>& carry, at::Tensor& counters,
+                             const c10::optional<at::Tensor>& carry,
+                             const c10::optional<at::Tensor>& w1_t,
+                             const c10::optional<at::Tensor>& w2_t,
+                             const c10::optional<at::Tensor>& rows_k,
+                             const c10::optional<at::Tensor>& dout_k,
+                             const c10::optional<at::Tensor>& dh_k, at::Tensor& counters,
                              int64_t comm_blocks, int64_t minibatch_rows, int64_t ring_mblocks,
                              int64_t ring_slots, int64_t timeout_ns, int64_t rank) {
   const int64_t E = w1.size(0), H = rows.size(1), F = w2.size(2);
@@ -547,8 +620,9 @@ void moe_backward_megakernel(const at::Tensor& peer_bases, int64_t tokens_offset
   const bool ring_on = ring_mblocks > 0;
   const RingSize ring = RingSize::of(cap, max_mblocks, ring_mblocks, ring_slots);
   const int64_t max_macro = ring.macrobatches, buffer_rows = ring.buffer_rows;
+  const bool mx = w1_t.has_value();
   const BackwardOrder order = BackwardOrder::make(
-      static_cast<int>(H), static_cast<int>(F), static_cast<int>(F1), 0);
+      static_cast<int>(H), static_cast<int>(F), static_cast<int>(F1), 0, mx);
   const int64_t wgrad_tiles = order.wgrad_tiles();
   const int sms = at::cuda::getCurrentDeviceProperties()->multiProcessorCount;
   check_megakernel_call("moe_backward_megakernel", w1, w2, offsets, peer_bases, H, F1,
@@ -565,6 +639,26 @@ void moe_backward_megakernel(const at::Tensor& peer_bases, int64_t tokens_offset
                      rows_of(dh, F1),
                  "moe_backward_megakernel: rows and dout [", buffer_rows, ", H], h and dh [",
                  buffer_rows, ", F1], act [", buffer_rows, ", F]: contiguous bf16 GPU tensors");
+  // MXFP8: the dgrads' transposed weights and the buffers of the forms rounded along K.
+  MOK_HOST_CHECK(w2_t.has_value() == mx && rows_k.has_value() == mx &&
+                     dout_k.has_value() == mx && dh_k.has_value() == mx,
+                 "moe_backward_megakernel: MXFP8 takes w1_t, w2_t, rows_k, dout_k and dh_k "
+                 "together");
+  if (mx) {
+    MOK_HOST_CHECK(ring_on, "moe_backward_megakernel: MXFP8 runs with recomputed inputs (the "
+                   "ring) only: its rounding tiles overwrite the rows they round");
+    auto weight_t = [&](const at::Tensor& w, int64_t n, int64_t k) {
+      return w.is_cuda() && w.scalar_type() == at::kBFloat16 && w.is_contiguous() &&
+             w.dim() == 3 && w.size(0) == E && w.size(1) == n && w.size(2) == k &&
+             w.device() == rows.device();
+    };
+    MOK_HOST_CHECK(weight_t(*w1_t, H, F1) && weight_t(*w2_t, F, H),
+                   "moe_backward_megakernel: w1_t [E, H, F1] and w2_t [E, F, H] must be "
+                   "contiguous bf16 (MXFP8 values) on the rows' GPU");
+    MOK_HOST_CHECK(rows_of(*rows_k, H) && rows_of(*dout_k, H) && rows_of(*dh_k, F1),
+                   "moe_backward_megakernel: rows_k and dout_k [", buffer_rows, ", H], dh_k [",
+                   buffer_rows, ", F1]: contiguous bf16 GPU tensors");
+  }
   const int64_t nb_dgrad2 = (F + kDgrad2Cols - 1) / kDgrad2Cols;
   MOK_HOST_CHECK(dprob_part.is_cuda() && dprob_part.scalar_type() == at::kFloat &&
                      dprob_part.is_contiguous() && dprob_part.numel() >= buffer_rows * nb_dgrad2,
@@ -590,7 +684,8 @@ void moe_backward_megakernel(const at::Tensor& peer_bases, int64_t tokens_offset
                  "moe_backward_megakernel: carry must be fp32 with >= ", carry_floats,
                  " values");
   const int64_t carry_flags = ring_on ? max_macro * wgrad_tiles * kGemmConsumers : 0;
-  const int64_t num_counters = 3 * max_mblocks + 4 * max_macro + carry_flags + 2;
+  const int64_t mx_counters = mx ? 3 * max_mblocks + 3 * max_macro : 0;
+  const int64_t num_counters = 3 * max_mblocks + 4 * max_macro + carry_flags + 2 + mx_counters;
   MOK_HOST_CHECK(counters.scalar_type() == at::kInt && counters.is_contiguous() &&
                      counters.numel() >= num_counters,
                  "moe_backward_megakernel: counters must be int32 with >= ", num_counters,
@@ -624,45 +719,66 @@ void moe_backward_megakernel(const at::Tensor& peer_bases, int64_t tokens_offset
   args.act = bf16(act);
   args.dout = bf16(dout);
   args.dh = bf16(dh);
+  if (mx) {
+    args.rows_k = bf16(const_cast<at::Tensor&>(*rows_k));
+    args.dout_k = bf16(const_cast<at::Tensor&>(*dout_k));
+    args.dh_k = bf16(const_cast<at::Tensor&>(*dh_k));
+  }
   args.dprob_part = dprob_part.data_ptr<float>();
   args.dw1 = dw1 ? reinterpret_cast<__nv_bfloat16*>(dw1->data_ptr()) : nullptr;
   args.dw2 = dw2 ? reinterpret_cast<__nv_bfloat16*>(dw2->data_ptr()) : nullptr;
   args.dw1_fp32 = fp32_grads(dw1_fp32, E, "dw1_fp32");
   args.dw2_fp32 = fp32_grads(dw2_fp32, E, "dw2_fp32");
   args.carry = carry_floats > 0 ? carry->data_ptr<float>() : nullptr;
+  // Counters (ops.backward_megakernel_counters): per m-block rows pulled, FC1 and FC2-dgrad
+  // halves; per macrobatch tile halves done; carry flags; per macrobatch the three totals; the
+  // tile and arrival counters; under MXFP8 per m-block then per macrobatch the three rounded.
   uint32_t* c = reinterpret_cast<uint32_t*>(counters.data_ptr<int32_t>());
-  args.rows_ready = c;
-  args.fc1_done = c + max_mblocks;
-  args.dgrad2_done = c + 2 * max_mblocks;
+  args.per_mblock[kRowsPulled] = c;
+  args.per_mblock[kFc1Stored] = c + max_mblocks;
+  args.per_mblock[kDhStored] = c + 2 * max_mblocks;
   args.macro_done = c + 3 * max_mblocks;
   args.carry_ready = args.macro_done + max_macro;
-  args.rows_pulled = args.carry_ready + carry_flags;
-  args.fc1_halves = args.rows_pulled + max_macro;
-  args.dgrad2_halves = args.fc1_halves + max_macro;
-  args.tile_counter = args.dgrad2_halves + max_macro;
+  args.per_macro[kRowsPulled] = args.carry_ready + carry_flags;
+  args.per_macro[kFc1Stored] = args.per_macro[kRowsPulled] + max_macro;
+  args.per_macro[kDhStored] = args.per_macro[kFc1Stored] + max_macro;
+  args.tile_counter = args.per_macro[kDhStored] + max_macro;
   args.arrivals = args.tile_counter + 1;
+  if (mx) {
+    uint32_t* r = args.arrivals + 1;
+    for (int p = kInRounded; p < kProgressKinds; ++p) {
+      args.per_mblock[p] = r + (p - kInRounded) * max_mblocks;
+      args.per_macro[p] = r + 3 * max_mblocks + (p - kInRounded) * max_macro;
+    }
+  }
   args.minibatch_rows = static_cast<int>(minibatch_rows);
   args.timeout_ns = static_cast<uint64_t>(timeout_ns);
   args.report = timeout_report_device(kReportBackwardMegakernel, rank, timeout_ns);
 
   BackwardMaps maps{};
   const int halves = gated ? 2 : 1;
-  maps.rows_k = row_tile_map(rows.data_ptr(), buffer_rows, H, H);
+  maps.rows_k = row_tile_map((mx ? *rows_k : rows).data_ptr(), buffer_rows, H, H);
   maps.w1_k = expert_weight_map(w1.data_ptr(), E, F1, H, w1.stride(0), w1.stride(1), halves);
   maps.act_store = staged_rows_map(act.data_ptr(), buffer_rows, F, 1, F);
-  maps.dout_rows = row_tile_map(dout.data_ptr(), buffer_rows, H, H);
-  maps.w2_mn = expert_weight_mn_map(w2.data_ptr(), E, H, F, w2.stride(0), w2.stride(1));
+  maps.dout_rows = row_tile_map((mx ? *dout_k : dout).data_ptr(), buffer_rows, H, H);
+  maps.w2_dgrad = mx ? expert_weight_map(w2_t->data_ptr(), E, F, H, F * H, H, 1, kDgrad2Cols)
+                     : expert_weight_mn_map(w2.data_ptr(), E, H, F, w2.stride(0), w2.stride(1));
   maps.h_tile = staged_rows_map(h.data_ptr(), buffer_rows, F, halves, F1);
   maps.dh_store = staged_rows_map(dh.data_ptr(), buffer_rows, F, halves, F1);
-  maps.dh_rows = row_tile_map(dh.data_ptr(), buffer_rows, F1, F1);
-  maps.w1_mn = expert_weight_mn_map(w1.data_ptr(), E, F1, H, w1.stride(0), w1.stride(1));
+  maps.dh_rows = row_tile_map((mx ? *dh_k : dh).data_ptr(), buffer_rows, F1, F1);
+  maps.w1_dgrad = mx ? expert_weight_map(w1_t->data_ptr(), E, H, F1, H * F1, F1, 1)
+                     : expert_weight_mn_map(w1.data_ptr(), E, F1, H, w1.stride(0), w1.stride(1));
   maps.dout_mn = mn_major_rows_map(dout.data_ptr(), buffer_rows, H, H);
   maps.act_mn = mn_major_rows_map(act.data_ptr(), buffer_rows, F, F);
   maps.dh_mn = mn_major_rows_map(dh.data_ptr(), buffer_rows, F1, F1);
   maps.rows_mn = mn_major_rows_map(rows.data_ptr(), buffer_rows, H, H);
   if (dw2) maps.dw2_store = staged_rows_map(dw2->data_ptr(), E * H, F, 1, F);
   if (dw1) maps.dw1_store = staged_rows_map(dw1->data_ptr(), E * F1, H, 1, H);
-  MOK_DISPATCH_ACTIVATION(activation, KACT, launch_backward<KACT>(maps, args));
+  if (mx) {
+    MOK_DISPATCH_ACTIVATION(activation, KACT, (launch_backward<KACT, true>(maps, args)));
+  } else {
+    MOK_DISPATCH_ACTIVATION(activation, KACT, (launch_backward<KACT, false>(maps, args)));
+  }
 }
 
 }  // namespace mok

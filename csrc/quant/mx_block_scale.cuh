@@ -57,6 +57,28 @@ __device__ __forceinline__ uint32_t value_pair(__nv_fp8x2_storage_t q, float up_
   return pack_bf16x2(__fmul_rn(f.x, up_a), __fmul_rn(f.y, up_b));
 }
 
+// Max magnitude patterns of a lane's kRows rows of 8 values (4 words each): per column pair
+// over the rows (col_max[k]: columns 2k and 2k + 1 in the low and high halves), per row
+// (row_max[i / 2]: rows i and i + 1 likewise). The callers then reduce them across lanes.
+template <int kRows>
+__device__ __forceinline__ void block_maxima(const uint32_t (&x)[kRows][4], uint32_t (&col_max)[4],
+                                             uint32_t (&row_max)[kRows / 2]) {
+#pragma unroll
+  for (int k = 0; k < 4; ++k) col_max[k] = 0;
+#pragma unroll
+  for (int i = 0; i < kRows; ++i) {
+    uint32_t m = 0;
+#pragma unroll
+    for (int k = 0; k < 4; ++k) {
+      const uint32_t mk = magnitudes(x[i][k]);
+      col_max[k] = larger_halves(col_max[k], mk);
+      m = larger_halves(m, mk);
+    }
+    m = max(m & 0xFFFFu, m >> 16);
+    row_max[i / 2] = i % 2 == 0 ? m : row_max[i / 2] | (m << 16);
+  }
+}
+
 // A vector's 8 values rounded at one scale per value pair position: scales[k] for values 2k
 // and 2k + 1 (MXFP8 along K: one block's scale for all; along the rows: each column's).
 __device__ __forceinline__ int4 round_vector(const uint32_t (&w)[4], const BlockScale* lo,

@@ -10,12 +10,7 @@
 //
 // MXFP8 (mx_round_both_kernel, blocks of 32 both ways): both forms bf16 values, as
 // mx_round_columns and mx_round_segments write them. A warp takes one block of rows (<= 32
-// rows of one segment) x 64 columns: lane 8 * quarter + g holds rows 8 * quarter ..
-// 8 * quarter + 7 of the block at columns 8 * g .. 8 * g + 7 of the span, one 16-byte vector
-// per row, all 8 loads in flight together. Along a row a 32-column block is 4 consecutive
-// lanes (two shuffles); along the rows a column's block is the lane's 8 rows and those of the
-// same g in the other quarters (two shuffles). (16 rows per lane held 64 registers of values
-// and spilled at the 128 that 2 CTAs per SM allow.)
+// rows of one segment) x 64 columns (quant/mx_round_span.cuh).
 //
 // Blockwise FP8 (fp8_quantize_round_both_kernel, blocks of 128 both ways): along K the FP8
 // engine's A operand as mx_quantize_columns writes it (E4M3 codes, E8M0 scale codes
@@ -36,29 +31,18 @@
 #include "quant/column_block.cuh"
 #include "quant/mx_block_scale.cuh"
 #include "quant/mx_format.cuh"
+#include "quant/mx_round_span.cuh"
 
 namespace mok {
 namespace {
 
 constexpr int kCtasPerSm = 2;  // 124 registers per thread, no spills
-// MXFP8
-constexpr int kLaneRows = kMxBlock / 4;  // rows of a block one lane holds
-constexpr int kSpanCols = 8 * 8;         // columns of a warp's span: 8 lanes x 8
-static_assert(kMxBlock == 32, "a block of rows is the four quarters of a warp");
 // Blockwise FP8
 constexpr int kWideBlock = kFp8ScaleBlock;
 constexpr int kWideLanes = kWideBlock / 8;                      // a row's block: 16 lanes
 constexpr int kWideRowsPerPass = kMxRoundThreads / kWideLanes;  // 16 row groups
 constexpr int kWidePasses = kWideBlock / kWideRowsPerPass;      // 8 rows per thread
 static_assert(kWideLanes == 16 && kWidePasses == 8, "two row groups per warp, 8 rows each");
-
-// The rows of a bf16 matrix [rows, vecs 16-byte vectors].
-struct MatrixRows {
-  const int4* x;
-  int vecs;
-
-  __device__ const int4* row(int64_t r) const { return x + r * vecs; }
-};
 
 // The schedule's rows in the peers' published token rows (a pull, as comm/rows.cu's), the
 // slot arithmetic in 32 bits (comm/peer_row.cuh).
@@ -85,66 +69,18 @@ __global__ void __launch_bounds__(kMxRoundThreads, kCtasPerSm)
   __syncthreads();
   const int lane = threadIdx.x % 32, quarter = lane / 8, g = lane % 8;
   const int vecs = cols / 8;
-  const int spans = (cols + kSpanCols - 1) / kSpanCols;
+  const int spans = (cols + kMxSpanCols - 1) / kMxSpanCols;
   const int64_t work = first_block[segments] * spans;
   const int64_t warps = static_cast<int64_t>(gridDim.x) * (blockDim.x / 32);
   for (int64_t w = static_cast<int64_t>(blockIdx.x) * (blockDim.x / 32) + threadIdx.x / 32;
        w < work; w += warps) {
     const int64_t b = w / spans;
-    const int v = static_cast<int>(w % spans) * (kSpanCols / 8) + g;  // this lane's vector
+    const int v = static_cast<int>(w % spans) * (kMxSpanCols / 8) + g;  // this lane's vector
     const int s = segment_of_block(first_block, segments, b);
-    const int64_t r0 = offsets[s] + (b - first_block[s]) * kMxBlock + quarter * kLaneRows;
-    const int rows = static_cast<int>(
-        max(int64_t{0}, min(static_cast<int64_t>(kLaneRows), offsets[s + 1] - r0)));
-    const bool here = v < vecs;  // lanes past the last column hold zeros (no amax, no store)
-    uint32_t x[kLaneRows][4];
-#pragma unroll
-    for (int i = 0; i < kLaneRows; ++i) {
-      const int4 v4 = here && i < rows ? src.row(r0 + i)[v] : make_int4(0, 0, 0, 0);
-      x[i][0] = v4.x, x[i][1] = v4.y, x[i][2] = v4.z, x[i][3] = v4.w;
-    }
-    // Max magnitude patterns: per column pair over the rows, per row (two rows a word).
-    uint32_t col_max[4] = {0, 0, 0, 0};
-    uint32_t row_max[kLaneRows / 2];
-#pragma unroll
-    for (int i = 0; i < kLaneRows; ++i) {
-      uint32_t m = 0;
-#pragma unroll
-      for (int k = 0; k < 4; ++k) {
-        const uint32_t mk = magnitudes(x[i][k]);
-        col_max[k] = larger_halves(col_max[k], mk);
-        m = larger_halves(m, mk);
-      }
-      m = max(m & 0xFFFFu, m >> 16);
-      row_max[i / 2] = i % 2 == 0 ? m : row_max[i / 2] | (m << 16);
-    }
-#pragma unroll
-    for (int k = 0; k < 4; ++k) {
-      col_max[k] = larger_halves(col_max[k], __shfl_xor_sync(0xffffffffu, col_max[k], 8));
-      col_max[k] = larger_halves(col_max[k], __shfl_xor_sync(0xffffffffu, col_max[k], 16));
-    }
-#pragma unroll
-    for (int p = 0; p < kLaneRows / 2; ++p) {
-      row_max[p] = larger_halves(row_max[p], __shfl_xor_sync(0xffffffffu, row_max[p], 1));
-      row_max[p] = larger_halves(row_max[p], __shfl_xor_sync(0xffffffffu, row_max[p], 2));
-    }
-    if (!here) continue;
-    BlockScale col[8] = {
-        BlockScale(col_max[0] & 0xFFFFu), BlockScale(col_max[0] >> 16),
-        BlockScale(col_max[1] & 0xFFFFu), BlockScale(col_max[1] >> 16),
-        BlockScale(col_max[2] & 0xFFFFu), BlockScale(col_max[2] >> 16),
-        BlockScale(col_max[3] & 0xFFFFu), BlockScale(col_max[3] >> 16)};
-#pragma unroll
-    for (int i = 0; i < kLaneRows; ++i) {
-      const BlockScale row(i % 2 == 0 ? row_max[i / 2] & 0xFFFFu : row_max[i / 2] >> 16);
-      const int4 k = round_vector(x[i], &row, &row, 0);
-      const int4 n = round_vector(x[i], &col[0], &col[1], 2);
-      if (i < rows) {
-        const int64_t at = (r0 + i) * vecs + v;
-        along_k[at] = k;
-        along_n[at] = n;
-      }
-    }
+    const int64_t r0 = offsets[s] + (b - first_block[s]) * kMxBlock + quarter * kMxSpanLaneRows;
+    const int rows = static_cast<int>(max(
+        int64_t{0}, min(static_cast<int64_t>(kMxSpanLaneRows), offsets[s + 1] - r0)));
+    mx_round_span<true, true>(src, r0, rows, v, vecs, along_k, along_n);
   }
 }
 
@@ -178,20 +114,8 @@ __global__ void __launch_bounds__(kMxRoundThreads, kCtasPerSm)
       const int4 v4 = here && r < len ? src.row(r0 + r)[v] : make_int4(0, 0, 0, 0);
       x[i][0] = v4.x, x[i][1] = v4.y, x[i][2] = v4.z, x[i][3] = v4.w;
     }
-    uint32_t col_max[4] = {0, 0, 0, 0};
-    uint32_t row_max[kWidePasses / 2];
-#pragma unroll
-    for (int i = 0; i < kWidePasses; ++i) {
-      uint32_t m = 0;
-#pragma unroll
-      for (int k = 0; k < 4; ++k) {
-        const uint32_t mk = magnitudes(x[i][k]);
-        col_max[k] = larger_halves(col_max[k], mk);
-        m = larger_halves(m, mk);
-      }
-      m = max(m & 0xFFFFu, m >> 16);
-      row_max[i / 2] = i % 2 == 0 ? m : row_max[i / 2] | (m << 16);
-    }
+    uint32_t col_max[4], row_max[kWidePasses / 2];
+    block_maxima(x, col_max, row_max);
 #pragma unroll
     for (int p = 0; p < kWidePasses / 2; ++p) {
 #pragma unroll
@@ -318,7 +242,7 @@ void mx_both(const Source& src, const at::Tensor& offsets, at::Tensor& along_k,
   src.visit(rows, cols, what, [&](auto rows_of) {
     if (rows == 0 || cols == 0) return;
     // A warp per (row block, span): at most one block per 32 rows plus a short one per segment.
-    const int64_t units = (rows / kMxBlock + segments) * ((cols + kSpanCols - 1) / kSpanCols);
+    const int64_t units = (rows / kMxBlock + segments) * ((cols + kMxSpanCols - 1) / kMxSpanCols);
     mx_round_both_kernel<<<grid_for(units, kMxRoundThreads / 32), kMxRoundThreads, 0,
                            at::cuda::getCurrentCUDAStream()>>>(
         rows_of, static_cast<int>(cols), offsets.data_ptr<int32_t>(), static_cast<int>(segments),

@@ -173,14 +173,15 @@ def test_mxfp8_megakernels_the_recipe_allows(tmp_path):
     """The CUDA backend runs MXFP8 forward on the separate kernels or the forward megakernel
     (with backward_inputs: recomputed: the megakernel's rows are MXFP8 values already, which
     wgrad's quantization along the expert's rows cannot start from) and backward on the
-    separate kernels; any other setting is refused - at load and at a call - never run as
-    BF16."""
+    separate kernels or the backward megakernel (recomputed inputs, weights as rounded
+    values: auto picks rounded for it); any other setting is refused - at load and at a call
+    - never run as BF16."""
     import dataclasses
 
     from mok_megatron.config import ConfigError, load_recipe
     from mok_megatron.functional import resolve_backend
     from mok_megatron.inputs import check_call
-    from mok_megatron.symm_moe import check_kernel_call
+    from mok_megatron.symm_moe import check_kernel_call, mxfp8_weight_form
 
     recipe = load_recipe("mxfp8")
     assert resolve_backend(recipe, torch.device("cuda")) == "cuda"
@@ -194,9 +195,19 @@ def test_mxfp8_megakernels_the_recipe_allows(tmp_path):
                       torch.zeros(2, 64, 32, dtype=torch.bfloat16), activation="swiglu", world=1)
     check_kernel_call(call, recipe)
     check_kernel_call(call, knobs(forward_kernel="megakernel"))
-    with pytest.raises(ValueError, match="kernel.backward_kernel: precision mxfp8 runs backward "
-                                         "on the separate kernels"):
-        check_kernel_call(call, knobs(backward_kernel="megakernel"))
+    for kernel in ("separate", "megakernel"):
+        check_kernel_call(call, knobs(forward_kernel=kernel, backward_kernel="megakernel"))
+        check_kernel_call(call, knobs(forward_kernel=kernel, backward_kernel="megakernel",
+                                      mxfp8_weights="rounded"))
+        assert mxfp8_weight_form(knobs(forward_kernel=kernel, backward_kernel="megakernel"),
+                                 tokens=4, topk=2, num_local=2) == "rounded"
+    assert mxfp8_weight_form(recipe, tokens=4, topk=2, num_local=2) == "codes"
+    with pytest.raises(ValueError, match="kernel.backward_inputs: the backward megakernel under "
+                                         "mxfp8 .* set it to recomputed"):
+        check_kernel_call(call, knobs(backward_kernel="megakernel", backward_inputs="saved"))
+    with pytest.raises(ValueError, match="kernel.mxfp8_weights: the backward megakernel under "
+                                         "mxfp8 .* set it to rounded or auto"):
+        check_kernel_call(call, knobs(backward_kernel="megakernel", mxfp8_weights="codes"))
     with pytest.raises(ValueError, match="kernel.backward_inputs: the forward megakernel under "
                                          "mxfp8 .* set it to recomputed"):
         check_kernel_call(call, knobs(forward_kernel="megakernel", backward_inputs="saved"))
@@ -204,8 +215,11 @@ def test_mxfp8_megakernels_the_recipe_allows(tmp_path):
     path.write_text("precision: mxfp8\nkernel:\n  forward_kernel: megakernel\n")
     assert load_recipe(str(path)).kernel.forward_kernel == "megakernel"
     path.write_text("precision: mxfp8\nkernel:\n  backward_kernel: megakernel\n")
-    with pytest.raises(ConfigError, match="kernel.backward_kernel: precision mxfp8 runs "
-                                          "backward on the separate kernels"):
+    assert load_recipe(str(path)).kernel.backward_kernel == "megakernel"
+    path.write_text("precision: mxfp8\nkernel:\n  backward_kernel: megakernel\n"
+                    "  mxfp8_weights: codes\n")
+    with pytest.raises(ConfigError, match="kernel.mxfp8_weights: the backward megakernel under "
+                                          "mxfp8 reads the weights as bf16"):
         load_recipe(str(path))
 
 
@@ -245,3 +259,29 @@ def test_weight_cache_invalidation(monkeypatch):
     entries = len(mw._cache)
     del other
     assert len(mw._cache) == entries - 1  # the other owner's entry went with it
+
+
+def test_backward_megakernel_weights_per_form():
+    """What the backward megakernel gets under each recipe (operands.py): BF16 the stacked
+    weights and no transposed ones; MXFP8 with rounded weights W1's values along H and the
+    dgrads' transposed values (W1^T, W2^T); MXFP8 with codes a clear refusal (the recipe
+    check refuses that setting before any call)."""
+    from types import SimpleNamespace
+
+    from mok_megatron.mxfp8_weights import MxWeight, Mxfp8Weights, RoundedWeights
+    from mok_megatron.operands import Bf16Operands, Fp8BlockwiseOperands, Mxfp8Operands
+
+    E, F1, H, F = 2, 16, 8, 8
+    plan = SimpleNamespace(w1=torch.randn(E, F1, H), w2=torch.randn(E, H, F))
+    w1, w2, transposed = Bf16Operands().backward_megakernel_weights(plan)
+    assert w1 is plan.w1 and w2 is plan.w2 and transposed is None
+    rounded = RoundedWeights(torch.randn(E, F1, H), torch.randn(E, H, F),
+                             torch.randn(E, H, F1), torch.randn(E, F, H))
+    w1, w2, transposed = Mxfp8Operands(rounded).backward_megakernel_weights(plan)
+    assert w1 is rounded.w1 and w2 is plan.w2
+    assert transposed[0] is rounded.w1_t and transposed[1] is rounded.w2_t
+    code = MxWeight(torch.zeros(1), torch.zeros(1))
+    with pytest.raises(NotImplementedError, match="kernel.mxfp8_weights: rounded"):
+        Mxfp8Operands(Mxfp8Weights(code, code, code, code)).backward_megakernel_weights(plan)
+    with pytest.raises(NotImplementedError, match="does not run this recipe"):
+        Fp8BlockwiseOperands(None).backward_megakernel_weights(plan)

@@ -6,7 +6,8 @@ y, dx, dprobs, dW1, dW2) and the BF16 reference (sum|d|/sum|ref| <= 0.1, gradien
 0.996), bit-identical over runs, EP=1 and emulated EP=2/4, CUDA-graph replay, with the
 weights in either form (kernel.mxfp8_weights: codes, rounded); the engine that dequantizes
 weight codes against fp32 products of MXFP8 values in both weight orientations; the forward
-megakernel under the recipe against the reference and bit for bit the separate path."""
+megakernel under the recipe against the reference and bit for bit the separate path; the
+backward megakernel under the recipe against the reference and the separate backward."""
 
 import pytest
 import torch
@@ -198,6 +199,69 @@ def test_forward_megakernel_emulated_group(world, form):
     errors = gpu_checks.check_emulated_against_reference(gpu_checks.ep_specs(world)[1],
                                                          **MEGAKERNEL[form])
     print(f"EP={world}", form, {k: f"{v:.2e}" for k, v in errors.items()})
+
+
+# The backward megakernel under the recipe (csrc/megakernel/moe_backward.cu kMx: rounding tiles
+# for dY, x, act and dh, the dgrads on the transposed rounded weights), recomputed inputs, after
+# the separate forward or the forward megakernel; macrobatches of 2 m-blocks, or of one (every
+# expert's weight gradient carried across them).
+BACKWARD_MK = {**FORMS["rounded"], "backward_kernel": "megakernel", "comm_sms_backward": 8,
+               "backward_inputs": "recomputed", "macrobatch_tokens": 256}
+BACKWARD_SETTINGS = {
+    "separate_forward": BACKWARD_MK,
+    "megakernels": {**BACKWARD_MK, "forward_kernel": "megakernel", "comm_sms_forward": 8},
+    "ring_one_mblock": {**BACKWARD_MK, "macrobatch_tokens": 128},
+}
+
+
+@pytest.mark.parametrize("setting", BACKWARD_SETTINGS)
+@pytest.mark.parametrize("spec", SPECS + ODD_SPECS, ids=lambda s: s.name)
+def test_backward_megakernel_matches_mxfp8_reference(spec, setting):
+    """Against the MXFP8 reference (the recipe's tolerances, 3 runs bit-identical) and against
+    the separate backward on the same operands within the same bound (its wgrad is cuBLAS's,
+    its dprob another summation order; whether any output is bit-identical is printed);
+    forward's y is unchanged by the backward kernel."""
+    knobs = BACKWARD_SETTINGS[setting]
+    errors = gpu_checks.check_against_reference(spec, 0, None, **knobs)
+    problem = spec.build()
+    max_tokens = max(max(spec.tokens_per_rank), 1)
+    separate = {**knobs, "backward_kernel": "separate"}
+    want = gpu_checks.run_cuda(problem, 0, None, max_tokens, **separate)
+    got = gpu_checks.run_cuda(problem, 0, None, max_tokens, **knobs)
+    assert torch.equal(got["y"], want["y"]), f"({spec.name}) y differs from the separate run"
+    against_separate = gpu_checks.assert_matches_reference(
+        gpu_checks.cpu(got), gpu_checks.cpu(want), f"({spec.name}) against the separate backward",
+        gpu_checks.TOLERANCE["mxfp8"])
+    print(spec.name, setting, {k: f"{v:.2e}" for k, v in errors.items()},
+          "vs separate", {k: f"{v:.1e}" for k, v in against_separate.items()},
+          "bitwise", {n: torch.equal(got[n], want[n]) for n in gpu_checks.NAMES})
+
+
+def test_backward_megakernel_settings_and_graph_replay():
+    """Pulling blocks, minibatches and macrobatch sizes never change the backward
+    megakernel's bits under the recipe; a CUDA graph replays it bit for bit."""
+    spec = SPECS[1]
+    problem = spec.build()
+    max_tokens = max(spec.tokens_per_rank)
+    settings = [BACKWARD_MK, {**BACKWARD_MK, "comm_sms_backward": 1, "minibatch_tokens": 37},
+                {**BACKWARD_MK, "comm_sms_backward": 32, "macrobatch_tokens": 128},
+                {**BACKWARD_MK, "macrobatch_tokens": 16384}]
+    runs = [gpu_checks.run_cuda(problem, 0, None, max_tokens, **knobs) for knobs in settings]
+    for knobs, run in zip(settings[1:], runs[1:]):
+        gpu_checks.assert_same_bits(runs[0], run, f"({spec.name}) with {knobs}")
+    gpu_checks.check_cuda_graph(spec, 0, None, **BACKWARD_SETTINGS["megakernels"])
+
+
+@pytest.mark.parametrize("world", [2, 4])
+def test_backward_megakernel_emulated_group(world):
+    """EP=2/4 emulated on one GPU: the same bits as the whole problem on one rank, across
+    settings; against the reference within the recipe's tolerances."""
+    gpu_checks.check_emulated_settings(gpu_checks.ep_specs(world)[3], [
+        BACKWARD_SETTINGS["megakernels"], BACKWARD_SETTINGS["ring_one_mblock"]])
+    for spec in gpu_checks.ep_specs(world)[:3]:
+        errors = gpu_checks.check_emulated_against_reference(spec,
+                                                             **BACKWARD_SETTINGS["megakernels"])
+        print(f"EP={world}", spec.name, {k: f"{v:.2e}" for k, v in errors.items()})
 
 
 @pytest.mark.parametrize("form", FORMS)

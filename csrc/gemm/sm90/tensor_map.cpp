@@ -66,11 +66,12 @@ CUtensorMap row_tile_map(const void* base, uint64_t rows, uint64_t cols, uint64_
 }
 
 CUtensorMap expert_weight_map(const void* base, uint64_t experts, uint64_t rows, uint64_t k,
-                              uint64_t expert_stride, uint64_t row_stride, int halves) {
+                              uint64_t expert_stride, uint64_t row_stride, int halves,
+                              uint32_t box_rows) {
   const uint64_t n = rows / halves, row_bytes = row_stride * 2;
-  return make_bf16_tensor_map_4d(base, {k, n, uint64_t(halves), experts},
-                                 {row_bytes, row_bytes * n, expert_stride * 2},
-                                 {kGemmBlockK, uint32_t(kGemmBlockN / halves), 1, 1});
+  return make_bf16_tensor_map_4d(
+      base, {k, n, uint64_t(halves), experts}, {row_bytes, row_bytes * n, expert_stride * 2},
+      {kGemmBlockK, box_rows > 0 ? box_rows : uint32_t(kGemmBlockN / halves), 1, 1});
 }
 
 CUtensorMap staged_rows_map(const void* base, uint64_t rows, uint64_t n_out, int halves,

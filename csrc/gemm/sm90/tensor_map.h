@@ -21,10 +21,12 @@ CUtensorMap make_bf16_tensor_map_4d(const void* base, const std::array<uint64_t,
 CUtensorMap row_tile_map(const void* base, uint64_t rows, uint64_t cols, uint64_t row_stride);
 
 // The engine's B operand: expert weights W [E, halves * N, K] (strides in elements) viewed as
-// [E, halves, N, K] and read in boxes of kGemmBlockN / halves rows x kGemmBlockK. A gated FC1
-// (halves = 2) loads its gate and up rows for the same output columns as two boxes.
+// [E, halves, N, K] and read in boxes of kGemmBlockN / halves rows x kGemmBlockK (or box_rows
+// rows: the backward megakernel's 128-column FC2-dgrad tiles). A gated FC1 (halves = 2) loads
+// its gate and up rows for the same output columns as two boxes.
 CUtensorMap expert_weight_map(const void* base, uint64_t experts, uint64_t rows, uint64_t k,
-                              uint64_t expert_stride, uint64_t row_stride, int halves);
+                              uint64_t expert_stride, uint64_t row_stride, int halves,
+                              uint32_t box_rows = 0);
 
 // Rows the staged epilogue stores (gemm/sm90/tile_epilogue.cuh): `rows` rows of `halves` x
 // `n_out` bf16 (row stride `row_stride` elements) viewed as [rows, halves, n_out], written in

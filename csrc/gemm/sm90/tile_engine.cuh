@@ -39,6 +39,7 @@ enum WaitRole : int {
   kWaitDgradDone = 9, // backward megakernel: FC2-dgrad tiles (dh) of an m-block
   kWaitHTile = 10,    // backward megakernel consumer: its prefetched h tile
   kWaitCarry = 11,    // backward megakernel consumer: the weight-gradient carry of the part before
+  kWaitRounded = 12,  // backward megakernel, MXFP8: an m-block's operands rounded (mx_round_tile)
 };
 constexpr int kReportInts = 4;  // {role, block, tile, stage}
 
