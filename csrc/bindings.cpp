@@ -29,6 +29,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   // MXFP8 operand rounding
   m.def("mx_round_columns", &mok::mx_round_columns);
   m.def("mx_round_segments", &mok::mx_round_segments);
+  m.def("mx_quantize_segments", &mok::mx_quantize_segments);
+  m.def("mx_dequantize_segments", &mok::mx_dequantize_segments);
   m.def("mx_round_both", &mok::mx_round_both);
   m.def("pull_rows_mx_round_both", &mok::pull_rows_mx_round_both);
   m.def("fp8_quantize_round_both", &mok::fp8_quantize_round_both);

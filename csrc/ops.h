@@ -64,6 +64,13 @@ void mx_round_columns(const at::Tensor& x, const c10::optional<at::Tensor>& num_
                       at::Tensor& out);
 void mx_round_segments(const at::Tensor& x, const c10::optional<at::Tensor>& offsets,
                        int64_t segment_rows, int64_t block, at::Tensor& out);
+// quant/segment_codes.cu: the same blocks along the rows of each segment kept as E4M3 codes
+// [rows, cols] and E8M0 scale codes [row blocks, cols] (saved rows for wgrad), and back to the
+// bf16 values mx_round_segments writes.
+void mx_quantize_segments(const at::Tensor& x, const at::Tensor& offsets, int64_t block,
+                          at::Tensor& codes, at::Tensor& scales);
+void mx_dequantize_segments(const at::Tensor& codes, const at::Tensor& scales,
+                            const at::Tensor& offsets, int64_t block, at::Tensor& out);
 // quant/mx_round_both.cu: both of those at once (blocks along the columns of each row into
 // along_k, along the rows of each segment into along_n), of x or of the schedule's rows pulled
 // from the peers' bf16 token rows at src_offset; rows outside every segment are not written.

@@ -35,6 +35,9 @@ operands quantized per call; wgrad as under mxfp8 (the operands rounded to their
 torch._grouped_mm): an FP8 wgrad kernel on operands quantized and written transposed took
 1.37-1.56x its time on every layer shape (perf-log session 18).
 
+Forward's rows kept for backward (saved backward inputs) are kept under both FP8 recipes as
+wgrad reads them, codes along the expert's rows (SegmentCodes), not as bf16 rows.
+
 Under both FP8 recipes backward's operands that two GEMMs read - dY, dh and the recomputed
 rows, along K by a dgrad or FC1 and along the expert's rows by wgrad - get both forms from one
 pass (RoundedBoth: dY and the rows as they are pulled, dh after the activation's backward),
@@ -70,6 +73,17 @@ class RoundedBoth:
     along_n: torch.Tensor
 
 
+@dataclass(frozen=True)
+class SegmentCodes:
+    """Forward's pulled rows kept for backward (saved backward inputs) under an FP8 recipe as
+    what wgrad reads of them: their blocks along each expert's rows as E4M3 codes and E8M0
+    scale codes (ops.mx_quantize_segments), dequantized when wgrad runs - the values
+    mx_round_segments would give, in about half the bytes kept between forward and backward."""
+
+    codes: torch.Tensor
+    scales: torch.Tensor
+
+
 def for_wgrad(operand):
     """What wgrad still needs of a backward operand once its other reader has run (the copy
     rounded along K of a RoundedBoth is released)."""
@@ -94,6 +108,11 @@ class Bf16Operands:
     def both_ways(self, sched: "Schedule", x: torch.Tensor):
         """A backward operand (dh) as its dgrad and wgrad read it."""
         return x
+
+    def keep_rows(self, sched: "Schedule", rows: torch.Tensor):
+        """What forward keeps of its pulled rows for backward's wgrad (saved backward inputs,
+        the separate backward): the rows themselves."""
+        return rows
 
     def megakernel_weights(self, plan: "Plan") -> dict:
         """The forward megakernel's weight arguments (ops.moe_forward_megakernel)."""
@@ -176,9 +195,14 @@ class _QuantizedOperands(Bf16Operands, abc.ABC):
     def _along_k(self, sched, a):
         return a.along_k if isinstance(a, RoundedBoth) else self._prepare(sched, a)
 
+    def keep_rows(self, sched, rows):
+        return SegmentCodes(*ops.mx_quantize_segments(rows, sched.offsets, self.block))
+
     def _along_n(self, sched, a):
         if isinstance(a, RoundedBoth):
             return a.along_n
+        if isinstance(a, SegmentCodes):
+            return ops.mx_dequantize_segments(a.codes, a.scales, sched.offsets, self.block)
         return ops.mx_round_segments(a, sched.offsets, block=self.block)
 
     def fc1(self, plan, sched, rows):

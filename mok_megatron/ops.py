@@ -232,6 +232,39 @@ def mx_round_segments(x: torch.Tensor, offsets: Optional[torch.Tensor] = None,
     return out
 
 
+def segment_scale_rows(rows: int, segments: int, block: int) -> int:
+    """Rows of mx_quantize_segments' scale codes: at most one block per `block` rows plus a
+    short one per segment."""
+    return rows // block + segments
+
+
+def mx_quantize_segments(x: torch.Tensor, offsets: torch.Tensor,
+                         block: int = MX_BLOCK) -> tuple[torch.Tensor, torch.Tensor]:
+    """x [rows, cols] bf16 quantized as mx_round_segments rounds it (blocks of `block` rows of
+    each segment, ``offsets`` int32 [segments + 1] on the device), kept as codes: (E4M3 codes
+    as uint8 [rows, cols], E8M0 scale codes uint8 [segment_scale_rows, cols], block b of the
+    segment-by-segment numbering in row b; 255 for a block with a NaN or an Inf). Rows
+    outside every segment are not written (csrc/quant/segment_codes.cu)."""
+    _cuda("x", x, torch.bfloat16)
+    _cuda("offsets", offsets, torch.int32)
+    codes = torch.empty(x.shape, dtype=torch.uint8, device=x.device)
+    scales = torch.empty(segment_scale_rows(x.shape[0], offsets.numel() - 1, block), x.shape[1],
+                         dtype=torch.uint8, device=x.device)
+    extension().mx_quantize_segments(x, offsets, block, codes, scales)
+    return codes, scales
+
+
+def mx_dequantize_segments(codes: torch.Tensor, scales: torch.Tensor, offsets: torch.Tensor,
+                           block: int = MX_BLOCK) -> torch.Tensor:
+    """mx_quantize_segments' codes back to bf16: bit for bit mx_round_segments of the rows
+    they were quantized from (NaN where it writes NaN); rows outside every segment are not
+    written."""
+    _cuda("offsets", offsets, torch.int32)
+    out = torch.empty(codes.shape, dtype=torch.bfloat16, device=codes.device)
+    extension().mx_dequantize_segments(codes, scales, offsets, block, out)
+    return out
+
+
 def mx_round_both(x: torch.Tensor, offsets: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """(mx_round_columns(x), mx_round_segments(x, offsets)) in one pass over x (quant/
     mx_round_both.cu), bit for bit; rows outside every segment are not written in either."""

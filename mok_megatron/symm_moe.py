@@ -39,7 +39,7 @@ from .expert_weights import stack_expert_pair
 from .inputs import MoECall, check_call, check_routing_values
 from .main_grad import main_grad_targets, placeholder_grads
 from .mxfp8_weights import layer_weights
-from .operands import Bf16Operands, Fp8BlockwiseOperands, Mxfp8Operands
+from .operands import Bf16Operands, Fp8BlockwiseOperands, Mxfp8Operands, SegmentCodes
 from .plan import ExpertInputs, Plan, Schedule
 from .workspace import Workspace, WorkspaceLayout, get_workspace
 
@@ -118,10 +118,16 @@ class _SymmMoE(torch.autograd.Function):
             # x is the layer's input, alive anyway; nothing here is sized by the routing.
             ctx.save_for_backward(ids32, x, sched.offsets, sched.row_slot, sched.row_prob)
         else:
-            # The separate backward recomputes act itself; the megakernel reads forward's.
+            # The separate backward recomputes act itself; the megakernel reads forward's rows
+            # and act as they are, the separate backward wgrad's form of the rows
+            # (operands.keep_rows: FP8 codes under an FP8 recipe).
             act = kept.act if plan.backward_megakernel else None
+            rows = (kept.rows if plan.backward_megakernel
+                    else plan.operands.keep_rows(sched, kept.rows))
+            ctx.rows_as_codes = isinstance(rows, SegmentCodes)
+            rows = (rows.codes, rows.scales) if ctx.rows_as_codes else (rows,)
             ctx.save_for_backward(ids32, sched.offsets, sched.row_slot, sched.row_prob,
-                                  kept.rows, kept.h, act)
+                                  kept.h, act, *rows)
         return y
 
     @staticmethod
@@ -131,7 +137,8 @@ class _SymmMoE(torch.autograd.Function):
         if plan.recompute:
             ids32, x, offsets, row_slot, row_prob = ctx.saved_tensors
         else:
-            ids32, offsets, row_slot, row_prob, rows, h, act = ctx.saved_tensors
+            ids32, offsets, row_slot, row_prob, h, act, *rows = ctx.saved_tensors
+            rows = SegmentCodes(*rows) if ctx.rows_as_codes else rows[0]
         sched = Schedule(offsets, row_slot, row_prob)
         T, K = ids32.shape
         ws.tokens(T).copy_(dy)

@@ -15,6 +15,7 @@ import torch
 import gpu_checks
 from mok_megatron import mxfp8, ops
 from mok_megatron.activations import get_activation
+from mok_megatron.functional import moe_experts
 from test_backward_megakernel import ODD_SPECS
 from test_symm_moe import SPECS
 
@@ -143,6 +144,61 @@ def test_round_both_refuses_bad_operands():
         ops.mx_round_both(x, offsets)
     with pytest.raises(RuntimeError, match="offsets must be int32"):
         ops.mx_round_both(x[:, :32].contiguous(), offsets.long())
+
+
+@pytest.mark.parametrize("block", [mxfp8.BLOCK, ops.FP8_BLOCK])
+def test_segment_codes_are_the_rounded_segments(block):
+    """Saved rows kept as codes along the expert's rows (quant/segment_codes.cu) give back
+    mx_round_segments' values bit for bit (NaN where it has NaN): the edge rows of every kind,
+    empty segments, segments shorter than a block, a segment of exact blocks; the codes take
+    one byte per value and the rows outside every segment are not written."""
+    g = torch.Generator().manual_seed(block)
+    cols = 200
+    edge = _edge_rows(cols, g)
+    rows = torch.cat([edge] * 6 + [torch.randn(300, cols, generator=g).to(torch.bfloat16)])
+    rows = rows[torch.randperm(rows.shape[0], generator=g)].cuda()
+    bounds = [0, 0, 5, 5, 5 + 2 * block, 5 + 2 * block + 37, rows.shape[0] - 3]
+    offsets = torch.tensor(bounds, dtype=torch.int32, device="cuda")
+    codes, scales = ops.mx_quantize_segments(rows, offsets, block)
+    assert codes.dtype == torch.uint8 and codes.shape == rows.shape
+    assert scales.shape == (ops.segment_scale_rows(rows.shape[0], len(bounds) - 1, block), cols)
+    got = ops.mx_dequantize_segments(codes, scales, offsets, block)
+    want = ops.mx_round_segments(rows, offsets, block=block)
+    end = bounds[-1]
+    _assert_same(got[:end].cpu(), want[:end].cpu(), f"block {block}")
+    assert got[:end].isnan().any(), "the edge rows' NaN and Inf blocks are in the test"
+    with pytest.raises(RuntimeError, match="block must be"):
+        ops.mx_quantize_segments(rows, offsets, 64)
+    with pytest.raises(RuntimeError, match="scales must be"):
+        ops.mx_dequantize_segments(codes, scales[:2], offsets, block)
+
+
+@pytest.mark.parametrize("precision", ["mxfp8", "fp8_blockwise"])
+def test_saved_rows_are_kept_as_codes(precision):
+    """With saved backward inputs an FP8 recipe keeps forward's rows as codes along the
+    expert's rows (one byte per value), not as bf16 rows; test_recomputed_equals_saved checks
+    the gradients are the same bits."""
+    spec = SPECS[1]
+    problem = spec.build()
+    inputs = problem.local(0, torch.device("cuda"))
+    rec = gpu_checks.recipe(max(spec.tokens_per_rank), precision=precision,
+                            backward_inputs="saved")
+    y = moe_experts(inputs["x"], inputs["ids"], inputs["probs"], inputs["w1"], inputs["w2"],
+                    activation=spec.activation, recipe=rec)
+    node, seen = y.grad_fn, []
+    while node is not None and type(node).__name__ != "_SymmMoEBackward":
+        seen.append(type(node).__name__)
+        node = next((f for f, _ in node.next_functions if f is not None), None)
+    assert node is not None, f"no _SymmMoE node under y: {seen}"
+    hidden, f1 = inputs["x"].shape[1], inputs["w1"].shape[1]
+    kept = [(t.dtype, tuple(t.shape)) for t in node.saved_tensors
+            if t is not None and t.dim() == 2 and t.shape[1] == hidden]
+    codes = [shape for dtype, shape in kept if dtype == torch.uint8]
+    assert len(codes) == 2 and codes[0][0] >= codes[1][0], kept  # codes [cap, H], scales
+    # Only h [cap, F1] may be bf16 among them (when F1 == H).
+    assert sum(dtype == torch.bfloat16 for dtype, _ in kept) == (f1 == hidden), kept
+    y.sum().backward()
+    assert torch.isfinite(inputs["w1"].grad).all()
 
 
 @pytest.mark.parametrize("form", FORMS)
