@@ -36,6 +36,7 @@ struct BlockScale {
   bool finite;
   float down, up;
 
+  BlockScale() = default;
   __device__ __forceinline__ explicit BlockScale(uint32_t max_pattern) {
     finite = max_pattern < kBf16Inf;
     e = mx_scale_exponent(__uint_as_float(max_pattern << 16));
@@ -76,6 +77,16 @@ __device__ __forceinline__ void block_maxima(const uint32_t (&x)[kRows][4], uint
     }
     m = max(m & 0xFFFFu, m >> 16);
     row_max[i / 2] = i % 2 == 0 ? m : row_max[i / 2] | (m << 16);
+  }
+}
+
+// The scales of a vector's 8 columns along the rows, from block_maxima's col_max once
+// reduced across the block's lanes: col[2k] and col[2k + 1] from col_max[k]'s two halves.
+__device__ __forceinline__ void column_scales(const uint32_t (&col_max)[4], BlockScale* col) {
+#pragma unroll
+  for (int k = 0; k < 4; ++k) {
+    col[2 * k] = BlockScale(col_max[k] & 0xFFFFu);
+    col[2 * k + 1] = BlockScale(col_max[k] >> 16);
   }
 }
 

@@ -139,11 +139,8 @@ __global__ void __launch_bounds__(kMxRoundThreads, kCtasPerSm)
     }
     __syncthreads();  // every warp has read warp_col_max before the next block writes it
     if (!here) continue;
-    BlockScale col[8] = {
-        BlockScale(col_max[0] & 0xFFFFu), BlockScale(col_max[0] >> 16),
-        BlockScale(col_max[1] & 0xFFFFu), BlockScale(col_max[1] >> 16),
-        BlockScale(col_max[2] & 0xFFFFu), BlockScale(col_max[2] >> 16),
-        BlockScale(col_max[3] & 0xFFFFu), BlockScale(col_max[3] >> 16)};
+    BlockScale col[8];
+    column_scales(col_max, col);
 #pragma unroll
     for (int i = 0; i < kWidePasses; ++i) {
       const int r = row_group + kWideRowsPerPass * i;

@@ -66,11 +66,8 @@ __device__ __forceinline__ void mx_round_span(const Rows& src, int64_t r0, int r
     }
   }
   if (!here) return;
-  BlockScale col[8] = {
-      BlockScale(col_max[0] & 0xFFFFu), BlockScale(col_max[0] >> 16),
-      BlockScale(col_max[1] & 0xFFFFu), BlockScale(col_max[1] >> 16),
-      BlockScale(col_max[2] & 0xFFFFu), BlockScale(col_max[2] >> 16),
-      BlockScale(col_max[3] & 0xFFFFu), BlockScale(col_max[3] >> 16)};
+  BlockScale col[8];
+  column_scales(col_max, col);
 #pragma unroll
   for (int i = 0; i < kMxSpanLaneRows; ++i) {
     const BlockScale row(i % 2 == 0 ? row_max[i / 2] & 0xFFFFu : row_max[i / 2] >> 16);

@@ -137,13 +137,20 @@ int64_t check_segment_codes(const at::Tensor& codes, const at::Tensor& scales,
   return segments;
 }
 
-dim3 segment_grid(int64_t rows, int64_t cols, int64_t segments, int64_t block) {
+// The kernel for `block` rows per scale (MXFP8's or the blockwise recipe's instance) over a
+// thread per 16-byte vector of columns and as many row blocks per CTA row as fill the GPU.
+template <class Kernel, class... Args>
+void launch_for_block(int64_t block, Kernel mx, Kernel blockwise, int64_t rows, int64_t cols,
+                      int64_t segments, Args... args) {
   const int64_t worst = rows / block + segments;
   const int col_blocks = static_cast<int>((cols / 8 + kMxRoundThreads - 1) / kMxRoundThreads);
   const int64_t wanted = static_cast<int64_t>(
       at::cuda::getCurrentDeviceProperties()->multiProcessorCount) * kBlocksPerSm * 4;
-  return dim3(col_blocks, static_cast<unsigned>(std::max<int64_t>(
+  const dim3 grid(col_blocks, static_cast<unsigned>(std::max<int64_t>(
       1, std::min<int64_t>({worst, (wanted + col_blocks - 1) / col_blocks, 65535}))));
+  (block == kMxBlock ? mx : blockwise)<<<grid, kMxRoundThreads, 0,
+                                         at::cuda::getCurrentCUDAStream()>>>(args...);
+  MOK_LAUNCH_CHECK();
 }
 
 }  // namespace
@@ -157,14 +164,11 @@ void mx_quantize_segments(const at::Tensor& x, const at::Tensor& offsets, int64_
   const int64_t segments = check_segment_codes(codes, scales, offsets, rows, cols, block,
                                                x.device(), "mx_quantize_segments");
   if (x.numel() == 0) return;
-  auto kernel = block == kMxBlock ? mx_quantize_segments_kernel<kMxBlock>
-                                  : mx_quantize_segments_kernel<kFp8ScaleBlock>;
-  kernel<<<segment_grid(rows, cols, segments, block), kMxRoundThreads, 0,
-           at::cuda::getCurrentCUDAStream()>>>(
-      reinterpret_cast<const __nv_bfloat16*>(x.data_ptr()), static_cast<int>(cols),
-      offsets.data_ptr<int32_t>(), static_cast<int>(segments), codes.data_ptr<uint8_t>(),
-      scales.data_ptr<uint8_t>());
-  MOK_LAUNCH_CHECK();
+  launch_for_block(block, mx_quantize_segments_kernel<kMxBlock>,
+                   mx_quantize_segments_kernel<kFp8ScaleBlock>, rows, cols, segments,
+                   reinterpret_cast<const __nv_bfloat16*>(x.data_ptr()), static_cast<int>(cols),
+                   offsets.data_ptr<int32_t>(), static_cast<int>(segments),
+                   codes.data_ptr<uint8_t>(), scales.data_ptr<uint8_t>());
 }
 
 void mx_dequantize_segments(const at::Tensor& codes, const at::Tensor& scales,
@@ -176,14 +180,11 @@ void mx_dequantize_segments(const at::Tensor& codes, const at::Tensor& scales,
   const int64_t segments = check_segment_codes(codes, scales, offsets, rows, cols, block,
                                                out.device(), "mx_dequantize_segments");
   if (out.numel() == 0) return;
-  auto kernel = block == kMxBlock ? mx_dequantize_segments_kernel<kMxBlock>
-                                  : mx_dequantize_segments_kernel<kFp8ScaleBlock>;
-  kernel<<<segment_grid(rows, cols, segments, block), kMxRoundThreads, 0,
-           at::cuda::getCurrentCUDAStream()>>>(
-      codes.data_ptr<uint8_t>(), scales.data_ptr<uint8_t>(), static_cast<int>(cols),
-      offsets.data_ptr<int32_t>(), static_cast<int>(segments),
-      reinterpret_cast<__nv_bfloat16*>(out.data_ptr()));
-  MOK_LAUNCH_CHECK();
+  launch_for_block(block, mx_dequantize_segments_kernel<kMxBlock>,
+                   mx_dequantize_segments_kernel<kFp8ScaleBlock>, rows, cols, segments,
+                   codes.data_ptr<uint8_t>(), scales.data_ptr<uint8_t>(), static_cast<int>(cols),
+                   offsets.data_ptr<int32_t>(), static_cast<int>(segments),
+                   reinterpret_cast<__nv_bfloat16*>(out.data_ptr()));
 }
 
 }  // namespace mok
