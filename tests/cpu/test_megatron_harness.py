@@ -59,8 +59,10 @@ def test_other_crashes_fail(tmp_path, fn):
 
 
 def test_the_dumps_ci_saw_are_recognised():
-    """The innermost frames of the three CI crashes (abridged dumps) match; a segfault with
-    another frame innermost, or another fatal error inside c10d, does not."""
+    """Dumps shaped as the CI crashes' match: the parameter all-gather's innermost frame as
+    session 24's CI printed it (c10d line 2696, `wait`), the reduce-scatter's by its function
+    name (those dumps were not kept; the line number here is made up and not matched on); a
+    segfault with another frame innermost, or another fatal error inside c10d, does not."""
     site = "/tmp/ci/.venv/lib/python3.12/site-packages"
 
     def dump(error, *frames):
