@@ -54,6 +54,7 @@ __global__ void __launch_bounds__(256, 1) fp8_probe_kernel(int iters, float* sin
     const int stage = it % kStages;
     const uint64_t desc_a = smem_desc_k_major_sw128(s.a[stage] + wg * (kTileBytes / 2));
     const uint64_t desc_b = smem_desc_k_major_sw128(s.b[stage]);
+    const uint64_t desc_b1 = smem_desc_k_major_sw128(s.b[stage] + kTileBytes / 2);  // rows 64..127
     if constexpr (kMode == kHalves) {
       wgmma_fence();
 #pragma unroll
@@ -63,8 +64,8 @@ __global__ void __launch_bounds__(256, 1) fp8_probe_kernel(int iters, float* sin
       wgmma_commit();
 #pragma unroll
       for (int k = 0; k < 4; ++k) {
-        wgmma_m64n64k32_e4m3(half1, desc_advance_k16(desc_a, k),
-                             desc_advance_k16(desc_b + (kTileBytes / 2 >> 4), k), k > 0);
+        wgmma_m64n64k32_e4m3(half1, desc_advance_k16(desc_a, k), desc_advance_k16(desc_b1, k),
+                             k > 0);
       }
       wgmma_commit();
       wgmma_wait<1>();
