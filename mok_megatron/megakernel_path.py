@@ -1,5 +1,5 @@
 """The megakernel path: the expert stage of a MoE call as one persistent kernel each way
-(under bf16 and mxfp8: config.recipe_problems).
+(forward under every recipe, backward under bf16 and mxfp8: config.recipe_problems).
 
 forward   csrc/megakernel/moe_forward.cu: pull x rows | FC1 + act * p | FC2 | push result
           rows to their (source rank, token, k) slots
@@ -31,20 +31,22 @@ def forward(plan: Plan, sched: Schedule, keep: bool) -> ExpertInputs:
     ws = plan.ws
     cap, device = sched.capacity, sched.row_slot.device
     n = ops.macrobatch_ring_rows(cap, plan.num_local, plan.ring_mblocks)
-    rows = torch.empty(n, ws.layout.hidden, dtype=torch.bfloat16, device=device)
-    act = torch.empty(n, plan.ffn, dtype=torch.bfloat16, device=device)
+    buffers = plan.operands.megakernel_rows(n, ws.layout.hidden, plan.ffn, device)
     h = (torch.empty(cap, plan.w1.shape[1], dtype=torch.bfloat16, device=device)
          if keep else None)
     counters = ops.megakernel_counters(cap, plan.num_local, device, plan.ring_mblocks)
     ops.moe_forward_megakernel(ws.peer_bases, ws.offsets["tokens"], ws.offsets["slots"],
                                sched.offsets, sched.row_slot, sched.row_prob,
                                ws.layout.max_tokens, plan.topk,
-                               activation=plan.activation, rows=rows, act=act, h_out=h,
+                               activation=plan.activation, h_out=h,
                                counters=counters, comm_blocks=plan.comm_blocks_forward,
                                timeout_ns=ws.timeout_ns, minibatch_rows=plan.minibatch_rows,
                                ring_mblocks=plan.ring_mblocks, rank=ws.rank,
-                               wire=ws.layout.fp8_rows, **plan.operands.megakernel_weights(plan))
-    return ExpertInputs(rows, h, act) if keep else ExpertInputs(None, None, None)
+                               wire=ws.layout.fp8_rows, **buffers,
+                               **plan.operands.megakernel_weights(plan))
+    if not keep:
+        return ExpertInputs(None, None, None)
+    return ExpertInputs(buffers["rows"], h, buffers["act"])
 
 
 def recompute(plan: Plan, sched: Schedule) -> ExpertInputs:

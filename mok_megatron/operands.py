@@ -118,6 +118,12 @@ class Bf16Operands:
         """The forward megakernel's weight arguments (ops.moe_forward_megakernel)."""
         return dict(w1=plan.w1, w2=plan.w2)
 
+    def megakernel_rows(self, n: int, hidden: int, ffn: int, device) -> dict:
+        """The forward megakernel's row buffers of n rows: the pulled rows and act as its
+        GEMMs read them (bf16 rows)."""
+        return dict(rows=torch.empty(n, hidden, dtype=torch.bfloat16, device=device),
+                    act=torch.empty(n, ffn, dtype=torch.bfloat16, device=device))
+
     def backward_megakernel_weights(self, plan: "Plan") -> tuple:
         """The backward megakernel's weights: (w1, w2, transposed), transposed the dgrads'
         (W1^T, W2^T) where the recipe reads them so (ops.MxBackwardOperands), else None."""
@@ -183,10 +189,6 @@ class _QuantizedOperands(Bf16Operands, abc.ABC):
     def pulled_both_ways(self, sched, peer_bases, src_offset, max_tokens, topk, hidden):
         return RoundedBoth(*type(self)._pulled_both_ways_op(
             peer_bases, src_offset, sched.row_slot, sched.offsets, max_tokens, topk, hidden))
-
-    def megakernel_weights(self, plan):
-        raise NotImplementedError(f"{type(self).__name__}: the forward megakernel does not run "
-                                  f"this recipe (config.recipe_problems refuses it)")
 
     def backward_megakernel_weights(self, plan):
         raise NotImplementedError(f"{type(self).__name__}: the backward megakernel does not run "
@@ -300,3 +302,17 @@ class Fp8BlockwiseOperands(_QuantizedOperands):
         ops.fp8_grouped_gemm(codes, scales, w.codes, w.scales, sched.offsets, out,
                              timeout_ns=plan.ws.timeout_ns, rank=plan.ws.rank, **epilogue)
         return out
+
+    # The forward megakernel (recomputed backward inputs only: config.recipe_problems) pulls
+    # x's wire rows as codes, runs every tile on the FP8 engine and quantizes act per 1 x 128
+    # in its storer: the operands of this class's fc1_prepared and fc2, so y is the separate
+    # path's bit for bit.
+    def megakernel_weights(self, plan):
+        w = self.weights
+        return dict(w1=w.w1.codes, w2=w.w2.codes, w1_scales=w.w1.scales,
+                    w2_scales=w.w2.scales, fp8_blockwise=True)
+
+    def megakernel_rows(self, n, hidden, ffn, device):
+        rows, rows_scales = ops.megakernel_fp8_rows(n, hidden, device)
+        act, act_scales = ops.megakernel_fp8_rows(n, ffn, device)
+        return dict(rows=rows, act=act, rows_scales=rows_scales, act_scales=act_scales)

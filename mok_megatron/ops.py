@@ -472,12 +472,20 @@ def moe_forward_megakernel(peer_bases, tokens_offset, slots_offset, offsets, row
                            trace: Optional[torch.Tensor] = None, mxfp8: bool = False,
                            w1_scales: Optional[torch.Tensor] = None,
                            w2_scales: Optional[torch.Tensor] = None,
-                           wire: Optional[Fp8WireRow] = None) -> None:
+                           wire: Optional[Fp8WireRow] = None, fp8_blockwise: bool = False,
+                           rows_scales: Optional[torch.Tensor] = None,
+                           act_scales: Optional[torch.Tensor] = None) -> None:
     """Pull-dispatch + FC1/activation + FC2 + push-combine in one persistent launch
     (csrc/megakernel/moe_forward.cu). ``mxfp8``: the MXFP8 recipe - the published rows are
     ``wire`` rows (publish_fp8_rows: x quantized along H at its source) that the pull
-    dequantizes; act is rounded along F before FC2 reads it, and ``w1``/``w2`` are the weights' MXFP8 values in bf16 or,
-    with ``w1_scales``/``w2_scales``, their codes (mxfp8_weights.MxWeight). ``h_out``: FC1's output for backward, or None (not
+    dequantizes; act is rounded along F before FC2 reads it, and ``w1``/``w2`` are the
+    weights' MXFP8 values in bf16 or, with ``w1_scales``/``w2_scales``, their codes
+    (mxfp8_weights.MxWeight). ``fp8_blockwise``: the blockwise recipe on the FP8 engine - the
+    pull copies the ``wire`` rows' codes into ``rows`` and their scale codes into
+    ``rows_scales`` (``megakernel_fp8_rows``), act is stored as codes into ``act`` with
+    ``act_scales``, the weights are their blockwise codes with ``w1_scales``/``w2_scales``
+    per 128 x 128 block (fp8_block_weights), and no ``h_out``, ``profile_skip`` or ``trace``.
+    ``h_out``: FC1's output for backward, or None (not
     kept). ``counters``: ``megakernel_counters(...)``, zeroed before every launch.
     ``minibatch_rows``: rows the pull copies and publishes together (the overlap unit).
     ``ring_mblocks`` > 0: ``rows`` and ``act`` are a ring of MACROBATCH_RING_SLOTS macrobatches
@@ -492,28 +500,51 @@ def moe_forward_megakernel(peer_bases, tokens_offset, slots_offset, offsets, row
     _cuda("row_slot", row_slot, torch.int32)
     _cuda("row_prob", row_prob, torch.float32)
     _cuda("counters", counters, torch.int32)
-    for name, t in (("rows", rows), ("act", act), ("h_out", h_out)):
-        if t is not None:
-            _cuda(name, t, torch.bfloat16)
+    _check(not (mxfp8 and fp8_blockwise), "one recipe: mxfp8 or fp8_blockwise")
+    if fp8_blockwise:
+        # Codes rows padded to 16 bytes (megakernel_fp8_rows): the launcher checks strides.
+        for name, t in (("rows", rows), ("act", act)):
+            _check(t.is_cuda and t.dtype == torch.float8_e4m3fn,
+                   f"{name} must be float8_e4m3fn codes on the GPU (megakernel_fp8_rows)")
+        _check(h_out is None and profile_skip == 0 and trace is None,
+               "fp8_blockwise keeps no h_out (backward recomputes it) and has no profiling "
+               "variants or traces")
+    else:
+        for name, t in (("rows", rows), ("act", act), ("h_out", h_out)):
+            if t is not None:
+                _cuda(name, t, torch.bfloat16)
+    _check(fp8_blockwise == (rows_scales is not None) == (act_scales is not None),
+           "rows_scales and act_scales come with fp8_blockwise, and only with it")
     codes = w1_scales is not None
-    _check(codes == (w2_scales is not None) and (mxfp8 or not codes),
-           "weight scales come for both weights, and only under mxfp8")
+    _check(codes == (w2_scales is not None) and (codes == fp8_blockwise or mxfp8),
+           "weight scales come for both weights: under fp8_blockwise always, under mxfp8 with "
+           "the codes, else never")
     weight_dtype = torch.float8_e4m3fn if codes else torch.bfloat16
     _check(w1.dtype == weight_dtype and w2.dtype == weight_dtype,
            f"weights must be {weight_dtype} (got {w1.dtype}, {w2.dtype})")
-    _check(mxfp8 == (wire is not None) and (wire is None or wire.hidden == rows.shape[1]),
-           "mxfp8 pulls FP8 wire rows as wide as the rows, and only mxfp8 does")
+    fp8 = mxfp8 or fp8_blockwise
+    _check(fp8 == (wire is not None) and (wire is None or wire.hidden == rows.shape[1]),
+           "the FP8 recipes pull FP8 wire rows as wide as the rows, and only they do")
     _check(0 <= rank < MAX_RANKS, f"rank {rank} outside [0, {MAX_RANKS})")
     wire_layout = (0, 0, 0) if wire is None else (wire.row_bytes, wire.code_bytes, wire.block)
+    precision = "fp8_blockwise" if fp8_blockwise else "mxfp8" if mxfp8 else "bf16"
     stall_watch.install()
     extension().moe_forward_megakernel(peer_bases, tokens_offset, slots_offset, offsets,
                                        row_slot, row_prob, max_tokens, topk, w1, w2, w1_scales,
-                                       w2_scales, mxfp8, *wire_layout,
-                                       ACTIVATION_IDS[activation], rows, act,
-                                       h_out, counters,
+                                       w2_scales, precision, *wire_layout,
+                                       ACTIVATION_IDS[activation], rows, act, rows_scales,
+                                       act_scales, h_out, counters,
                                        comm_blocks, minibatch_rows, ring_mblocks,
                                        MACROBATCH_RING_SLOTS, timeout_ns, rank, profile_skip,
                                        trace)
+
+
+def megakernel_fp8_rows(rows: int, cols: int, device) -> tuple[torch.Tensor, torch.Tensor]:
+    """A row buffer of the forward megakernel under fp8_blockwise (its pulled rows, its act):
+    E4M3 codes [rows, cols] in 16-byte aligned rows and the transposed E8M0 scale codes
+    [ceil(cols / 128), rows padded to 16] - the FP8 engine's A operand, as
+    fp8_quantize_rows lays it out."""
+    return _fp8_rows(rows, cols, device)
 
 
 def moe_backward_megakernel(peer_bases, tokens_offset: int, inputs_offset: int,

@@ -65,6 +65,9 @@ constexpr int kFp8BlockN = 128;
 constexpr int kFp8BlockK = 128;
 constexpr int kFp8ScaleBlock = 128;  // 1 x 128 activation blocks, 128 x 128 weight blocks
 constexpr int kFp8Stages = 5;
+// The forward megakernel under the blockwise recipe: 5 stages (160 KiB) do not fit beside the
+// megakernel's two 33 KiB staging buffers and its expert tables; 4 do (~211 KiB in all).
+constexpr int kFp8MegakernelStages = 4;
 // A TMA box starts 16-byte aligned in its innermost dimension while an expert's rows start
 // anywhere, so a stage's row scales ([k-block][row] E8M0 codes) come as a box of
 // kFp8RowScaleBox codes from the 16-aligned row at or below the tile's first row.

@@ -82,10 +82,8 @@ __global__ void __launch_bounds__(kGemmThreads, 1)
     for (int tile = blockIdx.x; tile < num_tiles; tile += gridDim.x) {
       const TileCoord tc = decode_tile(s.mblock_begin, num_experts, n_blocks, tile);
       const int row0 = s.row_begin[tc.expert] + tc.m_block * kGemmBlockM;
-      produce_fp8_tile<Fp8BlockScales, kGated>(s.ring, it, k_blocks, tile, &a_map,
-                                               &a_scales_map, &w_map, row0,
-                                               tc.n_block * kTileN, tc.expert, timeout_ns,
-                                               report);
+      produce_fp8_tile<kGated>(s.ring, it, k_blocks, tile, &a_map, &a_scales_map, &w_map,
+                               row0, tc.n_block * kTileN, tc.expert, timeout_ns, report);
     }
     return;
   }

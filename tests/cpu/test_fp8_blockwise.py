@@ -319,14 +319,26 @@ def test_recipe_loads_for_the_separate_kernels():
     assert resolve_backend(recipe, torch.device("cpu")) == "reference"
 
 
-@pytest.mark.parametrize("knob", ["forward_kernel", "backward_kernel"])
-def test_recipe_with_a_megakernel_is_refused(tmp_path, knob):
+def test_recipe_with_the_backward_megakernel_is_refused(tmp_path):
     path = tmp_path / "blockwise.yaml"
-    path.write_text(f"precision: fp8_blockwise\nkernel:\n  {knob}: megakernel\n")
-    direction = knob.split("_")[0]
-    with pytest.raises(ConfigError, match=f"kernel.{knob}: precision fp8_blockwise runs "
-                                          f"{direction} on the separate kernels so far "
+    path.write_text("precision: fp8_blockwise\nkernel:\n  backward_kernel: megakernel\n")
+    with pytest.raises(ConfigError, match="kernel.backward_kernel: precision fp8_blockwise runs "
+                                          "backward on the separate kernels so far "
                                           ".*set it to separate"):
+        load_recipe(str(path))
+
+
+def test_forward_megakernel_needs_recomputed_inputs(tmp_path):
+    """The forward megakernel runs the recipe (its pull keeps x's codes, which backward's
+    weight gradient cannot start from): with recomputed backward inputs it loads, with saved
+    ones it is refused by name."""
+    path = tmp_path / "blockwise.yaml"
+    path.write_text("precision: fp8_blockwise\nkernel:\n  forward_kernel: megakernel\n")
+    assert load_recipe(str(path)).kernel.forward_kernel == "megakernel"
+    path.write_text("precision: fp8_blockwise\nkernel:\n  forward_kernel: megakernel\n"
+                    "  backward_inputs: saved\n")
+    with pytest.raises(ConfigError, match="kernel.backward_inputs: the forward megakernel under "
+                                          "fp8_blockwise .* set it to recomputed"):
         load_recipe(str(path))
 
 

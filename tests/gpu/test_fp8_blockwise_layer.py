@@ -4,7 +4,9 @@ operands.py Fp8BlockwiseOperands) on one GPU: the MoE layer against the blockwis
 issue's 5e-3) and against the BF16 reference
 (sum|d|/sum|ref| <= 0.1, gradient cosine >= 0.996), bit-identical over runs, saved vs
 recomputed, CUDA-graph replay, EP=1 and emulated EP=2/4, the weight cache, and the clear
-error for a gated F the GEMM cannot split."""
+error for a gated F the GEMM cannot split; the forward megakernel under the recipe
+(csrc/megakernel/moe_forward.cu kFp8Blockwise) bit for bit the separate path, across its
+settings, graph-replayed and in the emulated group."""
 
 import pytest
 import torch
@@ -57,6 +59,87 @@ def test_emulated_group_matches_reference(world, index):
 @pytest.mark.parametrize("world", [2, 4])
 def test_emulated_group_bit_identical_to_one_rank(world):
     gpu_checks.check_emulated_settings(gpu_checks.ep_specs(world)[3], [FP8])
+
+
+# The forward megakernel under the recipe: x pulled as codes, FC1 and FC2 on the FP8 engine,
+# act quantized per 1 x 128 by the storer; backward separate on recomputed inputs.
+MEGAKERNEL = {**FP8, "forward_kernel": "megakernel", "comm_sms_forward": 8,
+              "backward_inputs": "recomputed"}
+SEPARATE = {**FP8, "backward_inputs": "recomputed"}
+
+
+@pytest.mark.parametrize("spec", LAYER_SPECS, ids=lambda s: s.name)
+def test_forward_megakernel_is_the_separate_path(spec):
+    """Against the blockwise reference (tolerances, 3 runs bit-identical) and bit for bit the
+    separate path's y and gradients: the same codes on the same FP8 engine - skewed routings,
+    an empty expert, GeGLU with F = 64 (one 128-column tile, its second pass all padding) and
+    a plain activation with short blocks of H and F (odd_relu)."""
+    errors = gpu_checks.check_against_reference(spec, 0, None, **MEGAKERNEL)
+    problem = spec.build()
+    max_tokens = max(max(spec.tokens_per_rank), 1)
+    gpu_checks.assert_same_bits(gpu_checks.run_cuda(problem, 0, None, max_tokens, **SEPARATE),
+                                gpu_checks.run_cuda(problem, 0, None, max_tokens, **MEGAKERNEL),
+                                f"({spec.name}) between the separate path and the megakernel")
+    print(spec.name, {k: f"{v:.2e}" for k, v in errors.items()})
+
+
+def test_forward_megakernel_settings_and_graph_replay():
+    """Pulling blocks, minibatches and the macrobatch ring's size never change the bits; a
+    CUDA graph replays the megakernel under the recipe bit for bit."""
+    spec = SPECS[1]
+    problem = spec.build()
+    max_tokens = max(spec.tokens_per_rank)
+    settings = [{}, {"comm_sms_forward": 1, "minibatch_tokens": 37},
+                {"comm_sms_forward": 32, "macrobatch_tokens": 128}]
+    runs = [gpu_checks.run_cuda(problem, 0, None, max_tokens, **{**MEGAKERNEL, **knobs})
+            for knobs in settings]
+    for knobs, run in zip(settings[1:], runs[1:]):
+        gpu_checks.assert_same_bits(runs[0], run, f"({spec.name}) with {knobs}")
+    gpu_checks.check_cuda_graph(spec, 0, None, **MEGAKERNEL)
+
+
+@pytest.mark.parametrize("world", [2, 4])
+def test_forward_megakernel_emulated_group(world):
+    """EP=2/4 emulated on one GPU: the megakernel's bits are the separate path's and the
+    whole problem's on one rank; against the reference within the recipe's tolerances."""
+    gpu_checks.check_emulated_settings(gpu_checks.ep_specs(world)[3], [MEGAKERNEL, SEPARATE])
+    errors = gpu_checks.check_emulated_against_reference(gpu_checks.ep_specs(world)[1],
+                                                         **MEGAKERNEL)
+    print(f"EP={world}", {k: f"{v:.2e}" for k, v in errors.items()})
+
+
+def test_forward_megakernel_refuses_what_it_cannot_run():
+    """What the launch refuses under the recipe (behind config.recipe_problems, before anything
+    runs): h kept, a profiling variant (ops' checks), wire rows of other than 1 x 128 blocks,
+    weight scales not per 128 x 128 block (the launcher's)."""
+    spec = SPECS[0]
+    inputs = spec.build().local(0, torch.device("cuda"))
+    w1, w2 = inputs["w1"], inputs["w2"]
+    q = fp8_block_weights.quantize_pair(w1, w2, gated=True)
+    E, F1, H = w1.shape
+    F = w2.shape[2]
+    rows, rows_scales = ops.megakernel_fp8_rows(256, H, w1.device)
+    act, act_scales = ops.megakernel_fp8_rows(256, F, w1.device)
+    wire = ops.Fp8WireRow(H, ops.FP8_BLOCK)
+    zeros = torch.zeros(E + 1, dtype=torch.int32, device="cuda")
+    base = dict(peer_bases=torch.zeros(1, dtype=torch.int64, device="cuda"), tokens_offset=0,
+                slots_offset=0, offsets=zeros,
+                row_slot=torch.zeros(256, dtype=torch.int32, device="cuda"),
+                row_prob=torch.zeros(256, device="cuda"), max_tokens=128, topk=2,
+                w1=q.w1.codes, w2=q.w2.codes, w1_scales=q.w1.scales, w2_scales=q.w2.scales,
+                activation="swiglu", rows=rows, act=act, rows_scales=rows_scales,
+                act_scales=act_scales, h_out=None,
+                counters=ops.megakernel_counters(256, E, w1.device, 0), comm_blocks=1,
+                timeout_ns=10 ** 9, fp8_blockwise=True, wire=wire)
+    with pytest.raises(ValueError, match="keeps no h_out"):
+        ops.moe_forward_megakernel(**{**base, "h_out": torch.empty(
+            256, F1, dtype=torch.bfloat16, device="cuda")})
+    with pytest.raises(ValueError, match="no profiling variants"):
+        ops.moe_forward_megakernel(**base, profile_skip=1)
+    with pytest.raises(RuntimeError, match="1 x 128 blocks"):
+        ops.moe_forward_megakernel(**{**base, "wire": ops.Fp8WireRow(H, ops.MX_BLOCK)})
+    with pytest.raises(RuntimeError, match="per 128 x 128 block"):
+        ops.moe_forward_megakernel(**{**base, "w1_scales": q.w1.scales[:, :1]})
 
 
 def test_weight_cache_and_orientations():

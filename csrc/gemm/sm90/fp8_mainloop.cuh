@@ -1,4 +1,5 @@
-// The FP8 tile engine's stage ring and k-loops (gemm/fp8_grouped_gemm.cu): E4M3 operands with
+// The FP8 tile engine's stage ring and k-loops (gemm/fp8_grouped_gemm.cu, and the forward
+// megakernel's tiles under the blockwise recipe, megakernel/moe_forward.cu): E4M3 operands with
 // power-of-two scales, one per 1 x kScaleK of an activation row and one per 128 x 128 block of
 // a weight (Fp8BlockScales: the blockwise recipe). MXFP8 runs on the engine that dequantizes
 // weight codes in shared memory instead (gemm/sm90/mx_weight_stage.cuh): promoting per 32 of K
@@ -28,27 +29,40 @@ struct Fp8BlockScales {
   static constexpr int kScaleK = kFp8ScaleBlock;
 };
 
+// An FP8 engine's A operand in global memory (fp8_row_tile_map, fp8_row_scales_map): E4M3
+// codes rows of code_stride bytes, and each row's E8M0 scale codes transposed, [block][row]
+// with row stride scale_stride.
+struct Fp8Rows {
+  uint8_t* codes;
+  int64_t code_stride;
+  uint8_t* scales;
+  int64_t scale_stride;
+};
+
 constexpr int kFp8ATileBytes = kGemmBlockM * kFp8BlockK;  // one byte per code
 constexpr int kFp8BTileBytes = kFp8BlockN * kFp8BlockK;
 constexpr int kFp8AccRegs = kFp8BlockN / 2;  // m64 x n128 fp32 over 128 threads
 static_assert(kFp8BlockK == 128, "a stage's rows are one 128-byte swizzle row of codes");
 
-template <class Scales>
+// kStages: the grouped GEMM's kFp8Stages; the forward megakernel fits fewer beside its
+// epilogue staging (megakernel/moe_forward.cu).
+template <class Scales, int kStages = kFp8Stages>
 struct Fp8StageRing {
+  static constexpr int kStageCount = kStages;
   static constexpr int kScaleBlocks = kFp8BlockK / Scales::kScaleK;  // per stage
   static constexpr int kRowScaleBytes = kFp8RowScaleBox * kScaleBlocks;
   static constexpr uint32_t kTxBytes = kFp8ATileBytes + kFp8BTileBytes + kRowScaleBytes;
 
-  uint8_t a[kFp8Stages][kFp8ATileBytes];  // each 1024-aligned: the swizzle atom
-  uint8_t b[kFp8Stages][kFp8BTileBytes];
-  alignas(128) uint8_t a_scales[kFp8Stages][(kRowScaleBytes + 127) / 128 * 128];  // E8M0
-  uint64_t full[kFp8Stages];
-  uint64_t empty[kFp8Stages];
+  uint8_t a[kStages][kFp8ATileBytes];  // each 1024-aligned: the swizzle atom
+  uint8_t b[kStages][kFp8BTileBytes];
+  alignas(128) uint8_t a_scales[kStages][(kRowScaleBytes + 127) / 128 * 128];  // E8M0
+  uint64_t full[kStages];
+  uint64_t empty[kStages];
 };
 
-template <class Scales>
-__device__ __forceinline__ void init_fp8_ring(Fp8StageRing<Scales>& ring) {
-  for (int i = 0; i < kFp8Stages; ++i) {
+template <class Ring>
+__device__ __forceinline__ void init_fp8_ring(Ring& ring) {
+  for (int i = 0; i < Ring::kStageCount; ++i) {
     mbar_init(&ring.full[i], 1);
     mbar_init(&ring.empty[i], kGemmConsumers);  // each consumer's leader, after its MMAs
   }
@@ -58,19 +72,16 @@ __device__ __forceinline__ void init_fp8_ring(Fp8StageRing<Scales>& ring) {
 // Producer side of one tile (tile_engine.cuh: produce_tile, over the FP8 ring): A codes at
 // (k0, row0), the A rows' scale codes of the stage's blocks and the weight rows' codes of
 // expert e (the weight-block scales are read by the consumers from global memory).
-template <class Scales, bool kGatedWeights>
-__device__ __forceinline__ void produce_fp8_tile(Fp8StageRing<Scales>& ring, int& it,
-                                                 int k_blocks, int tile,
+template <bool kGatedWeights, class Ring>
+__device__ __forceinline__ void produce_fp8_tile(Ring& ring, int& it, int k_blocks, int tile,
                                                  const CUtensorMap* a_map,
                                                  const CUtensorMap* a_scales_map,
-                                                 const CUtensorMap* w_map, int row0,
-                                                 int n0, int expert, uint64_t timeout_ns,
-                                                 int* report) {
-  using Ring = Fp8StageRing<Scales>;
+                                                 const CUtensorMap* w_map, int row0, int n0,
+                                                 int expert, uint64_t timeout_ns, int* report) {
   for (int kb = 0; kb < k_blocks; ++kb, ++it) {
-    const int stage = it % kFp8Stages;
-    mbar_wait(&ring.empty[stage], ((it / kFp8Stages) & 1) ^ 1, timeout_ns, kWaitProducer, tile,
-              stage, report);
+    const int stage = it % Ring::kStageCount;
+    mbar_wait(&ring.empty[stage], ((it / Ring::kStageCount) & 1) ^ 1, timeout_ns, kWaitProducer,
+              tile, stage, report);
     uint64_t* full = &ring.full[stage];
     mbar_arrive_expect_tx(full, Ring::kTxBytes);
     const int k0 = kb * kFp8BlockK;
@@ -86,9 +97,9 @@ __device__ __forceinline__ void produce_fp8_tile(Fp8StageRing<Scales>& ring, int
 
 // This warpgroup's 64 rows of `stage` times the whole B tile into fresh partial sums: four
 // m64n128k32 MMAs over the stage's 128 of K, committed and not waited for.
-template <class Scales>
-__device__ __forceinline__ void issue_stage_mmas(Fp8StageRing<Scales>& ring, int stage,
-                                                 int consumer, float (&partial)[kFp8AccRegs]) {
+template <class Ring>
+__device__ __forceinline__ void issue_stage_mmas(Ring& ring, int stage, int consumer,
+                                                 float (&partial)[kFp8AccRegs]) {
   const uint64_t desc_a =
       smem_desc_k_major_sw128(ring.a[stage] + consumer * (kFp8ATileBytes / kGemmConsumers));
   const uint64_t desc_b = smem_desc_k_major_sw128(ring.b[stage]);
@@ -102,15 +113,15 @@ __device__ __forceinline__ void issue_stage_mmas(Fp8StageRing<Scales>& ring, int
 }
 
 // A consumer warpgroup with none of its rows in the tile releases each stage (pass_tile).
-template <class Scales>
-__device__ __forceinline__ void pass_fp8_tile(Fp8StageRing<Scales>& ring, int& it, int k_blocks,
-                                              int tile, bool leader, int barrier_id,
-                                              uint64_t timeout_ns, int* report) {
+template <class Ring>
+__device__ __forceinline__ void pass_fp8_tile(Ring& ring, int& it, int k_blocks, int tile,
+                                              bool leader, int barrier_id, uint64_t timeout_ns,
+                                              int* report) {
   if (leader) {
     for (int kb = 0; kb < k_blocks; ++kb) {
-      const int stage = (it + kb) % kFp8Stages;
-      mbar_wait(&ring.full[stage], ((it + kb) / kFp8Stages) & 1, timeout_ns, kWaitMma, tile,
-                stage, report);
+      const int stage = (it + kb) % Ring::kStageCount;
+      mbar_wait(&ring.full[stage], ((it + kb) / Ring::kStageCount) & 1, timeout_ns, kWaitMma,
+                tile, stage, report);
       mbar_arrive(&ring.empty[stage]);
     }
   }
@@ -165,8 +176,8 @@ __device__ __forceinline__ void promote_block_scaled(float (&acc)[kFp8AccRegs],
 // scale_a[row] * scale_w * (A_kb W_kb^T) for this warpgroup's 64 rows. The columns of chunks
 // j < kFp8BlockN / 16 belong to the first half (a gated tile's gate rows), the rest to the
 // second.
-template <bool kGatedWeights>
-__device__ __forceinline__ void consume_fp8_tile(Fp8StageRing<Fp8BlockScales>& ring, int& it,
+template <bool kGatedWeights, class Ring>
+__device__ __forceinline__ void consume_fp8_tile(Ring& ring, int& it,
                                                  int k_blocks, int tile, int consumer,
                                                  bool leader,
                                                  const WeightBlockScales<kGatedWeights>& ws,
@@ -178,8 +189,8 @@ __device__ __forceinline__ void consume_fp8_tile(Fp8StageRing<Fp8BlockScales>& r
   for (int x = 0; x < kFp8AccRegs; ++x) acc[x] = 0.f;
   uint8_t w_next[2] = {__ldg(ws.half0), __ldg(ws.half1)};
   for (int kb = 0; kb < k_blocks; ++kb, ++it) {
-    const int stage = it % kFp8Stages;
-    mbar_wait(&ring.full[stage], (it / kFp8Stages) & 1, timeout_ns, kWaitMma, tile, stage,
+    const int stage = it % Ring::kStageCount;
+    mbar_wait(&ring.full[stage], (it / Ring::kStageCount) & 1, timeout_ns, kWaitMma, tile, stage,
               report);
     // The scales are read (and used) before this warp issues its MMAs, so they are in
     // registers before the stage can be released and overwritten.
