@@ -180,6 +180,22 @@ __device__ __forceinline__ void activate_chunk(uint32_t h_off, uint32_t u_off, u
   st_shared_v4(out_off, out);
 }
 
+// Lane l's rows l and l + 32 (probs p_lo, p_hi), kChunks output chunks each: chunk c of row r
+// activated from what where(c, r) says - {h, up, out} shared-space addresses.
+template <int kAct, int kChunks, class Where>
+__device__ __forceinline__ void activate_rows(float p_lo, float p_hi, int lane, Where where) {
+#pragma unroll 1
+  for (int half = 0; half < 2; ++half) {
+    const int r = lane + 32 * half;
+    const float p = half == 0 ? p_lo : p_hi;
+#pragma unroll 1
+    for (int c = 0; c < kChunks; ++c) {
+      const uint3 at = where(c, r);
+      activate_chunk<kAct>(at.x, at.y, at.z, p);
+    }
+  }
+}
+
 // act(h) * prob (gated: act(gate) * up * prob) of one staged FC1 tile, in place: slot 0 (and
 // slot 1) held h as write_staged<256> left it and afterwards slot 0 holds the activation as
 // write_staged<kFc1Cols> would have (same swizzled chunk positions). Lane l takes rows l and
@@ -191,18 +207,11 @@ __device__ __forceinline__ void activate_chunk(uint32_t h_off, uint32_t u_off, u
 template <int kAct>
 __device__ __forceinline__ void activate_staged(uint8_t* slots, float p_lo, float p_hi,
                                                 int lane) {
-  constexpr int kChunks = sm90::tile_cols<kAct>() / 8;  // output chunks per row
   const uint32_t base = sm90::smem_addr(slots);
-#pragma unroll 1
-  for (int half = 0; half < 2; ++half) {
-    const int r = lane + 32 * half;
-    const float p = half == 0 ? p_lo : p_hi;
-#pragma unroll 1
-    for (int c = 0; c < kChunks; ++c) {
-      const uint32_t off = staged_chunk(base, c, r);
-      activate_chunk<kAct>(off, off + kStagedSlotBytes, off, p);
-    }
-  }
+  activate_rows<kAct, sm90::tile_cols<kAct>() / 8>(p_lo, p_hi, lane, [&](int c, int r) {
+    const uint32_t off = staged_chunk(base, c, r);
+    return make_uint3(off, off + kStagedSlotBytes, off);
+  });
 }
 
 // The blockwise recipe's FC1 tile (one 1 x kFp8ScaleBlock block of act per row): slot 0 holds
@@ -213,24 +222,13 @@ __device__ __forceinline__ void activate_staged(uint8_t* slots, float p_lo, floa
 template <int kAct>
 __device__ __forceinline__ void activate_staged_fp8(uint8_t* slots, float p_lo, float p_hi,
                                                     int lane) {
-  constexpr bool kGated = sm90::gated_epilogue<kAct>();
-  constexpr int kChunks = kFp8ScaleBlock / 8;
   const uint32_t base = sm90::smem_addr(slots);
-#pragma unroll 1
-  for (int half = 0; half < 2; ++half) {
-    const int r = lane + 32 * half;
-    const float p = half == 0 ? p_lo : p_hi;
-#pragma unroll 1
-    for (int c = 0; c < kChunks; ++c) {
-      const uint32_t out = staged_chunk(base, c, r);
-      if constexpr (kGated) {
-        const uint32_t h = staged_chunk(base + (c / 8) * kStagedSlotBytes, c % 8, r);
-        activate_chunk<kAct>(h, h + sm90::kStagedBoxBytes, out, p);
-      } else {
-        activate_chunk<kAct>(out, out, out, p);
-      }
-    }
-  }
+  activate_rows<kAct, kFp8ScaleBlock / 8>(p_lo, p_hi, lane, [&](int c, int r) {
+    const uint32_t out = staged_chunk(base, c, r);
+    if constexpr (!sm90::gated_epilogue<kAct>()) return make_uint3(out, out, out);
+    const uint32_t h = staged_chunk(base + (c / 8) * kStagedSlotBytes, c % 8, r);
+    return make_uint3(h, h + sm90::kStagedBoxBytes, out);
+  });
 }
 
 // The blockwise recipe's act as FC2 reads it (ops.fp8_quantize_rows' values: 1 x 128 blocks
