@@ -234,14 +234,16 @@ __device__ __forceinline__ void activate_staged_fp8(uint8_t* slots, float p_lo, 
 // The blockwise recipe's act as FC2 reads it (ops.fp8_quantize_rows' values: 1 x 128 blocks
 // of bf16(act(h) * p) along F): each staged row of activate_staged_fp8 at the scale of its
 // amax, as E4M3 codes into `codes` - 64 rows of 128 bytes, 16-byte chunk c of row r at chunk
-// c ^ (r % 8) (the 128-byte swizzle of fp8_staged_codes_map's box) - and its E8M0 scale code
-// returned per row (lane l: rows l and l + 32). A block with a NaN or an Inf is NaN codes
+// c ^ (r % 8) (the 128-byte swizzle of fp8_staged_codes_map's box) - and returns the rows'
+// E8M0 scale codes (lane l: row l's in bits 0-7, row l + 32's in bits 8-15; a byte array
+// indexed by the loop would live in local memory). A block with a NaN or an Inf is NaN codes
 // with scale code 255, as the quantizer writes it. The columns past F hold act(0) * 0 = 0,
 // which leaves a short last block's amax alone.
-__device__ __forceinline__ void quantize_staged_fp8(const uint8_t* act, uint8_t* codes, int lane,
-                                                    uint8_t (&scale_codes)[2]) {
+__device__ __forceinline__ uint32_t quantize_staged_fp8(const uint8_t* act, uint8_t* codes,
+                                                        int lane) {
   constexpr int kChunks = kFp8ScaleBlock / 8;
   const uint32_t base = sm90::smem_addr(act), out = sm90::smem_addr(codes);
+  uint32_t scale_codes = 0;
 #pragma unroll 1
   for (int half = 0; half < 2; ++half) {
     const int r = lane + 32 * half;
@@ -254,7 +256,7 @@ __device__ __forceinline__ void quantize_staged_fp8(const uint8_t* act, uint8_t*
       for (int k = 0; k < 4; ++k) m = larger_halves(m, magnitudes(v[k]));
     }
     const BlockScale scale(max(m & 0xFFFFu, m >> 16));
-    scale_codes[half] = scale.finite ? uint8_t(scale.e + kE8m0Bias) : kE8m0Nan;
+    scale_codes |= uint32_t(scale.finite ? scale.e + kE8m0Bias : kE8m0Nan) << (8 * half);
 #pragma unroll 1
     for (int cc = 0; cc < kChunks / 2; ++cc) {  // 16 codes: two chunks of bf16
       uint32_t q[4];
@@ -273,6 +275,7 @@ __device__ __forceinline__ void quantize_staged_fp8(const uint8_t* act, uint8_t*
       st_shared_v4(out + r * 128 + ((cc ^ (r % 8)) * 16), q);
     }
   }
+  return scale_codes;
 }
 
 // MXFP8's act as FC2 reads it (mok_megatron/mxfp8.py: bf16(act(h) * p) along F): the staged
@@ -318,12 +321,11 @@ __device__ __forceinline__ void mx_round_staged(uint8_t* slot, int lane) {
 __device__ __forceinline__ void store_fp8_act(uint8_t* slots, const StagedRecord& r,
                                               const StorerTargets& tg, int lane) {
   uint8_t* codes = slots + kStagedSlotBytes;
-  uint8_t scale_codes[2];
-  quantize_staged_fp8(slots, codes, lane, scale_codes);
+  const uint32_t scale_codes = quantize_staged_fp8(slots, codes, lane);
   const sm90::Fp8Rows& dst = tg.act_fp8;
   uint8_t* scales = dst.scales + int64_t(r.col0 / kFp8ScaleBlock) * dst.scale_stride + r.row0;
-  if (lane < r.rows_valid) scales[lane] = scale_codes[0];
-  if (lane + 32 < r.rows_valid) scales[lane + 32] = scale_codes[1];
+  if (lane < r.rows_valid) scales[lane] = uint8_t(scale_codes);
+  if (lane + 32 < r.rows_valid) scales[lane + 32] = uint8_t(scale_codes >> 8);
   if (r.full) {
     sm90::fence_proxy_async_shared();
     __syncwarp();
