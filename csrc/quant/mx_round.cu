@@ -216,11 +216,21 @@ void check_block(int64_t block, const char* what) {
                  kMxBlock, " (MXFP8) or ", kFp8ScaleBlock, " (blockwise FP8), got ", block);
 }
 
+// The columns kernel numbers blocks, and the scale layouts rows, in 32 bits (with a warp's
+// slack): a call over more blocks is refused.
+void check_block_count(const at::Tensor& x, int64_t block, const char* what) {
+  const int64_t per_row = (x.size(1) + block - 1) / block;
+  MOK_HOST_CHECK(x.size(0) * per_row < (int64_t{1} << 31) - (1 << 20), what,
+                 ": a call takes fewer than 2^31 - 2^20 scale blocks, got ", x.size(0),
+                 " rows of ", per_row);
+}
+
 }  // namespace
 
 void mx_round_columns(const at::Tensor& x, const c10::optional<at::Tensor>& num_rows,
                       at::Tensor& out) {
   check_operand(x, out, "mx_round_columns");
+  check_block_count(x, kMxBlock, "mx_round_columns");
   if (num_rows.has_value()) {
     MOK_HOST_CHECK(num_rows->scalar_type() == at::kInt && num_rows->numel() == 1 &&
                        num_rows->device() == x.device(),
@@ -332,6 +342,8 @@ ScaleLayout scale_layout(const at::Tensor& scales, const at::Tensor& x, int64_t 
                  what, ": ", rows, " rows are not whole matrices of ", matrix_rows, " rows in ",
                  halves, " halves");
   const int64_t half_rows = matrix_rows / halves;
+  MOK_HOST_CHECK(rows < (int64_t{1} << 31), what, ": ScaleLayout splits rows in 32 bits, got ",
+                 rows, " rows");
   MOK_HOST_CHECK(scales.device() == x.device() && scales.scalar_type() == at::kByte &&
                      scales.is_contiguous() && scales.dim() == 4 &&
                      scales.size(0) == rows / matrix_rows && scales.size(1) == blocks &&
@@ -366,10 +378,7 @@ void check_quantized_operand(const at::Tensor& x, const char* what) {
 template <class Scales>
 void launch_codes(const at::Tensor& x, const c10::optional<at::Tensor>& num_rows,
                   const ColumnsOut<Scales>& dst, int64_t block) {
-  // The kernel numbers blocks, and the scale layouts rows, in 32 bits (with a warp's slack).
-  MOK_HOST_CHECK(x.size(0) * ((x.size(1) + block - 1) / block) < (int64_t{1} << 31) - (1 << 20),
-                 "a quantizer call takes fewer than 2^31 - 2^20 scale blocks, got ",
-                 x.size(0), " rows of ", (x.size(1) + block - 1) / block);
+  check_block_count(x, block, "the columns quantizer");
   const int grid = at::cuda::getCurrentDeviceProperties()->multiProcessorCount * kBlocksPerSm;
   auto kernel = block == kMxBlock ? mx_round_columns_kernel<kMxBlock, true, Scales>
                                   : mx_round_columns_kernel<kFp8ScaleBlock, true, Scales>;
