@@ -494,7 +494,8 @@ def moe_forward_megakernel(peer_bases, tokens_offset, slots_offset, offsets, row
     report (stall_watch.py). ``profile_skip``
     (timing only, results meaningless when set): PROFILE_SKIP bits of stages to leave out.
     ``trace``: ``megakernel_trace_buffer(...)`` to record the blocks' timestamps
-    (``TRACE_SLOTS``, ``TRACE_HEADER``; scripts/trace_tiles.py reads them), or None."""
+    (``TRACE_SLOTS``, ``TRACE_HEADER``; benchmarks/diagnostics/trace_tiles.py reads them), or
+    None."""
     _cuda("peer_bases", peer_bases, torch.int64)
     _cuda("offsets", offsets, torch.int32)
     _cuda("row_slot", row_slot, torch.int32)

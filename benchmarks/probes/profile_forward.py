@@ -15,7 +15,7 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO))
-sys.path.insert(0, str(REPO / "scripts"))
+sys.path.insert(0, str(REPO / "benchmarks" / "diagnostics"))
 
 from mok_megatron.config import KernelKnobs, Recipe, load_model  # noqa: E402
 from mok_megatron.functional import moe_experts  # noqa: E402

@@ -1,4 +1,5 @@
-// Optional timestamps of the forward megakernel's blocks (scripts/trace_tiles.py reads them).
+// Optional timestamps of the forward megakernel's blocks (benchmarks/diagnostics/trace_tiles.py
+// reads them).
 // Given a trace buffer, every block records clock64 at the phase boundaries of its first
 // kTraceTiles tiles, and a header: globaltimer and clock64 at its start and end (a time base
 // shared by all SMs, and the SM clock's rate), when its pull ended and its ticket. Without

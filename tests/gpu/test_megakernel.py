@@ -93,9 +93,9 @@ def _small_launch(ring_mblocks: int, seed: int = 3, counts: list[int] | None = N
 
 @pytest.mark.parametrize("ring_mblocks", [0, 2])
 def test_profile_variants_run_every_kept_tile(ring_mblocks):
-    """The timing variants of scripts/profile_megakernel.py leave a phase out by moving the
-    tile counter past its runs; every tile of the kept phase must still run (counted in the
-    counters: FC1 tile halves per m-block, FC2 tile halves per macrobatch), with no wait
+    """The timing variants of benchmarks/diagnostics/profile_megakernel.py leave a phase out by
+    moving the tile counter past its runs; every tile of the kept phase must still run (counted
+    in the counters: FC1 tile halves per m-block, FC2 tile halves per macrobatch), with no wait
     timing out."""
     p = _small_launch(ring_mblocks)
     skip = ops.PROFILE_SKIP

@@ -2,14 +2,20 @@
 of the v1 path at one shape and reports the extra memory it allocated beyond its output: a
 copy of the weights shows up as both time and memory. One GPU.
 
-    python scripts/probe_grouped_mm.py --experts 192 --rows-per-expert 64 --hidden 7168 --ffn 3072
+    python benchmarks/diagnostics/probe_grouped_mm.py --experts 192 --rows-per-expert 64 --hidden 7168 --ffn 3072
 """
 
 import argparse
+import sys
+from pathlib import Path
 
-import torch
+# Run from anywhere: the repository (mok_megatron) and scripts/ (the benchmarks' helpers).
+REPO = Path(__file__).resolve().parents[2]
+sys.path[:0] = [str(REPO), str(REPO / "scripts")]
 
-from gpu_timing import mean_seconds
+import torch  # noqa: E402
+
+from gpu_timing import mean_seconds  # noqa: E402
 
 
 def measure(fn, iters=5):

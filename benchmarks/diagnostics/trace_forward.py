@@ -3,7 +3,7 @@
 forward's wall time per call - the part the persistent kernel does not cover (schedule,
 publish copies, barriers, reduction, launch gaps) is the difference.
 
-    python scripts/trace_forward.py --model qwen3_30b_a3b_like --experts 8 --tokens 2048 \
+    python benchmarks/diagnostics/trace_forward.py --model qwen3_30b_a3b_like --experts 8 --tokens 2048 \
         --forward-kernel megakernel --out trace.json
 """
 
@@ -15,11 +15,15 @@ import sys
 from collections import defaultdict
 from pathlib import Path
 
-import torch
-from torch.profiler import ProfilerActivity, profile
+# Run from anywhere: the repository (mok_megatron) and scripts/ (the benchmarks' helpers).
+REPO = Path(__file__).resolve().parents[2]
+sys.path[:0] = [str(REPO), str(REPO / "scripts")]
 
-from layer_problem import one_gpu_forward
-from mok_megatron.config import load_model
+import torch  # noqa: E402
+from torch.profiler import ProfilerActivity, profile  # noqa: E402
+
+from layer_problem import one_gpu_forward  # noqa: E402
+from mok_megatron.config import load_model  # noqa: E402
 
 
 def main(argv=None) -> None:

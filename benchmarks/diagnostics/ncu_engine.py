@@ -6,16 +6,22 @@ recipe (blockwise), on operands quantized beforehand.
 
     ncu -k regex:grouped_gemm_kernel --launch-skip 2 --launch-count 2 --import-source yes \\
         --section SpeedOfLight --section WarpStateStats --section SourceCounters \\
-        -o fc1_fc2 python scripts/ncu_engine.py qwen3_30b_a3b_like 8 8192
+        -o fc1_fc2 python benchmarks/diagnostics/ncu_engine.py qwen3_30b_a3b_like 8 8192
 """
 
 import argparse
+import sys
+from pathlib import Path
 
-import torch
+# Run from anywhere: the repository (mok_megatron) and scripts/ (the benchmarks' helpers).
+REPO = Path(__file__).resolve().parents[2]
+sys.path[:0] = [str(REPO), str(REPO / "scripts")]
 
-from bench_gemm import grouped_problem
-from mok_megatron import ops
-from mok_megatron.config import load_model
+import torch  # noqa: E402
+
+from bench_gemm import grouped_problem  # noqa: E402
+from mok_megatron import ops  # noqa: E402
+from mok_megatron.config import load_model  # noqa: E402
 
 
 def main(argv=None):

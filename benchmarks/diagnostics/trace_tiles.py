@@ -15,7 +15,7 @@ the implied clock. The traced launch runs the diagnostic build of the kernel (th
 profiling variants use); `--skip` traces a profiling variant, `--no-h` a forward that keeps
 no h.
 
-    python scripts/trace_tiles.py --models qwen3_30b_a3b_like --variants ep64 --tokens 2048 \
+    python benchmarks/diagnostics/trace_tiles.py --models qwen3_30b_a3b_like --variants ep64 --tokens 2048 \
         --out trace.json
 """
 
@@ -27,10 +27,14 @@ import statistics
 import sys
 from pathlib import Path
 
-import torch
+# Run from anywhere: the repository (mok_megatron) and scripts/ (the benchmarks' helpers).
+REPO = Path(__file__).resolve().parents[2]
+sys.path[:0] = [str(REPO), str(REPO / "scripts")]
 
-from mok_megatron import ops
-from profile_megakernel import build, cases, megakernel
+import torch  # noqa: E402
+
+from mok_megatron import ops  # noqa: E402
+from profile_megakernel import build, cases, megakernel  # noqa: E402
 
 SLOT = {name: i for i, name in enumerate(ops.TRACE_SLOTS)}
 HEADER = {name: i for i, name in enumerate(ops.TRACE_HEADER)}

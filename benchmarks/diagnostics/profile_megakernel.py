@@ -8,7 +8,7 @@ separate kernels that do the same work (pull_rows, FC1 and FC2 through the engin
 torch._grouped_mm, v1's activation kernel, push_rows). Routing is uniform top-k. The full
 megakernel's combine slots are checked bit for bit against the separate engine path first.
 
-    python scripts/profile_megakernel.py --out benchmarks/results/h200_megakernel_profile/ep1.json
+    python benchmarks/diagnostics/profile_megakernel.py --out benchmarks/results/h200_megakernel_profile/ep1.json
 """
 
 from __future__ import annotations
@@ -20,13 +20,16 @@ import sys
 from datetime import date
 from pathlib import Path
 
-import torch
+# Run from anywhere: the repository (mok_megatron) and scripts/ (the benchmarks' helpers).
+REPO = Path(__file__).resolve().parents[2]
+sys.path[:0] = [str(REPO), str(REPO / "scripts")]
 
-from bench_gemm import per_gpu_experts
-from gpu_timing import median_ms
-from mok_megatron import ops
-from mok_megatron.config import load_model
+import torch  # noqa: E402
 
+from bench_gemm import per_gpu_experts  # noqa: E402
+from gpu_timing import median_ms  # noqa: E402
+from mok_megatron import ops  # noqa: E402
+from mok_megatron.config import load_model  # noqa: E402
 
 
 def build(model, experts: int, tokens: int, seed: int, timeout_ms: int = 20000) -> dict:
@@ -59,7 +62,7 @@ def build(model, experts: int, tokens: int, seed: int, timeout_ms: int = 20000) 
 
 def megakernel(p: dict, comm_blocks: int, skip: int = 0, trace=None, **knobs):
     """One launch of the megakernel on problem p; `skip`: PROFILE_SKIP bits, `trace`: a
-    megakernel_trace_buffer to fill (scripts/trace_tiles.py), `knobs`: further
+    megakernel_trace_buffer to fill (benchmarks/diagnostics/trace_tiles.py), `knobs`: further
     ops.moe_forward_megakernel arguments (e.g. minibatch_rows)."""
     def run():
         p["counters"].zero_()

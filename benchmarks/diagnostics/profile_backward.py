@@ -3,9 +3,9 @@ the separate backward and the backward megakernel at several numbers of dY-pulli
 (kernel.comm_sms_backward), on one model shape; under an FP8 recipe (--precision) the
 separate kernels only (the megakernels run BF16). Forward runs outside the profile.
 
-    python scripts/profile_backward.py --model qwen3_30b_a3b_like --variant full --tokens 4096 \
+    python benchmarks/diagnostics/profile_backward.py --model qwen3_30b_a3b_like --variant full --tokens 4096 \
         --comm-sms-backward 4 8 16 32
-    python scripts/profile_backward.py --model deepseek_v3_like --variant ep64 --precision fp8_blockwise
+    python benchmarks/diagnostics/profile_backward.py --model deepseek_v3_like --variant ep64 --precision fp8_blockwise
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from pathlib import Path
 
 import torch
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO))
 
 from mok_megatron.config import KernelKnobs, Recipe, load_model  # noqa: E402

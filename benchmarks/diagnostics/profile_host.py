@@ -3,7 +3,7 @@ host takes to issue a call, a call's time in a stream of calls (what training se
 host runs ahead), a call synchronized alone (what bench_moe times), and where the host time
 goes (cProfile, top functions by own time).
 
-    python scripts/profile_host.py --model qwen3_30b_a3b_like --experts 8 --tokens 2048
+    python benchmarks/diagnostics/profile_host.py --model qwen3_30b_a3b_like --experts 8 --tokens 2048
 """
 
 from __future__ import annotations
@@ -13,11 +13,17 @@ import cProfile
 import pstats
 import statistics
 import time
+import sys
+from pathlib import Path
 
-import torch
+# Run from anywhere: the repository (mok_megatron) and scripts/ (the benchmarks' helpers).
+REPO = Path(__file__).resolve().parents[2]
+sys.path[:0] = [str(REPO), str(REPO / "scripts")]
 
-from layer_problem import one_gpu_forward
-from mok_megatron.config import load_model
+import torch  # noqa: E402
+
+from layer_problem import one_gpu_forward  # noqa: E402
+from mok_megatron.config import load_model  # noqa: E402
 
 
 def main(argv=None) -> None:

@@ -6,7 +6,7 @@ workspace's allocation, loading the kernels' modules on first launch (CUDA lazy 
 cuBLAS set-up for the grouped GEMMs - so a rank making its first call while its peers already
 wait is the common source of skew. Each setting runs in a fresh process:
 
-    python scripts/first_call_cost.py --out first_call.json [--model qwen3_30b_a3b_like]
+    python benchmarks/diagnostics/first_call_cost.py --out first_call.json [--model qwen3_30b_a3b_like]
 
 prints and writes, per forward kernel, the first forward + backward's wall time (host,
 synchronized), the median of the next ones, and their difference.
