@@ -114,7 +114,7 @@ def test_forward_megakernel_refuses_what_it_cannot_run():
     weight scales not per 128 x 128 block (the launcher's)."""
     spec = SPECS[0]
     inputs = spec.build().local(0, torch.device("cuda"))
-    w1, w2 = inputs["w1"], inputs["w2"]
+    w1, w2 = inputs["w1"].detach(), inputs["w2"].detach()
     q = fp8_block_weights.quantize_pair(w1, w2, gated=True)
     E, F1, H = w1.shape
     F = w2.shape[2]
