@@ -23,7 +23,7 @@ run() {  # name, time limit, pytest arguments...
 }
 run blockwise 190 tests/gpu/test_fp8_blockwise_layer.py
 run quant 100 tests/gpu/test_fp8_blockwise_kernels.py tests/gpu/test_fp8_dispatch.py
-run mx_megakernel 120 tests/gpu/test_mxfp8_kernels.py -k "forward_megakernel or quantize or round"
+run mx_megakernel 120 tests/gpu/test_mxfp8_kernels.py -k "forward_megakernel or quantize or round or columns or segment"
 run bf16_megakernel 100 tests/gpu/test_megakernel.py
 (cd scripts && timeout 40 python3 bench_gemm.py --fp8-blockwise --models deepseek_v3_like \
   --variants full --ep 32 --tokens 4096 --out $R/gemm_e8.json > $R/gemm_e8.txt 2>&1)
