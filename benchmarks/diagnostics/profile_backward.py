@@ -18,6 +18,7 @@ from pathlib import Path
 
 import torch
 
+# Run from anywhere: the repository (mok_megatron); this folder holds the rest.
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO))
 

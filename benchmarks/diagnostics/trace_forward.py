@@ -15,9 +15,9 @@ import sys
 from collections import defaultdict
 from pathlib import Path
 
-# Run from anywhere: the repository (mok_megatron) and scripts/ (the benchmarks' helpers).
+# Run from anywhere: the repository (mok_megatron); this folder holds the rest.
 REPO = Path(__file__).resolve().parents[2]
-sys.path[:0] = [str(REPO), str(REPO / "scripts")]
+sys.path.insert(0, str(REPO))
 
 import torch  # noqa: E402
 from torch.profiler import ProfilerActivity, profile  # noqa: E402

@@ -27,9 +27,9 @@ import statistics
 import sys
 from pathlib import Path
 
-# Run from anywhere: the repository (mok_megatron) and scripts/ (the benchmarks' helpers).
+# Run from anywhere: the repository (mok_megatron); this folder holds the rest.
 REPO = Path(__file__).resolve().parents[2]
-sys.path[:0] = [str(REPO), str(REPO / "scripts")]
+sys.path.insert(0, str(REPO))
 
 import torch  # noqa: E402
 

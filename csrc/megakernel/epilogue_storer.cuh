@@ -74,7 +74,7 @@ __device__ __forceinline__ void init_staging_handoff(StagingHandoff& h) {
 // What the storer writes and counts (pointers and sizes of the launch).
 struct StorerTargets {
   const float* row_prob;
-  const CUtensorMap* act_map;
+  const CUtensorMap* act_map;  // act's store map (kActFp8Codes: of its codes)
   const CUtensorMap* h_map;
   __nv_bfloat16* act;
   __nv_bfloat16* h;
@@ -87,8 +87,7 @@ struct StorerTargets {
   uint32_t* fc2_done;
   uint64_t timeout_ns;
   int* report;
-  const CUtensorMap* act_codes_map;  // kActFp8Codes: act's codes (fp8_staged_codes_map)
-  sm90::Fp8Rows act_fp8;             // kActFp8Codes: act as FC2 reads it
+  sm90::Fp8Rows act_fp8;  // kActFp8Codes: act as FC2 reads it (act_map: its codes' store map)
 };
 
 // What the storer makes of an FC1 tile's activation (the recipe's FC2 operand): bf16 rows;
@@ -330,7 +329,7 @@ __device__ __forceinline__ void store_fp8_act(uint8_t* slots, const StagedRecord
     sm90::fence_proxy_async_shared();
     __syncwarp();
     if (lane == 0) {
-      sm90::tma_store_4d(tg.act_codes_map, codes, r.col0, r.row0, 0, 0);
+      sm90::tma_store_4d(tg.act_map, codes, r.col0, r.row0, 0, 0);
       sm90::bulk_commit();
       sm90::bulk_wait_read<0>();
     }

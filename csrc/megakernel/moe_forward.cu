@@ -220,7 +220,7 @@ __global__ void __launch_bounds__(kGemmThreads, 1)
                                      a.ffn, kGated ? 2 * a.ffn : a.ffn, a.hidden,
                                      a.row_slot, a.peer_bases, a.slots_offset, a.per_rank,
                                      a.fc1_done, a.fc2_done, a.timeout_ns, a.report,
-                                     &act_store_map, a.act_fp8};
+                                     a.act_fp8};
   }
   __syncthreads();
   const int ticket = static_cast<int>(s.ticket);
