@@ -180,7 +180,8 @@ void moe_backward_megakernel(const at::Tensor& peer_bases, int64_t tokens_offset
                              const c10::optional<at::Tensor>& w2_t,
                              const c10::optional<at::Tensor>& rows_k,
                              const c10::optional<at::Tensor>& dout_k,
-                             const c10::optional<at::Tensor>& dh_k, at::Tensor& counters,
+                             const c10::optional<at::Tensor>& dh_k,
+                             const std::vector<at::Tensor>& fp8_scales, at::Tensor& counters,
                              int64_t comm_blocks, int64_t minibatch_rows, int64_t ring_mblocks,
                              int64_t ring_slots, int64_t timeout_ns, int64_t rank);
 

@@ -99,9 +99,11 @@ constexpr int kTileGroupMBlocks = 4;
 // before anything runs (mok_megatron/symm_moe.py check_kernel_call, mirrored by
 // ops.MAX_MACROBATCHES; the launcher checks again).
 constexpr int kMaxMacrobatches = 256;
-// Backward megakernel under MXFP8: columns of one rounding tile (megakernel/mx_round_tile.cuh),
-// an m-block's 128 rows x this many of one operand; each of the tile's 8 warps rounds
-// kRoundCols / 64 units of 32 rows x 64 columns, one after another.
+// Backward megakernel under the FP8 recipes: columns of one rounding tile, an m-block's 128 rows
+// x this many of one operand. MXFP8 (megakernel/mx_round_tile.cuh): each of the tile's 8
+// warps rounds kRoundCols / 64 units of 32 rows x 64 columns, one after another; blockwise
+// (megakernel/fp8_round_tile.cuh): both consumer warpgroups round kRoundCols / 128 units of
+// 128 rows x 128 columns together.
 constexpr int kRoundCols = 512;
 // Forward megakernel: the producer warpgroup also holds the storer warps
 // (megakernel/epilogue_storer.cuh), whose FC1 activation at 40 registers ran one exp ->

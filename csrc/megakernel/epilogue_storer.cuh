@@ -30,11 +30,11 @@
 
 #include "common/ptx.cuh"
 #include "common/vec.cuh"
-#include "gemm/sm90/fp8_mainloop.cuh"
 #include "gemm/sm90/tile_engine.cuh"
 #include "gemm/sm90/tile_epilogue.cuh"
 #include "gemm/sm90/tma.cuh"
 #include "megakernel/tile_trace.cuh"
+#include "quant/fp8_rows.h"
 #include "quant/mx_block_scale.cuh"
 
 namespace mok {
@@ -87,7 +87,7 @@ struct StorerTargets {
   uint32_t* fc2_done;
   uint64_t timeout_ns;
   int* report;
-  sm90::Fp8Rows act_fp8;  // kActFp8Codes: act as FC2 reads it (act_map: its codes' store map)
+  Fp8Rows act_fp8;  // kActFp8Codes: act as FC2 reads it (act_map: its codes' store map)
 };
 
 // What the storer makes of an FC1 tile's activation (the recipe's FC2 operand): bf16 rows;
@@ -321,7 +321,7 @@ __device__ __forceinline__ void store_fp8_act(uint8_t* slots, const StagedRecord
                                               const StorerTargets& tg, int lane) {
   uint8_t* codes = slots + kStagedSlotBytes;
   const uint32_t scale_codes = quantize_staged_fp8(slots, codes, lane);
-  const sm90::Fp8Rows& dst = tg.act_fp8;
+  const Fp8Rows& dst = tg.act_fp8;
   uint8_t* scales = dst.scales + int64_t(r.col0 / kFp8ScaleBlock) * dst.scale_stride + r.row0;
   if (lane < r.rows_valid) scales[lane] = uint8_t(scale_codes);
   if (lane + 32 < r.rows_valid) scales[lane + 32] = uint8_t(scale_codes >> 8);

@@ -566,28 +566,6 @@ void launch_forward(ForwardOperands operands, const ForwardMaps& m, const Forwar
   }
 }
 
-// A blockwise FP8 operand buffer as the FP8 engine reads it (ops.py megakernel_fp8_rows):
-// codes [>= rows, cols] in 16-byte aligned rows (cols padded to 16), scale codes
-// [ceil(cols / 128), >= rows] with rows padded to 16.
-Fp8Rows fp8_rows_of(const char* name, const at::Tensor& codes, const at::Tensor& scales,
-                    int64_t rows, int64_t cols) {
-  MOK_HOST_CHECK(codes.scalar_type() == at::kFloat8_e4m3fn && codes.dim() == 2 &&
-                     codes.size(0) >= rows && codes.size(1) == cols && codes.stride(1) == 1 &&
-                     codes.stride(0) % 16 == 0 && codes.stride(0) >= (cols + 15) / 16 * 16 &&
-                     reinterpret_cast<uintptr_t>(codes.data_ptr()) % 16 == 0,
-                 "moe_forward_megakernel: ", name, " must be float8_e4m3fn codes [>= ", rows,
-                 ", ", cols, "] in 16-byte aligned rows, got ", codes.sizes());
-  const int64_t blocks = (cols + kFp8ScaleBlock - 1) / kFp8ScaleBlock;
-  MOK_HOST_CHECK(scales.device() == codes.device() && scales.scalar_type() == at::kByte &&
-                     scales.dim() == 2 && scales.size(0) == blocks &&
-                     scales.size(1) >= codes.size(0) && scales.stride(1) == 1 &&
-                     scales.stride(0) % 16 == 0,
-                 "moe_forward_megakernel: ", name, "'s scales must be uint8 [", blocks, ", >= ",
-                 codes.size(0), "] with rows padded to 16, got ", scales.sizes());
-  return Fp8Rows{reinterpret_cast<uint8_t*>(codes.data_ptr()), codes.stride(0),
-                 scales.data_ptr<uint8_t>(), scales.stride(0)};
-}
-
 CUtensorMap rows_tensor_map(const at::Tensor& t) {
   return row_tile_map(t.data_ptr(), t.size(0), t.size(1), t.stride(0));
 }
@@ -741,8 +719,10 @@ void moe_forward_megakernel(const at::Tensor& peer_bases, int64_t tokens_offset,
   args.skip = static_cast<int>(profile_skip);
   args.trace = trace ? trace->data_ptr<int64_t>() : nullptr;
   if (blockwise) {
-    args.rows_fp8 = fp8_rows_of("rows", rows, *rows_scales, buffer_rows, H);
-    args.act_fp8 = fp8_rows_of("act", act, *act_scales, rows.size(0), F);
+    args.rows_fp8 = fp8_rows_of("moe_forward_megakernel", "rows", rows, *rows_scales,
+                                buffer_rows, H);
+    args.act_fp8 = fp8_rows_of("moe_forward_megakernel", "act", act, *act_scales,
+                               rows.size(0), F);
     MOK_HOST_CHECK(act.size(0) == rows.size(0),
                    "moe_forward_megakernel: act must have the rows' rows");
     args.w1_block_scales = w1_scales->data_ptr<uint8_t>();

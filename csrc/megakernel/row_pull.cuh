@@ -24,11 +24,11 @@
 
 #include "comm/wire_row.cuh"
 #include "common/ptx.cuh"
-#include "gemm/sm90/fp8_mainloop.cuh"
 #include "gemm/sm90/tile_engine.cuh"
 #include "gemm/sm90/tile_epilogue.cuh"
 #include "gemm/sm90/tma.cuh"
 #include "megakernel/macrobatch_ring.cuh"
+#include "quant/fp8_rows.h"
 
 namespace mok {
 
@@ -339,11 +339,11 @@ __device__ inline void pull_wire_rows_bulk(const RowSource& src, int64_t tokens_
 }
 
 // Blockwise FP8: each wire row's codes copied as they are and its scale codes scattered into
-// the transposed scales (the FP8 engine's A operand, sm90::Fp8Rows), so FC1 multiplies x's
+// the transposed scales (the FP8 engine's A operand, Fp8Rows), so FC1 multiplies x's
 // codes with no conversion.
 __device__ inline void pull_wire_codes_bulk(const RowSource& src, int64_t tokens_offset,
                                             const WireRow& wire, int hidden,
-                                            const sm90::Fp8Rows& dst, int comm_block,
+                                            const Fp8Rows& dst, int comm_block,
                                             int comm_blocks, const PullRing& ring,
                                             const RowPlacement& placement,
                                             uint32_t* rows_ready) {

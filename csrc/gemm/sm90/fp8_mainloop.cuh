@@ -19,6 +19,7 @@
 #include "gemm/sm90/tile_engine.cuh"
 #include "gemm/sm90/tma.cuh"
 #include "gemm/sm90/wgmma.cuh"
+#include "quant/fp8_rows.h"
 #include "quant/mx_format.cuh"
 
 namespace mok::sm90 {
@@ -27,16 +28,6 @@ namespace mok::sm90 {
 // global memory, [E, ceil(N / 128), ceil(K / 128)] E8M0).
 struct Fp8BlockScales {
   static constexpr int kScaleK = kFp8ScaleBlock;
-};
-
-// An FP8 engine's A operand in global memory (fp8_row_tile_map, fp8_row_scales_map): E4M3
-// codes rows of code_stride bytes, and each row's E8M0 scale codes transposed, [block][row]
-// with row stride scale_stride.
-struct Fp8Rows {
-  uint8_t* codes;
-  int64_t code_stride;
-  uint8_t* scales;
-  int64_t scale_stride;
 };
 
 constexpr int kFp8ATileBytes = kGemmBlockM * kFp8BlockK;  // one byte per code
@@ -59,6 +50,40 @@ struct Fp8StageRing {
   uint64_t full[kStages];
   uint64_t empty[kStages];
 };
+
+// The FP8 engine's stages laid over the tile engine's ring (tile_engine.cuh: StageRing), for a
+// launch whose FP8 tiles and BF16 tiles take turns (the backward megakernel under the blockwise
+// recipe): a stage's A codes in its A tile, its B codes in the first half of its B tile and
+// the row scales after them; the ring's barriers, stage count and k-block counter `it`, so a
+// tile of either engine follows one of the other without draining the ring.
+struct StageBytes {
+  uint8_t* first;
+  int stride;
+  __device__ uint8_t* operator[](int stage) const { return first + stage * stride; }
+};
+
+struct Fp8RingOverStages {
+  static constexpr int kStageCount = kGemmStages;
+  static constexpr int kScaleBlocks = kFp8BlockK / kFp8ScaleBlock;
+  static constexpr uint32_t kTxBytes =
+      kFp8ATileBytes + kFp8BTileBytes + kFp8RowScaleBox * kScaleBlocks;
+
+  StageBytes a, b, a_scales;
+  uint64_t* full;
+  uint64_t* empty;
+
+  __device__ static Fp8RingOverStages over(StageRing& ring) {
+    return {{ring.a[0], kATileBytes},
+            {ring.b[0], kBTileBytes},
+            {ring.b[0] + kFp8BTileBytes, kBTileBytes},
+            ring.full,
+            ring.empty};
+  }
+};
+static_assert(kFp8ATileBytes <= kATileBytes && kFp8BTileBytes + kFp8RowScaleBox <= kBTileBytes &&
+                  kFp8BTileBytes % 1024 == 0,
+              "an FP8 stage fits a tile-engine stage, its B tile swizzle-atom aligned and the "
+              "row scales 128-byte aligned after it");
 
 template <class Ring>
 __device__ __forceinline__ void init_fp8_ring(Ring& ring) {
@@ -176,15 +201,17 @@ __device__ __forceinline__ void promote_block_scaled(float (&acc)[kFp8AccRegs],
 // scale_a[row] * scale_w * (A_kb W_kb^T) for this warpgroup's 64 rows. The columns of chunks
 // j < kFp8BlockN / 16 belong to the first half (a gated tile's gate rows), the rest to the
 // second.
+// `partial` holds the MMAs' fresh sums of a block; a caller whose other tiles' accumulators
+// stay live (the backward megakernel's BF16 n256 tiles) lends their registers for it.
 template <bool kGatedWeights, class Ring>
 __device__ __forceinline__ void consume_fp8_tile(Ring& ring, int& it,
                                                  int k_blocks, int tile, int consumer,
                                                  bool leader,
                                                  const WeightBlockScales<kGatedWeights>& ws,
                                                  int tile_row0, float (&acc)[kFp8AccRegs],
+                                                 float (&partial)[kFp8AccRegs],
                                                  uint64_t timeout_ns, int* report) {
   const int r = row_scale_index(tile_row0, consumer);
-  float partial[kFp8AccRegs];
 #pragma unroll
   for (int x = 0; x < kFp8AccRegs; ++x) acc[x] = 0.f;
   uint8_t w_next[2] = {__ldg(ws.half0), __ldg(ws.half1)};
@@ -212,6 +239,18 @@ __device__ __forceinline__ void consume_fp8_tile(Ring& ring, int& it,
     if (leader) mbar_arrive(&ring.empty[stage]);
     promote_block_scaled(acc, partial, s);
   }
+}
+
+template <bool kGatedWeights, class Ring>
+__device__ __forceinline__ void consume_fp8_tile(Ring& ring, int& it,
+                                                 int k_blocks, int tile, int consumer,
+                                                 bool leader,
+                                                 const WeightBlockScales<kGatedWeights>& ws,
+                                                 int tile_row0, float (&acc)[kFp8AccRegs],
+                                                 uint64_t timeout_ns, int* report) {
+  float partial[kFp8AccRegs];
+  consume_fp8_tile<kGatedWeights>(ring, it, k_blocks, tile, consumer, leader, ws, tile_row0, acc,
+                                  partial, timeout_ns, report);
 }
 
 }  // namespace mok::sm90
