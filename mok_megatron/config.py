@@ -392,16 +392,13 @@ def recipe_problems(r: Recipe) -> Iterator[tuple[str, str]]:
     if r.precision != "mxfp8" and r.kernel.mxfp8_weights != "auto":
         yield ("kernel.mxfp8_weights", f"only precision mxfp8 reads it (this recipe's is "
                                        f"{r.precision}): leave it at auto")
-    if r.precision == "fp8_blockwise" and r.kernel.backward_kernel != "separate":
-        yield ("kernel.backward_kernel", "precision fp8_blockwise runs backward on the separate "
-                                         "kernels so far (the backward megakernel runs bf16 and "
-                                         "mxfp8): set it to separate")
-    if r.precision == "mxfp8" and r.kernel.backward_kernel == "megakernel":
+    if r.precision in FP8_PRECISIONS and r.kernel.backward_kernel == "megakernel":
         if r.kernel.backward_inputs != "recomputed":
-            yield ("kernel.backward_inputs", "the backward megakernel under mxfp8 rounds the rows "
-                                             "it pulls in place, which forward's saved rows "
-                                             "must outlive: set it to recomputed")
-        if r.kernel.mxfp8_weights == "codes":
+            yield ("kernel.backward_inputs", f"the backward megakernel under {r.precision} "
+                                             f"rounds the rows it pulls in place, which "
+                                             f"forward's saved rows must outlive: set it to "
+                                             f"recomputed")
+        if r.precision == "mxfp8" and r.kernel.mxfp8_weights == "codes":
             yield ("kernel.mxfp8_weights", "the backward megakernel under mxfp8 reads the weights "
                                            "as bf16 MXFP8 values (its dgrads have no per-stage "
                                            "code conversion yet): set it to rounded or auto")

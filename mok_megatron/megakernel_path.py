@@ -84,11 +84,7 @@ def backward(plan: Plan, sched: Schedule, kept: Optional[ExpertInputs]):
     if kept is None:
         kept = ExpertInputs(rows_buffer(hidden), rows_buffer(f1), rows_buffer(ffn))
     dout, dh = rows_buffer(hidden), rows_buffer(f1)
-    w1, w2, transposed = plan.operands.backward_megakernel_weights(plan)
-    mxfp8 = None
-    if transposed is not None:
-        mxfp8 = ops.MxBackwardOperands(*transposed, rows_buffer(hidden), rows_buffer(hidden),
-                                       rows_buffer(f1))
+    recipe = plan.operands.backward_megakernel_operands(plan, n)
     dprob_part = torch.empty(ops.dprob_part_size(n, ffn), dtype=torch.float32, device=device)
     if plan.main_grads is None:
         dw1 = torch.empty(plan.w1.shape, dtype=torch.bfloat16, device=device)
@@ -99,15 +95,16 @@ def backward(plan: Plan, sched: Schedule, kept: Optional[ExpertInputs]):
         into = dict(dw1_fp32=plan.main_grads.dw1, dw2_fp32=plan.main_grads.dw2)
     wgrad_tiles = ops.backward_wgrad_tiles(hidden, ffn, f1)
     counters = ops.backward_megakernel_counters(cap, plan.num_local, device, ring_mblocks,
-                                                wgrad_tiles, mxfp8=mxfp8 is not None)
+                                                wgrad_tiles,
+                                                rounding_tiles=plan.operands.rounds_both)
     carry = ops.backward_carry(cap, plan.num_local, ring_mblocks, wgrad_tiles, device)
     ops.moe_backward_megakernel(ws.peer_bases, ws.offsets["tokens"],
                                 ws.offsets["inputs"], ws.offsets["slots"],
                                 ws.offsets["slot_values"], sched.offsets, sched.row_slot,
-                                sched.row_prob, ws.layout.max_tokens, plan.topk, w1, w2,
+                                sched.row_prob, ws.layout.max_tokens, plan.topk,
                                 plan.activation, kept.rows, kept.h, kept.act, dout, dh,
                                 dprob_part, counters, plan.comm_blocks_backward,
-                                ws.timeout_ns, **into, carry=carry, mxfp8=mxfp8,
+                                ws.timeout_ns, **recipe, **into, carry=carry,
                                 minibatch_rows=plan.minibatch_rows, ring_mblocks=ring_mblocks,
                                 rank=ws.rank)
     return dw1, dw2

@@ -550,10 +550,11 @@ def megakernel_fp8_rows(rows: int, cols: int, device) -> tuple[torch.Tensor, tor
 
 def moe_backward_megakernel(peer_bases, tokens_offset: int, inputs_offset: int,
                             slots_offset: int, values_offset: int, offsets, row_slot, row_prob,
-                            max_tokens: int, topk: int, w1, w2, activation: str, rows, h, act,
+                            max_tokens: int, topk: int, activation: str, rows, h, act,
                             dout, dh, dprob_part, counters, comm_blocks: int, timeout_ns: int,
-                            *, dw1=None, dw2=None, dw1_fp32=None, dw2_fp32=None, carry=None,
-                            mxfp8: Optional[MxBackwardOperands] = None,
+                            *, w1, w2, dw1=None, dw2=None, dw1_fp32=None, dw2_fp32=None,
+                            carry=None, mxfp8: Optional[MxBackwardOperands] = None,
+                            fp8_blockwise: Optional[Fp8BackwardOperands] = None,
                             minibatch_rows: int = MEGAKERNEL_BLOCK_M, ring_mblocks: int = 0,
                             rank: int = 0) -> None:
     """Pull dY + FC2-dgrad with the activation backward + dW2 + FC1-dgrad (dX rows and dprobs
@@ -572,7 +573,10 @@ def moe_backward_megakernel(peer_bases, tokens_offset: int, inputs_offset: int,
     every launch. ``mxfp8`` (ring only): every GEMM multiplies MXFP8 values
     (MxBackwardOperands), ``w1`` then being W1's MXFP8 values along H; the launch rounds dY,
     x, act and dh itself, overwriting ``dout``, ``rows``, ``act`` and ``dh`` with their forms
-    along the rows."""
+    along the rows. ``fp8_blockwise`` (ring only): the blockwise recipe's operands
+    (Fp8BackwardOperands; ``w1`` and ``w2`` stay the bf16 weights, which give the shapes): the
+    launch quantizes dY, x and dh along K into its buffers and rounds them, and act, along the
+    rows in place, as under mxfp8."""
     _cuda("peer_bases", peer_bases, torch.int64)
     _cuda("offsets", offsets, torch.int32)
     _cuda("row_slot", row_slot, torch.int32)
@@ -592,19 +596,30 @@ def moe_backward_megakernel(peer_bases, tokens_offset: int, inputs_offset: int,
            "each weight gradient is either bf16 (dw) or fp32 accumulated (dw_fp32)")
     _check(w1.dtype == torch.bfloat16 and w2.dtype == torch.bfloat16, "weights must be bf16")
     _check(0 <= rank < MAX_RANKS, f"rank {rank} outside [0, {MAX_RANKS})")
+    _check(mxfp8 is None or fp8_blockwise is None, "one recipe's operands, not both")
+    _check((mxfp8 is None and fp8_blockwise is None) or ring_mblocks > 0,
+           "the FP8 recipes run with the ring (recomputed inputs) only")
     mx = mxfp8 or MxBackwardOperands(None, None, None, None, None)
+    fp8_scales = []
     if mxfp8 is not None:
-        _check(ring_mblocks > 0, "MXFP8 runs with the ring (recomputed inputs) only")
         for name, t in vars(mxfp8).items():
             _cuda(name, t, torch.bfloat16)
+    if fp8_blockwise is not None:
+        for name, (codes, scales) in vars(fp8_blockwise).items():
+            _cuda(name, codes, torch.float8_e4m3fn)
+            _cuda(name + " scales", scales, torch.uint8)
+        f = fp8_blockwise
+        w1 = f.w1[0]
+        mx = MxBackwardOperands(f.w1_t[0], f.w2_t[0], f.rows_k[0], f.dout_k[0], f.dh_k[0])
+        fp8_scales = [f.rows_k[1], f.dout_k[1], f.dh_k[1], f.w1[1], f.w1_t[1], f.w2_t[1]]
     stall_watch.install()
     extension().moe_backward_megakernel(peer_bases, tokens_offset, inputs_offset, slots_offset,
                                         values_offset, offsets, row_slot, row_prob, max_tokens,
                                         topk, w1, w2, ACTIVATION_IDS[activation], rows, h, act,
                                         dout, dh, dprob_part, dw1, dw2, dw1_fp32, dw2_fp32,
                                         carry, mx.w1_t, mx.w2_t, mx.rows_k, mx.dout_k, mx.dh_k,
-                                        counters, comm_blocks, minibatch_rows, ring_mblocks,
-                                        MACROBATCH_RING_SLOTS, timeout_ns, rank)
+                                        fp8_scales, counters, comm_blocks, minibatch_rows,
+                                        ring_mblocks, MACROBATCH_RING_SLOTS, timeout_ns, rank)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -619,6 +634,23 @@ class MxBackwardOperands:
     rows_k: Optional[torch.Tensor]
     dout_k: Optional[torch.Tensor]
     dh_k: Optional[torch.Tensor]
+
+
+@dataclasses.dataclass(frozen=True)
+class Fp8BackwardOperands:
+    """What the backward megakernel reads under fp8_blockwise beyond the BF16 launch's
+    arguments, each as (E4M3 codes, E8M0 scale codes): the weights as the FP8 engine reads them
+    (fp8_block_weights.BlockWeight: ``w1`` [E, F1, H] for FC1 again, the dgrads' ``w1_t`` [E,
+    H, F1] and ``w2_t`` [E, F, H], one scale per 128 x 128 block), and the launch's buffers of
+    dY, x and dh along K (``rows_k``, ``dout_k`` [ring rows, H], ``dh_k`` [ring rows, F1]:
+    megakernel_fp8_rows)."""
+
+    w1: tuple
+    w1_t: tuple
+    w2_t: tuple
+    rows_k: tuple
+    dout_k: tuple
+    dh_k: tuple
 
 
 DGRAD2_COLS = 128  # csrc/megakernel/backward_tiles.cuh kDgrad2Cols
@@ -657,17 +689,18 @@ def macrobatches(rows: int, num_experts: int, ring_mblocks: int) -> int:
 
 
 def backward_megakernel_counters(rows: int, num_experts: int, device, ring_mblocks: int = 0,
-                                 wgrad_tiles: int = 0, mxfp8: bool = False) -> torch.Tensor:
+                                 wgrad_tiles: int = 0,
+                                 rounding_tiles: bool = False) -> torch.Tensor:
     """Zeroed counters for a backward megakernel launch over `rows` scheduled rows: per
     m-block rows pulled, FC1 and FC2-dgrad tile halves stored; per macrobatch tile halves
     done; with the ring (``ring_mblocks``), per macrobatch and weight-gradient tile
     (``backward_wgrad_tiles``) the carries stored; per macrobatch the three totals; the tile
-    counter and the arrival ticket counter; under MXFP8, per m-block and then per macrobatch
-    the halves of its three kinds of rounding tiles."""
+    counter and the arrival ticket counter; with ``rounding_tiles`` (the FP8 recipes), per
+    m-block and then per macrobatch the halves of their three kinds."""
     macros = macrobatches(rows, num_experts, ring_mblocks)
     mblocks = _max_mblocks(rows, num_experts)
     carry_flags = macros * wgrad_tiles * CONSUMERS if ring_mblocks > 0 else 0
-    rounded = 3 * mblocks + 3 * macros if mxfp8 else 0
+    rounded = 3 * mblocks + 3 * macros if rounding_tiles else 0
     return torch.zeros(3 * mblocks + 4 * macros + carry_flags + 2 + rounded,
                        dtype=torch.int32, device=device)
 

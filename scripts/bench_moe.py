@@ -55,7 +55,8 @@ from mok_megatron.symm_moe import (fp8_wire_row, mxfp8_weight_form,  # noqa: E40
 # mok_mxfp8; the forms forced by --mxfp8-weights get paths of their own), kernel.forward_kernel
 # (--mxfp8-megakernel: the forward megakernel, backward separate) and kernel.backward_kernel
 # (--mxfp8-megakernels: both megakernels, recomputed inputs, auto's weights rounded);
-# --fp8-blockwise-megakernel: fp8_blockwise on the forward megakernel, backward separate.
+# --fp8-blockwise-megakernel: fp8_blockwise on the forward megakernel, backward separate;
+# --fp8-blockwise-megakernels: on both megakernels (recomputed inputs).
 QUANTIZED_PATHS = {"mok_mxfp8": ("mxfp8", "auto", "separate", "separate"),
                    "mok_mxfp8_codes": ("mxfp8", "codes", "separate", "separate"),
                    "mok_mxfp8_rounded": ("mxfp8", "rounded", "separate", "separate"),
@@ -66,7 +67,9 @@ QUANTIZED_PATHS = {"mok_mxfp8": ("mxfp8", "auto", "separate", "separate"),
                    "mok_mxfp8_megakernels": ("mxfp8", "auto", "megakernel", "megakernel"),
                    "mok_fp8_blockwise": ("fp8_blockwise", "auto", "separate", "separate"),
                    "mok_fp8_blockwise_megakernel": ("fp8_blockwise", "auto", "megakernel",
-                                                    "separate")}
+                                                    "separate"),
+                   "mok_fp8_blockwise_megakernels": ("fp8_blockwise", "auto", "megakernel",
+                                                     "megakernel")}
 
 
 def log0(*a):
@@ -367,7 +370,8 @@ def run_case(model, variant, tokens, peaks, args, group):
               + ([f"{f}_megakernel" for f in forms] if args.mxfp8_megakernel else [])
               + (["mok_mxfp8_megakernels"] if args.mxfp8_megakernels else [])
               + (["mok_fp8_blockwise"] if args.fp8_blockwise else [])
-              + (["mok_fp8_blockwise_megakernel"] if args.fp8_blockwise_megakernel else []))
+              + (["mok_fp8_blockwise_megakernel"] if args.fp8_blockwise_megakernel else [])
+              + (["mok_fp8_blockwise_megakernels"] if args.fp8_blockwise_megakernels else []))
     for name in wanted:
         precision, form, forward_kernel, backward_kernel = QUANTIZED_PATHS[name]
         paths[name] = mok_path(group, tokens, forward_kernel, args.comm_sms,
@@ -580,6 +584,7 @@ def chart(results, path: Path):
                   "mok_mxfp8_codes_megakernel": "deeppink",
                   "mok_mxfp8_rounded_megakernel": "teal", "mok_mxfp8_megakernels": "navy",
                   "mok_fp8_blockwise": "tab:brown", "mok_fp8_blockwise_megakernel": "sienna",
+                  "mok_fp8_blockwise_megakernels": "maroon",
                   "alltoall": "tab:blue"}
         width = 0.8 / len(names)
         for i, name in enumerate(names):
@@ -633,6 +638,10 @@ def main(argv=None):
                    help="also time the fp8_blockwise recipe on the forward megakernel (backward "
                         "separate; path mok_fp8_blockwise_megakernel) and the BF16 forward "
                         "megakernel it is measured against")
+    p.add_argument("--fp8-blockwise-megakernels", action="store_true",
+                   help="also time the fp8_blockwise recipe on both megakernels (path "
+                        "mok_fp8_blockwise_megakernels, recomputed inputs; with --megakernel "
+                        "next to BF16's both-megakernel path mok_megakernel)")
     p.add_argument("--comm-sms", type=int, default=16,
                    help="row-pulling blocks of the forward megakernel (kernel.comm_sms_forward)")
     p.add_argument("--comm-sms-backward", type=int, default=KernelKnobs.comm_sms_backward,

@@ -496,6 +496,9 @@ __global__ void __launch_bounds__(kGemmThreads, 1)
       fp8_round_tile_rows<true>(a.dh, a.dh_fp8, a.f1, w.row0, rows_valid,
                                 w.n_block * kRoundCols, scratch, t2, kRoundBarrier);
     }
+    // The scratch's plain writes come before any later TMA of either staging buffer (the
+    // first warpgroup's h prefetch writes it; its stores read it).
+    fence_proxy_async_shared();
     __threadfence();
     named_barrier_sync(staging, 128);
     if (leader) {

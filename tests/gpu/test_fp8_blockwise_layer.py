@@ -6,7 +6,11 @@ issue's 5e-3) and against the BF16 reference
 recomputed, CUDA-graph replay, EP=1 and emulated EP=2/4, the weight cache, and the clear
 error for a gated F the GEMM cannot split; the forward megakernel under the recipe
 (csrc/megakernel/moe_forward.cu kFp8Blockwise) bit for bit the separate path, across its
-settings, graph-replayed and in the emulated group."""
+settings, graph-replayed and in the emulated group; the backward megakernel under the recipe
+(csrc/megakernel/moe_backward.cu kFp8) against the reference and the separate backward, across
+its settings, graph-replayed and in the emulated group."""
+
+import dataclasses
 
 import pytest
 import torch
@@ -140,6 +144,126 @@ def test_forward_megakernel_refuses_what_it_cannot_run():
         ops.moe_forward_megakernel(**{**base, "wire": ops.Fp8WireRow(H, ops.MX_BLOCK)})
     with pytest.raises(RuntimeError, match="per 128 x 128 block"):
         ops.moe_forward_megakernel(**{**base, "w1_scales": q.w1.scales[:, :1]})
+
+
+# The backward megakernel under the recipe (csrc/megakernel/moe_backward.cu kFp8: rounding
+# tiles make dY, x and dh's codes along K and round them, and act, along the rows; FC1 again
+# and both dgrads on the FP8 engine's tiles, the weight gradients on the BF16 engine),
+# recomputed inputs, after the separate forward or the forward megakernel; macrobatches of 2
+# m-blocks, or of one (every expert's weight gradient carried across them).
+BACKWARD_MK = {**SEPARATE, "backward_kernel": "megakernel", "comm_sms_backward": 8,
+               "macrobatch_tokens": 256}
+BACKWARD_SETTINGS = {
+    "separate_forward": BACKWARD_MK,
+    "megakernels": {**BACKWARD_MK, "forward_kernel": "megakernel", "comm_sms_forward": 8},
+    "ring_one_mblock": {**BACKWARD_MK, "macrobatch_tokens": 128},
+}
+
+
+@pytest.mark.parametrize("setting", BACKWARD_SETTINGS)
+@pytest.mark.parametrize("spec", LAYER_SPECS, ids=lambda s: s.name)
+def test_backward_megakernel_matches_blockwise_reference(spec, setting):
+    """Against the blockwise reference (the recipe's tolerances, 3 runs bit-identical) and
+    against the separate backward on the same operands within the same bound (its wgrad is
+    cuBLAS's, its dprob another summation order; which outputs are bit-identical is printed);
+    forward's y is unchanged by the backward kernel."""
+    knobs = BACKWARD_SETTINGS[setting]
+    errors = gpu_checks.check_against_reference(spec, 0, None, **knobs)
+    problem = spec.build()
+    max_tokens = max(max(spec.tokens_per_rank), 1)
+    want = gpu_checks.run_cuda(problem, 0, None, max_tokens,
+                               **{**knobs, "backward_kernel": "separate"})
+    got = gpu_checks.run_cuda(problem, 0, None, max_tokens, **knobs)
+    assert torch.equal(got["y"], want["y"]), f"({spec.name}) y differs from the separate run"
+    against_separate = gpu_checks.assert_matches_reference(
+        gpu_checks.cpu(got), gpu_checks.cpu(want), f"({spec.name}) against the separate backward",
+        gpu_checks.TOLERANCE["fp8_blockwise"])
+    print(spec.name, setting, {k: f"{v:.2e}" for k, v in errors.items()},
+          "vs separate", {k: f"{v:.1e}" for k, v in against_separate.items()},
+          "bitwise", {n: torch.equal(got[n], want[n]) for n in gpu_checks.NAMES})
+
+
+def test_backward_megakernel_settings_and_graph_replay():
+    """Pulling blocks, minibatches and macrobatch sizes never change the backward
+    megakernel's bits under the recipe; a CUDA graph replays it bit for bit."""
+    spec = SPECS[1]
+    problem = spec.build()
+    max_tokens = max(spec.tokens_per_rank)
+    settings = [BACKWARD_MK, {**BACKWARD_MK, "comm_sms_backward": 1, "minibatch_tokens": 37},
+                {**BACKWARD_MK, "comm_sms_backward": 32, "macrobatch_tokens": 128},
+                {**BACKWARD_MK, "macrobatch_tokens": 16384}]
+    runs = [gpu_checks.run_cuda(problem, 0, None, max_tokens, **knobs) for knobs in settings]
+    for knobs, run in zip(settings[1:], runs[1:]):
+        gpu_checks.assert_same_bits(runs[0], run, f"({spec.name}) with {knobs}")
+    gpu_checks.check_cuda_graph(spec, 0, None, **BACKWARD_SETTINGS["megakernels"])
+
+
+@pytest.mark.parametrize("world", [2, 4])
+def test_backward_megakernel_emulated_group(world):
+    """EP=2/4 emulated on one GPU: the same bits as the whole problem on one rank, across
+    settings; against the reference within the recipe's tolerances."""
+    gpu_checks.check_emulated_settings(gpu_checks.ep_specs(world)[3], [
+        BACKWARD_SETTINGS["megakernels"], BACKWARD_SETTINGS["ring_one_mblock"]])
+    for spec in gpu_checks.ep_specs(world)[:3]:
+        errors = gpu_checks.check_emulated_against_reference(spec,
+                                                             **BACKWARD_SETTINGS["megakernels"])
+        print(f"EP={world}", spec.name, {k: f"{v:.2e}" for k, v in errors.items()})
+
+
+def test_backward_megakernel_against_bf16_reference():
+    """What the recipe costs in accuracy with both megakernels: the issue's bounds against
+    the BF16 reference."""
+    ratios = gpu_checks.check_against_bf16_reference(SPECS[1], **BACKWARD_SETTINGS["megakernels"])
+    print(SPECS[1].name, {k: f"{v:.2e}" for k, v in ratios.items()})
+
+
+def test_backward_megakernel_refuses_what_it_cannot_run():
+    """What the launch refuses under the recipe (behind config.recipe_problems, before anything
+    runs): no ring (saved inputs, which its rounding tiles would overwrite; ops' check), both
+    recipes' operands at once, weight scales not per 128 x 128 block, transposed codes of the
+    wrong shape (the launcher's)."""
+    spec = SPECS[0]
+    inputs = spec.build().local(0, torch.device("cuda"))
+    w1, w2 = inputs["w1"].detach(), inputs["w2"].detach()
+    q = fp8_block_weights.quantize_pair(w1, w2, gated=True)
+    E, F1, H = w1.shape
+    F = w2.shape[2]
+    cap, ring_mblocks = 256, 1
+    n = ops.macrobatch_ring_rows(cap, E, ring_mblocks)
+
+    def rows(cols, dtype=torch.bfloat16):
+        return torch.zeros(n, cols, dtype=dtype, device="cuda")
+
+    operands = ops.Fp8BackwardOperands(
+        (q.w1.codes, q.w1.scales), (q.w1_t.codes, q.w1_t.scales), (q.w2_t.codes, q.w2_t.scales),
+        ops.megakernel_fp8_rows(n, H, w1.device), ops.megakernel_fp8_rows(n, H, w1.device),
+        ops.megakernel_fp8_rows(n, F1, w1.device))
+    wgrad_tiles = ops.backward_wgrad_tiles(H, F, F1)
+    base = dict(peer_bases=torch.zeros(1, dtype=torch.int64, device="cuda"), tokens_offset=0,
+                inputs_offset=0, slots_offset=0, values_offset=0,
+                offsets=torch.zeros(E + 1, dtype=torch.int32, device="cuda"),
+                row_slot=torch.zeros(cap, dtype=torch.int32, device="cuda"),
+                row_prob=torch.zeros(cap, device="cuda"), max_tokens=128, topk=2,
+                activation="swiglu", rows=rows(H), h=rows(F1), act=rows(F), dout=rows(H),
+                dh=rows(F1),
+                dprob_part=torch.zeros(ops.dprob_part_size(n, F), device="cuda"),
+                counters=ops.backward_megakernel_counters(cap, E, w1.device, ring_mblocks,
+                                                          wgrad_tiles, rounding_tiles=True),
+                comm_blocks=1, timeout_ns=10 ** 9, w1=w1, w2=w2,
+                dw1=torch.empty_like(w1), dw2=torch.empty_like(w2),
+                carry=ops.backward_carry(cap, E, ring_mblocks, wgrad_tiles, w1.device),
+                fp8_blockwise=operands, ring_mblocks=ring_mblocks)
+    with pytest.raises(ValueError, match="with the ring"):
+        ops.moe_backward_megakernel(**{**base, "ring_mblocks": 0})
+    mx = ops.MxBackwardOperands(rows(H), rows(H), rows(H), rows(H), rows(F1))
+    with pytest.raises(ValueError, match="not both"):
+        ops.moe_backward_megakernel(**base, mxfp8=mx)
+    bad_scales = dataclasses.replace(operands, w1_t=(q.w1_t.codes, q.w1_t.scales[:, :1]))
+    with pytest.raises(RuntimeError, match="per 128 x 128 block"):
+        ops.moe_backward_megakernel(**{**base, "fp8_blockwise": bad_scales})
+    wrong_way = dataclasses.replace(operands, w2_t=(q.w2.codes, q.w2.scales))
+    with pytest.raises(RuntimeError, match="w2_t must be"):
+        ops.moe_backward_megakernel(**{**base, "fp8_blockwise": wrong_way})
 
 
 def test_weight_cache_and_orientations():
