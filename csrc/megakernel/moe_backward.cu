@@ -433,72 +433,61 @@ __global__ void __launch_bounds__(kGemmThreads, 1)
     const int64_t tile = int64_t(macro) * order.wgrad_tiles() + order.wgrad_index(w);
     return &a.carry_ready[tile * kGemmConsumers + consumer];
   };
-  // A rounding tile (kMx): its m-block's input complete (this thread's loads follow its own
-  // acquire), this warpgroup's 64 rows rounded, plain stores fenced before the count (their
-  // readers' TMA loads acquire it).
+  // A rounding tile: its m-block's input complete (this thread's loads follow its own
+  // acquire), its rows rounded, plain stores fenced before the count (their readers' TMA
+  // loads acquire it); counted once per warpgroup. kMx: each warpgroup rounds its own 64 rows
+  // (whole 32-row blocks). kFp8: the two round the whole m-block together (its 128-row blocks
+  // along the rows span them), each once its own staging buffer is free (the units' scratch
+  // is the first one's).
   auto round_tile = [&](const BackwardTile& w) {
-    const uint32_t* ready = &a.per_mblock[round_tile_input(w.kind)][w.block];
-    if (leader) {
-      counter_wait(ready, complete_per_mblock(round_tile_input(w.kind), min(kGemmBlockM, w.rows)),
-                   a.timeout_ns, wait_role(round_tile_input(w.kind)), w.tile, w.block, a.report);
-    }
-    named_barrier_sync(staging, 128);
-    ld_acquire_gpu_u32(ready);
-    const int64_t row0 = w.row0 + kStagedRows * consumer;
-    const int rows_valid = max(0, min(kStagedRows, w.rows - kStagedRows * consumer));
-    if (w.kind == kRoundIn) {
-      const bool dout = w.n_block < order.nb_round_h;
-      const int col0 = (dout ? w.n_block : w.n_block - order.nb_round_h) * kRoundCols;
-      __nv_bfloat16* src = dout ? a.dout : a.rows;
-      round_tile_rows<true, true>(src, dout ? a.dout_k : a.rows_k, src, a.hidden, row0,
-                                  rows_valid, col0, t);
-    } else if (w.kind == kRoundAct) {
-      round_tile_rows<false, true>(a.act, nullptr, a.act, a.ffn, row0, rows_valid,
-                                   w.n_block * kRoundCols, t);
-    } else {
-      round_tile_rows<true, true>(a.dh, a.dh_k, a.dh, a.f1, row0, rows_valid,
-                                  w.n_block * kRoundCols, t);
-    }
-    __threadfence();
-    named_barrier_sync(staging, 128);
-    if (leader) {
-      fence_proxy_async_global();
-      const int p = round_tile_output(w.kind);
-      red_release_gpu_add_u32(&a.per_mblock[p][w.block], 1);
-      red_release_gpu_add_u32(&a.per_macro[p][w.macro], 1);
-    }
-  };
-  // A rounding tile (kFp8): both warpgroups round the whole m-block together (its 128-row
-  // blocks along the rows span them), each once its own staging buffer is free (the scratch
-  // is the first one's) and its leader has seen the input complete; counted per warpgroup.
-  auto fp8_round_tile = [&](const BackwardTile& w) {
     const int input = round_tile_input(w.kind);
     const uint32_t* ready = &a.per_mblock[input][w.block];
-    const int rows_valid = min(kGemmBlockM, w.rows);
     if (leader) {
-      counter_wait(ready, complete_per_mblock(input, rows_valid), a.timeout_ns,
+      counter_wait(ready, complete_per_mblock(input, min(kGemmBlockM, w.rows)), a.timeout_ns,
                    wait_role(input), w.tile, w.block, a.report);
     }
-    bulk_wait_read<0>();
-    named_barrier_sync(kRoundBarrier, kWideThreads);
-    ld_acquire_gpu_u32(ready);
-    WideColumnMaxima& scratch = *reinterpret_cast<WideColumnMaxima*>(s.epilogue.out[0]);
-    const int t2 = threadIdx.x - 128;  // over both warpgroups
-    if (w.kind == kRoundIn) {
-      const bool dout = w.n_block < order.nb_round_h;
-      const int col0 = (dout ? w.n_block : w.n_block - order.nb_round_h) * kRoundCols;
-      fp8_round_tile_rows<true>(dout ? a.dout : a.rows, dout ? a.dout_fp8 : a.rows_fp8,
-                                a.hidden, w.row0, rows_valid, col0, scratch, t2, kRoundBarrier);
-    } else if (w.kind == kRoundAct) {
-      fp8_round_tile_rows<false>(a.act, Fp8Rows{}, a.ffn, w.row0, rows_valid,
-                                 w.n_block * kRoundCols, scratch, t2, kRoundBarrier);
+    if constexpr (kFp8) {
+      bulk_wait_read<0>();
+      named_barrier_sync(kRoundBarrier, kWideThreads);
     } else {
-      fp8_round_tile_rows<true>(a.dh, a.dh_fp8, a.f1, w.row0, rows_valid,
-                                w.n_block * kRoundCols, scratch, t2, kRoundBarrier);
+      named_barrier_sync(staging, 128);
     }
-    // The scratch's plain writes come before any later TMA of either staging buffer (the
-    // first warpgroup's h prefetch writes it; its stores read it).
-    fence_proxy_async_shared();
+    ld_acquire_gpu_u32(ready);
+    // The operand and its columns: dY then x (round in), act, dh.
+    const bool dout = w.kind == kRoundIn && w.n_block < order.nb_round_h;
+    const int col0 = (w.kind == kRoundIn && !dout ? w.n_block - order.nb_round_h : w.n_block) *
+                     kRoundCols;
+    if constexpr (kFp8) {
+      WideColumnMaxima& scratch = *reinterpret_cast<WideColumnMaxima*>(s.epilogue.out[0]);
+      const int t2 = threadIdx.x - 128;  // over both warpgroups
+      const int rows_valid = min(kGemmBlockM, w.rows);
+      if (w.kind == kRoundIn) {
+        fp8_round_tile_rows<true>(dout ? a.dout : a.rows, dout ? a.dout_fp8 : a.rows_fp8,
+                                  a.hidden, w.row0, rows_valid, col0, scratch, t2,
+                                  kRoundBarrier);
+      } else if (w.kind == kRoundAct) {
+        fp8_round_tile_rows<false>(a.act, Fp8Rows{}, a.ffn, w.row0, rows_valid, col0, scratch,
+                                   t2, kRoundBarrier);
+      } else {
+        fp8_round_tile_rows<true>(a.dh, a.dh_fp8, a.f1, w.row0, rows_valid, col0, scratch, t2,
+                                  kRoundBarrier);
+      }
+      // The scratch's plain writes come before any later TMA of either staging buffer (the
+      // first warpgroup's h prefetch writes it; its stores read it).
+      fence_proxy_async_shared();
+    } else {
+      const int64_t row0 = w.row0 + kStagedRows * consumer;
+      const int rows_valid = max(0, min(kStagedRows, w.rows - kStagedRows * consumer));
+      if (w.kind == kRoundIn) {
+        __nv_bfloat16* src = dout ? a.dout : a.rows;
+        round_tile_rows<true, true>(src, dout ? a.dout_k : a.rows_k, src, a.hidden, row0,
+                                    rows_valid, col0, t);
+      } else if (w.kind == kRoundAct) {
+        round_tile_rows<false, true>(a.act, nullptr, a.act, a.ffn, row0, rows_valid, col0, t);
+      } else {
+        round_tile_rows<true, true>(a.dh, a.dh_k, a.dh, a.f1, row0, rows_valid, col0, t);
+      }
+    }
     __threadfence();
     named_barrier_sync(staging, 128);
     if (leader) {
@@ -528,8 +517,7 @@ __global__ void __launch_bounds__(kGemmThreads, 1)
       // Its work holds no accumulators, but the compiler keeps the last tile's live through
       // it (an instruction that ended their life would serialize every wgmma of the kernel:
       // ptxas C7515), so it runs in what registers remain and spills some.
-      if constexpr (kMx) round_tile(w);
-      if constexpr (kFp8) fp8_round_tile(w);
+      if constexpr (kRounds) round_tile(w);
     } else if (w.kind == kFc1 || w.kind == kDgrad2 || w.kind == kDgrad1) {
       const int row0 = w.row0 + kStagedRows * consumer;    // in the row buffers
       const int srow0 = w.srow0 + kStagedRows * consumer;  // in the schedule
