@@ -605,8 +605,11 @@ def moe_backward_megakernel(peer_bases, tokens_offset: int, inputs_offset: int,
         for name, t in vars(mxfp8).items():
             _cuda(name, t, torch.bfloat16)
     if fp8_blockwise is not None:
+        # Codes rows padded to 16 bytes (views; the launcher checks strides), scales contiguous.
         for name, (codes, scales) in vars(fp8_blockwise).items():
-            _cuda(name, codes, torch.float8_e4m3fn)
+            _check(codes.is_cuda and codes.dtype == torch.float8_e4m3fn,
+                   f"{name} must be float8_e4m3fn codes on the GPU, got {codes.dtype} on "
+                   f"{codes.device}")
             _cuda(name + " scales", scales, torch.uint8)
         f = fp8_blockwise
         w1 = f.w1[0]
