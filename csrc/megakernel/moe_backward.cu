@@ -186,9 +186,9 @@ __device__ __forceinline__ int wait_role(int p) {
                            : kWaitRounded;
 }
 
-// Where both consumer warpgroups of a blockwise rounding tile meet (fp8_round_tile.cuh); the
-// unit's column maxima live in the first one's staging buffer.
-constexpr int kRoundBarrier = kStagingBarrier + kGemmConsumers;
+// Both consumer warpgroups of a blockwise rounding tile meet at wgrad.cuh's kConsumersBarrier
+// (fp8_round_tile.cuh): both reach every use of it in the same order, the weight-gradient
+// tiles' included. The unit's column maxima live in the first one's staging buffer.
 static_assert(sizeof(WideColumnMaxima) <= kStagedBufBytes, "the maxima fit a staging buffer");
 
 template <int kAct, int kOperands>
@@ -448,7 +448,7 @@ __global__ void __launch_bounds__(kGemmThreads, 1)
     }
     if constexpr (kFp8) {
       bulk_wait_read<0>();
-      named_barrier_sync(kRoundBarrier, kWideThreads);
+      named_barrier_sync(kConsumersBarrier, kWideThreads);
     } else {
       named_barrier_sync(staging, 128);
     }
@@ -464,13 +464,13 @@ __global__ void __launch_bounds__(kGemmThreads, 1)
       if (w.kind == kRoundIn) {
         fp8_round_tile_rows<true>(dout ? a.dout : a.rows, dout ? a.dout_fp8 : a.rows_fp8,
                                   a.hidden, w.row0, rows_valid, col0, scratch, t2,
-                                  kRoundBarrier);
+                                  kConsumersBarrier);
       } else if (w.kind == kRoundAct) {
         fp8_round_tile_rows<false>(a.act, Fp8Rows{}, a.ffn, w.row0, rows_valid, col0, scratch,
-                                   t2, kRoundBarrier);
+                                   t2, kConsumersBarrier);
       } else {
         fp8_round_tile_rows<true>(a.dh, a.dh_fp8, a.f1, w.row0, rows_valid, col0, scratch, t2,
-                                  kRoundBarrier);
+                                  kConsumersBarrier);
       }
       // The scratch's plain writes come before any later TMA of either staging buffer (the
       // first warpgroup's h prefetch writes it; its stores read it).
