@@ -191,17 +191,22 @@ def run_fp8_blockwise(model, local: int, tokens: int, iters: int, warmup: int,
     x_q = ops.fp8_quantize_rows(x)
     w1_q, w2_q = ops.fp8_quantize_weight_blocks(w1), ops.fp8_quantize_weight_blocks(w2)
 
-    def fc1_fp8():
+    def fc1_fp8(turns=False):
         ops.fp8_grouped_gemm(*x_q, *w1_q, offsets, act, activation="swiglu", row_prob=prob,
-                             h_out=h)
+                             h_out=h, warpgroup_turns=turns)
 
     fc1_fp8()
     act_q = ops.fp8_quantize_rows(act)
 
-    def fc2_fp8():
-        ops.fp8_grouped_gemm(*act_q, *w2_q, offsets, y)
+    def fc2_fp8(turns=False):
+        ops.fp8_grouped_gemm(*act_q, *w2_q, offsets, y, warpgroup_turns=turns)
 
     fc2_fp8()
+    # The warpgroups taking turns on the tensor cores (warpgroup_turns.cuh): the same bits.
+    act_default, y_default = act.clone(), y.clone()
+    fc1_fp8(True)
+    fc2_fp8(True)
+    turns_same_bits = torch.equal(act, act_default) and torch.equal(y, y_default)
     act_ref, y_ref = torch.empty_like(act), torch.empty_like(y)
     bf16 = torch.bfloat16
     ops.grouped_gemm(engine_row_values(*x_q, bf16), engine_weight_values(*w1_q, bf16), offsets,
@@ -221,6 +226,7 @@ def run_fp8_blockwise(model, local: int, tokens: int, iters: int, warmup: int,
                                         out_dtype=torch.bfloat16)
 
     timed = [("fc1_fp8", fc1_fp8), ("fc2_fp8", fc2_fp8),
+             ("fc1_fp8_turns", lambda: fc1_fp8(True)), ("fc2_fp8_turns", lambda: fc2_fp8(True)),
              ("quantize_x", lambda: ops.fp8_quantize_rows(x)),
              ("quantize_act", lambda: ops.fp8_quantize_rows(act)),
              ("scaled_mm_fc1", dense_fp8(2 * F, H)), ("scaled_mm_fc2", dense_fp8(H, F)),
@@ -240,9 +246,11 @@ def run_fp8_blockwise(model, local: int, tokens: int, iters: int, warmup: int,
             errors[f"engine_vs_blockwise_mm_{name}"] = agree
     t = {name: median_ms(fn, iters, warmup) for name, fn in timed}
     flops = {"fc1": 2 * rows * H * 2 * F, "fc2": 2 * rows * F * H}
-    tflops = {name: flops[name[-3:]] / ms / 1e9 for name, ms in t.items()
-              if name[-3:] in flops}
-    return {"errors": errors, "ms": t, "tflops": tflops, "blockwise_mm_unavailable": blockwise}
+    # Every timing of FC1 or FC2 (its name says which), as TFLOP/s.
+    tflops = {name: flops[gemm] / ms / 1e9 for name, ms in t.items() for gemm in flops
+              if gemm in name}
+    return {"errors": errors, "ms": t, "tflops": tflops, "blockwise_mm_unavailable": blockwise,
+            "turns_same_bits": turns_same_bits}
 
 
 def dense_blockwise(rows: int, n: int, k: int):
@@ -355,6 +363,9 @@ def main(argv=None):
                         for g in ("fc1", "fc2"))
                     print(f"{'':31s} the same blockwise recipe, dense FC1 / FC2: {same}",
                           flush=True)
+                    print(f"{'':31s} warpgroups taking turns: FC1 {tf['fc1_fp8_turns']:5.0f} TF"
+                          f", FC2 {tf['fc2_fp8_turns']:5.0f} TF (same bits: "
+                          f"{b['turns_same_bits']})", flush=True)
                 torch.cuda.empty_cache()
                 if args.out:
                     args.out.parent.mkdir(parents=True, exist_ok=True)

@@ -4,7 +4,8 @@
 # (BackwardOrder, tile_needs, the FC2-dgrad epilogue's template, the pull and storer's Fp8Rows)
 # - then the quantizer's time (bench_gemm quantize x / act; session 25: 0.49 ms for 32768 x
 # 7168; quant-div32 predicted 0.2-0.3 ms) and the blockwise GEMM on a dense problem next to
-# cuBLAS's blockwise GEMM (the same recipe: is ~740 TF/s our engine's cap or the recipe's?).
+# cuBLAS's blockwise GEMM (the same recipe: is ~740 TF/s our engine's cap or the recipe's?) and
+# with the warpgroups taking turns on the tensor cores (ops.fp8_grouped_gemm warpgroup_turns).
 #   bash benchmarks/results/h200_session27/call2.sh
 set -u
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 PYTHONUNBUFFERED=1
@@ -23,5 +24,5 @@ run mx_megakernels 170 tests/gpu/test_mxfp8_kernels.py -k "megakernel or quantiz
 run bf16_megakernel 100 tests/gpu/test_megakernel.py
 (cd scripts && timeout 90 python3 bench_gemm.py --fp8-blockwise --models deepseek_v3_like \
   --variants full --ep 32 --tokens 4096 --out $R/gemm_e8.json > $R/gemm_e8.txt 2>&1)
-grep "quantize\|fc1\|fc2\|FC1" $R/gemm_e8.txt | cut -c1-240 | head -12
+grep "quantize\|fc1\|fc2\|FC1\|turns" $R/gemm_e8.txt | cut -c1-240 | head -12
 save

@@ -18,6 +18,7 @@
 #include "config/kernel_config.cuh"
 #include "gemm/sm90/tile_engine.cuh"
 #include "gemm/sm90/tma.cuh"
+#include "gemm/sm90/warpgroup_turns.cuh"
 #include "gemm/sm90/wgmma.cuh"
 #include "quant/fp8_rows.h"
 #include "quant/mx_format.cuh"
@@ -137,17 +138,22 @@ __device__ __forceinline__ void issue_stage_mmas(Ring& ring, int stage, int cons
   wgmma_commit();
 }
 
-// A consumer warpgroup with none of its rows in the tile releases each stage (pass_tile).
-template <class Ring>
+// A consumer warpgroup with none of its rows in the tile releases each stage (pass_tile),
+// taking its turn at each (warpgroup_turns.cuh) when turns are on.
+template <class Ring, class Turns = NoTurns>
 __device__ __forceinline__ void pass_fp8_tile(Ring& ring, int& it, int k_blocks, int tile,
                                               bool leader, int barrier_id, uint64_t timeout_ns,
-                                              int* report) {
-  if (leader) {
+                                              int* report, const Turns& turns = Turns{}) {
+  if (leader || Turns::kOn) {
     for (int kb = 0; kb < k_blocks; ++kb) {
       const int stage = (it + kb) % Ring::kStageCount;
-      mbar_wait(&ring.full[stage], ((it + kb) / Ring::kStageCount) & 1, timeout_ns, kWaitMma,
-                tile, stage, report);
-      mbar_arrive(&ring.empty[stage]);
+      if (leader) {
+        mbar_wait(&ring.full[stage], ((it + kb) / Ring::kStageCount) & 1, timeout_ns, kWaitMma,
+                  tile, stage, report);
+      }
+      turns.wait_mine();
+      turns.pass();
+      if (leader) mbar_arrive(&ring.empty[stage]);
     }
   }
   it += k_blocks;
@@ -203,14 +209,16 @@ __device__ __forceinline__ void promote_block_scaled(float (&acc)[kFp8AccRegs],
 // second.
 // `partial` holds the MMAs' fresh sums of a block; a caller whose other tiles' accumulators
 // stay live (the backward megakernel's BF16 n256 tiles) lends their registers for it.
-template <bool kGatedWeights, class Ring>
+// `turns`: whether the two warpgroups take turns on the tensor cores (warpgroup_turns.cuh).
+template <bool kGatedWeights, class Ring, class Turns = NoTurns>
 __device__ __forceinline__ void consume_fp8_tile(Ring& ring, int& it,
                                                  int k_blocks, int tile, int consumer,
                                                  bool leader,
                                                  const WeightBlockScales<kGatedWeights>& ws,
                                                  int tile_row0, float (&acc)[kFp8AccRegs],
                                                  float (&partial)[kFp8AccRegs],
-                                                 uint64_t timeout_ns, int* report) {
+                                                 uint64_t timeout_ns, int* report,
+                                                 const Turns& turns = Turns{}) {
   const int r = row_scale_index(tile_row0, consumer);
 #pragma unroll
   for (int x = 0; x < kFp8AccRegs; ++x) acc[x] = 0.f;
@@ -229,6 +237,7 @@ __device__ __forceinline__ void consume_fp8_tile(Ring& ring, int& it,
 #pragma unroll
       for (int h = 0; h < 2; ++h) s[i][h] = a_scale * w_scale[h];
     }
+    turns.wait_mine();
     issue_stage_mmas(ring, stage, consumer, partial);
     if (kb + 1 < k_blocks) {  // the next block's weight scales, while the MMAs run
       w_next[0] = __ldg(ws.half0 + kb + 1);
@@ -236,21 +245,23 @@ __device__ __forceinline__ void consume_fp8_tile(Ring& ring, int& it,
     }
     wgmma_wait<0>();
     fence_accumulators(partial);
+    turns.pass();
     if (leader) mbar_arrive(&ring.empty[stage]);
     promote_block_scaled(acc, partial, s);
   }
 }
 
-template <bool kGatedWeights, class Ring>
+template <bool kGatedWeights, class Ring, class Turns = NoTurns>
 __device__ __forceinline__ void consume_fp8_tile(Ring& ring, int& it,
                                                  int k_blocks, int tile, int consumer,
                                                  bool leader,
                                                  const WeightBlockScales<kGatedWeights>& ws,
                                                  int tile_row0, float (&acc)[kFp8AccRegs],
-                                                 uint64_t timeout_ns, int* report) {
+                                                 uint64_t timeout_ns, int* report,
+                                                 const Turns& turns = Turns{}) {
   float partial[kFp8AccRegs];
   consume_fp8_tile<kGatedWeights>(ring, it, k_blocks, tile, consumer, leader, ws, tile_row0, acc,
-                                  partial, timeout_ns, report);
+                                  partial, timeout_ns, report, turns);
 }
 
 }  // namespace mok::sm90
