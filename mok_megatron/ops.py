@@ -602,7 +602,9 @@ def moe_backward_megakernel(peer_bases, tokens_offset: int, inputs_offset: int,
     _check(mxfp8 is None or fp8_blockwise is None, "one recipe's operands, not both")
     _check((mxfp8 is None and fp8_blockwise is None) or ring_mblocks > 0,
            "the FP8 recipes run with the ring (recomputed inputs) only")
-    mx = mxfp8 or MxBackwardOperands(None, None, None, None, None)
+    # The extension's recipe arguments: the dgrads' transposed weights and the buffers along K
+    # (MXFP8 values, or blockwise codes with their scale codes in fp8_scales).
+    along_k = mxfp8 or MxBackwardOperands(None, None, None, None, None)
     fp8_scales = []
     if mxfp8 is not None:
         for name, t in vars(mxfp8).items():
@@ -616,15 +618,15 @@ def moe_backward_megakernel(peer_bases, tokens_offset: int, inputs_offset: int,
             _cuda(name + " scales", scales, torch.uint8)
         f = fp8_blockwise
         w1 = f.w1[0]
-        mx = MxBackwardOperands(f.w1_t[0], f.w2_t[0], f.rows_k[0], f.dout_k[0], f.dh_k[0])
+        along_k = MxBackwardOperands(f.w1_t[0], f.w2_t[0], f.rows_k[0], f.dout_k[0], f.dh_k[0])
         fp8_scales = [f.rows_k[1], f.dout_k[1], f.dh_k[1], f.w1[1], f.w1_t[1], f.w2_t[1]]
     stall_watch.install()
     extension().moe_backward_megakernel(peer_bases, tokens_offset, inputs_offset, slots_offset,
                                         values_offset, offsets, row_slot, row_prob, max_tokens,
                                         topk, w1, w2, ACTIVATION_IDS[activation], rows, h, act,
                                         dout, dh, dprob_part, dw1, dw2, dw1_fp32, dw2_fp32,
-                                        carry, mx.w1_t, mx.w2_t, mx.rows_k, mx.dout_k, mx.dh_k,
-                                        fp8_scales, counters, comm_blocks, minibatch_rows,
+                                        carry, along_k.w1_t, along_k.w2_t, along_k.rows_k,
+                                        along_k.dout_k, along_k.dh_k, fp8_scales, counters, comm_blocks, minibatch_rows,
                                         ring_mblocks, MACROBATCH_RING_SLOTS, timeout_ns, rank)
 
 
