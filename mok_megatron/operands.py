@@ -125,8 +125,7 @@ class Bf16Operands:
     def megakernel_rows(self, n: int, hidden: int, ffn: int, device) -> dict:
         """The forward megakernel's row buffers of n rows: the pulled rows and act as its
         GEMMs read them (bf16 rows)."""
-        return dict(rows=torch.empty(n, hidden, dtype=torch.bfloat16, device=device),
-                    act=torch.empty(n, ffn, dtype=torch.bfloat16, device=device))
+        return dict(rows=_buffer(n, hidden, device), act=_buffer(n, ffn, device))
 
     def backward_megakernel_operands(self, plan: "Plan", n: int) -> dict:
         """The backward megakernel's recipe arguments (ops.moe_backward_megakernel: the
