@@ -1,11 +1,13 @@
 #!/bin/bash
 # Session 27, call 1 (one H200), branch blockwise-backward-megakernel (session 26's
 # s26-combined - the forward megakernel under fp8_blockwise and quant-div32 - plus the backward
-# megakernel under the recipe): both blockwise megakernels against the blockwise reference, the
-# forward one bit for bit the separate path, the backward one against the separate backward;
-# settings, graph replay, the emulated EP=2/4 group, the launch's refusals
-# (test_fp8_blockwise_layer), then the separate path's both-forms pass (its unit moved into
-# quant/fp8_round_both_block.cuh) and the quantizers.
+# megakernel under the recipe and the FP8 GEMM's warpgroup turns): both blockwise megakernels
+# against the blockwise reference, the forward one bit for bit the separate path, the backward
+# one against the separate backward; settings, graph replay, the emulated EP=2/4 group, the
+# launch's refusals (test_fp8_blockwise_layer -k megakernel); the FP8 grouped GEMM with and
+# without turns and the both-forms pass (its unit moved); then bench_gemm: the quantizer's time
+# (session 25: 0.49 ms for 32768 x 7168; quant-div32 predicted 0.2-0.3 ms), the blockwise GEMM
+# with turns, and next to cuBLAS's blockwise GEMM on the same dense problem.
 # $OUT/call1.tar.gz, rewritten after every step (a call stopped at its limit keeps what ran).
 #   bash benchmarks/results/h200_session27/call1.sh
 set -u
@@ -21,6 +23,10 @@ run() {  # name, time limit, pytest arguments...
   grep -E "^(FAILED|ERROR)" $R/pytest_$name.txt | head -8 | cut -c1-220
   save
 }
-run blockwise_backward_mk 240 tests/gpu/test_fp8_blockwise_layer.py -k backward_megakernel
-run blockwise_rest 190 tests/gpu/test_fp8_blockwise_layer.py -k "not backward_megakernel"
-run quant 100 tests/gpu/test_fp8_blockwise_kernels.py tests/gpu/test_fp8_dispatch.py
+run blockwise_backward_mk 220 tests/gpu/test_fp8_blockwise_layer.py -k backward_megakernel
+run blockwise_forward_mk 120 tests/gpu/test_fp8_blockwise_layer.py -k forward_megakernel
+run fp8_gemm 60 tests/gpu/test_fp8_blockwise_kernels.py -k "grouped_gemm or round_both"
+(cd scripts && timeout 90 python3 bench_gemm.py --fp8-blockwise --models deepseek_v3_like \
+  --variants full --ep 32 --tokens 4096 --out $R/gemm_e8.json > $R/gemm_e8.txt 2>&1)
+grep "quantize\|fc1\|fc2\|FC1\|turns" $R/gemm_e8.txt | cut -c1-240 | head -12
+save
