@@ -235,7 +235,8 @@ def test_backward_megakernel_refuses_what_it_cannot_run():
     mx = ops.MxBackwardOperands(rows(H), rows(H), rows(H), rows(H), rows(F1))
     with pytest.raises(ValueError, match="not both"):
         ops.moe_backward_megakernel(**base, mxfp8=mx)
-    bad_scales = dataclasses.replace(operands, w1_t=(q.w1_t.codes, q.w1_t.scales[:, :1]))
+    bad_scales = dataclasses.replace(operands,
+                                     w1_t=(q.w1_t.codes, q.w1_t.scales[:, :1].contiguous()))
     with pytest.raises(RuntimeError, match="per 128 x 128 block"):
         ops.moe_backward_megakernel(**{**base, "fp8_blockwise": bad_scales})
     wrong_way = dataclasses.replace(operands, w2_t=(q.w2.codes, q.w2.scales))
