@@ -108,12 +108,13 @@ void fp8_quantize_weight_blocks(const at::Tensor& w, at::Tensor& codes, at::Tens
 
 // gemm/fp8_grouped_gemm.cu (FP8 engine, blockwise recipe): A codes [rows, K] with E8M0 scale
 // codes [ceil(K / 128), >= rows] per 1 x 128, W codes [E, N, K] with E8M0 codes per 128 x 128
-// block; epilogue and arguments as grouped_gemm's.
+// block; epilogue and arguments as grouped_gemm's; warpgroup_turns: the consumer warpgroups
+// take turns on the tensor cores (gemm/sm90/warpgroup_turns.cuh; the same bits).
 void fp8_grouped_gemm(const at::Tensor& a, const at::Tensor& a_scales, const at::Tensor& w,
                       const at::Tensor& w_scales, const at::Tensor& offsets,
                       const c10::optional<at::Tensor>& row_prob, int64_t activation,
                       at::Tensor& out, const c10::optional<at::Tensor>& h_out,
-                      int64_t timeout_ns, int64_t rank);
+                      int64_t timeout_ns, int64_t rank, bool warpgroup_turns);
 
 // gemm/grouped_gemm.cu (sm90 tile engine). activation: -1 = plain store, else ActivationId
 // with row_prob folded in; h_out (optional) receives the bf16 pre-activation. rank: the EP
@@ -125,10 +126,14 @@ void grouped_gemm(const at::Tensor& a, const at::Tensor& w, const at::Tensor& of
                   const c10::optional<at::Tensor>& w_scales, int64_t timeout_ns, int64_t rank);
 
 // megakernel/moe_forward.cu: pull-dispatch + FC1/activation + FC2 + push-combine in one
-// persistent launch. mxfp8: act is rounded to MXFP8 along F before FC2 reads it, and the
-// published rows are FP8 wire rows (wire_row_bytes, wire_code_bytes, wire_block:
-// comm/wire_row.cuh) the pull dequantizes (wire_row_bytes 0 without mxfp8); the weights are bf16 (under mxfp8 their MXFP8 values) or, with
-// w1_scales and w2_scales, MXFP8 codes (gemm/mx_weight_checks.h). counters: int32 zeros
+// persistent launch. precision "mxfp8": act is rounded to MXFP8 along F before FC2 reads it,
+// and the published rows are FP8 wire rows (wire_row_bytes, wire_code_bytes, wire_block:
+// comm/wire_row.cuh) the pull dequantizes (wire_row_bytes 0 under bf16); the weights are bf16
+// (under mxfp8 their MXFP8 values) or, with w1_scales and w2_scales, MXFP8 codes
+// (gemm/mx_weight_checks.h). "fp8_blockwise": the pull copies the wire rows' codes into rows
+// (E4M3 codes) and their scale codes into rows_scales, act is E4M3 codes with act_scales, the
+// weights are blockwise codes with their 128 x 128 block scales, every GEMM the FP8 engine's
+// (h_out, profiling variants and traces refused). counters: int32 zeros
 // (ops.megakernel_counters sizes them). h_out
 // (optional) receives FC1's output for backward. minibatch_rows: rows the pull publishes at
 // once. ring_mblocks > 0: rows and act are a ring of
@@ -139,10 +144,13 @@ void moe_forward_megakernel(const at::Tensor& peer_bases, int64_t tokens_offset,
                             const at::Tensor& row_slot, const at::Tensor& row_prob,
                             int64_t max_tokens, int64_t topk, const at::Tensor& w1,
                             const at::Tensor& w2, const c10::optional<at::Tensor>& w1_scales,
-                            const c10::optional<at::Tensor>& w2_scales, bool mxfp8,
-                            int64_t wire_row_bytes, int64_t wire_code_bytes, int64_t wire_block,
-                            int64_t activation, at::Tensor& rows,
-                            at::Tensor& act, const c10::optional<at::Tensor>& h_out,
+                            const c10::optional<at::Tensor>& w2_scales,
+                            const std::string& precision, int64_t wire_row_bytes,
+                            int64_t wire_code_bytes, int64_t wire_block, int64_t activation,
+                            at::Tensor& rows, at::Tensor& act,
+                            const c10::optional<at::Tensor>& rows_scales,
+                            const c10::optional<at::Tensor>& act_scales,
+                            const c10::optional<at::Tensor>& h_out,
                             at::Tensor& counters, int64_t comm_blocks, int64_t minibatch_rows,
                             int64_t ring_mblocks, int64_t ring_slots, int64_t timeout_ns,
                             int64_t rank, int64_t profile_skip,
@@ -173,7 +181,8 @@ void moe_backward_megakernel(const at::Tensor& peer_bases, int64_t tokens_offset
                              const c10::optional<at::Tensor>& w2_t,
                              const c10::optional<at::Tensor>& rows_k,
                              const c10::optional<at::Tensor>& dout_k,
-                             const c10::optional<at::Tensor>& dh_k, at::Tensor& counters,
+                             const c10::optional<at::Tensor>& dh_k,
+                             const std::vector<at::Tensor>& fp8_scales, at::Tensor& counters,
                              int64_t comm_blocks, int64_t minibatch_rows, int64_t ring_mblocks,
                              int64_t ring_slots, int64_t timeout_ns, int64_t rank);
 

@@ -91,8 +91,8 @@ class KernelKnobs:
     # needed - no token is ever dropped.
     schedule_capacity: float = _bounded(1.0, gt=0.0, max=1.0)
     # Forward kernels: "separate" (v1: row movers, torch grouped GEMMs, epilogue kernels) or
-    # "megakernel" (one persistent launch; comm_sms_forward blocks pull rows; precisions bf16
-    # and mxfp8, the latter with backward_inputs: recomputed).
+    # "megakernel" (one persistent launch; comm_sms_forward blocks pull rows; every precision,
+    # mxfp8 and fp8_blockwise with backward_inputs: recomputed).
     forward_kernel: Literal["separate", "megakernel"] = "separate"
     # Backward kernels: "separate" (v1) or "megakernel" (one persistent launch: dgrad with
     # the activation backward, dX and dprob pushes and both weight gradients;
@@ -392,29 +392,22 @@ def recipe_problems(r: Recipe) -> Iterator[tuple[str, str]]:
     if r.precision != "mxfp8" and r.kernel.mxfp8_weights != "auto":
         yield ("kernel.mxfp8_weights", f"only precision mxfp8 reads it (this recipe's is "
                                        f"{r.precision}): leave it at auto")
-    if r.precision == "fp8_blockwise" and r.kernel.backward_kernel != "separate":
-        yield ("kernel.backward_kernel", "precision fp8_blockwise runs backward on the separate "
-                                         "kernels so far (the backward megakernel runs bf16 and "
-                                         "mxfp8): set it to separate")
-    if r.precision == "mxfp8" and r.kernel.backward_kernel == "megakernel":
+    if r.precision in FP8_PRECISIONS and r.kernel.backward_kernel == "megakernel":
         if r.kernel.backward_inputs != "recomputed":
-            yield ("kernel.backward_inputs", "the backward megakernel under mxfp8 rounds the rows "
-                                             "it pulls in place, which forward's saved rows "
-                                             "must outlive: set it to recomputed")
-        if r.kernel.mxfp8_weights == "codes":
+            yield ("kernel.backward_inputs", f"the backward megakernel under {r.precision} "
+                                             f"rounds the rows it pulls in place, which "
+                                             f"forward's saved rows must outlive: set it to "
+                                             f"recomputed")
+        if r.precision == "mxfp8" and r.kernel.mxfp8_weights == "codes":
             yield ("kernel.mxfp8_weights", "the backward megakernel under mxfp8 reads the weights "
                                            "as bf16 MXFP8 values (its dgrads have no per-stage "
                                            "code conversion yet): set it to rounded or auto")
-    if r.precision == "fp8_blockwise" and r.kernel.forward_kernel != "separate":
-        yield ("kernel.forward_kernel", "precision fp8_blockwise runs forward on the separate "
-                                        "kernels so far (the forward megakernel runs bf16 and "
-                                        "mxfp8): set it to separate")
-    if (r.precision == "mxfp8" and r.kernel.forward_kernel == "megakernel"
+    if (r.precision in ("mxfp8", "fp8_blockwise") and r.kernel.forward_kernel == "megakernel"
             and r.kernel.backward_inputs != "recomputed"):
-        yield ("kernel.backward_inputs", "the forward megakernel under mxfp8 pulls x rows that "
-                                         "are MXFP8 values already, which backward's weight "
-                                         "gradient cannot start from (it quantizes x along the "
-                                         "expert's rows): set it to recomputed")
+        yield ("kernel.backward_inputs", f"the forward megakernel under {r.precision} pulls x "
+                                         f"rows quantized along H already, which backward's "
+                                         f"weight gradient cannot start from (it quantizes x "
+                                         f"along the expert's rows): set it to recomputed")
 
 
 def no_cuda_kernels(r: Recipe) -> str:

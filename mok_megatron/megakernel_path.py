@@ -1,5 +1,5 @@
 """The megakernel path: the expert stage of a MoE call as one persistent kernel each way
-(under bf16 and mxfp8: config.recipe_problems).
+(forward under every recipe, backward under bf16 and mxfp8: config.recipe_problems).
 
 forward   csrc/megakernel/moe_forward.cu: pull x rows | FC1 + act * p | FC2 | push result
           rows to their (source rank, token, k) slots
@@ -31,20 +31,22 @@ def forward(plan: Plan, sched: Schedule, keep: bool) -> ExpertInputs:
     ws = plan.ws
     cap, device = sched.capacity, sched.row_slot.device
     n = ops.macrobatch_ring_rows(cap, plan.num_local, plan.ring_mblocks)
-    rows = torch.empty(n, ws.layout.hidden, dtype=torch.bfloat16, device=device)
-    act = torch.empty(n, plan.ffn, dtype=torch.bfloat16, device=device)
+    buffers = plan.operands.megakernel_rows(n, ws.layout.hidden, plan.ffn, device)
     h = (torch.empty(cap, plan.w1.shape[1], dtype=torch.bfloat16, device=device)
          if keep else None)
     counters = ops.megakernel_counters(cap, plan.num_local, device, plan.ring_mblocks)
     ops.moe_forward_megakernel(ws.peer_bases, ws.offsets["tokens"], ws.offsets["slots"],
                                sched.offsets, sched.row_slot, sched.row_prob,
                                ws.layout.max_tokens, plan.topk,
-                               activation=plan.activation, rows=rows, act=act, h_out=h,
+                               activation=plan.activation, h_out=h,
                                counters=counters, comm_blocks=plan.comm_blocks_forward,
                                timeout_ns=ws.timeout_ns, minibatch_rows=plan.minibatch_rows,
                                ring_mblocks=plan.ring_mblocks, rank=ws.rank,
-                               wire=ws.layout.fp8_rows, **plan.operands.megakernel_weights(plan))
-    return ExpertInputs(rows, h, act) if keep else ExpertInputs(None, None, None)
+                               wire=ws.layout.fp8_rows, **buffers,
+                               **plan.operands.megakernel_weights(plan))
+    if not keep:
+        return ExpertInputs(None, None, None)
+    return ExpertInputs(buffers["rows"], h, buffers["act"])
 
 
 def recompute(plan: Plan, sched: Schedule) -> ExpertInputs:
@@ -82,11 +84,7 @@ def backward(plan: Plan, sched: Schedule, kept: Optional[ExpertInputs]):
     if kept is None:
         kept = ExpertInputs(rows_buffer(hidden), rows_buffer(f1), rows_buffer(ffn))
     dout, dh = rows_buffer(hidden), rows_buffer(f1)
-    w1, w2, transposed = plan.operands.backward_megakernel_weights(plan)
-    mxfp8 = None
-    if transposed is not None:
-        mxfp8 = ops.MxBackwardOperands(*transposed, rows_buffer(hidden), rows_buffer(hidden),
-                                       rows_buffer(f1))
+    recipe = plan.operands.backward_megakernel_operands(plan, n)
     dprob_part = torch.empty(ops.dprob_part_size(n, ffn), dtype=torch.float32, device=device)
     if plan.main_grads is None:
         dw1 = torch.empty(plan.w1.shape, dtype=torch.bfloat16, device=device)
@@ -97,15 +95,16 @@ def backward(plan: Plan, sched: Schedule, kept: Optional[ExpertInputs]):
         into = dict(dw1_fp32=plan.main_grads.dw1, dw2_fp32=plan.main_grads.dw2)
     wgrad_tiles = ops.backward_wgrad_tiles(hidden, ffn, f1)
     counters = ops.backward_megakernel_counters(cap, plan.num_local, device, ring_mblocks,
-                                                wgrad_tiles, mxfp8=mxfp8 is not None)
+                                                wgrad_tiles,
+                                                rounding_tiles=plan.operands.rounds_both)
     carry = ops.backward_carry(cap, plan.num_local, ring_mblocks, wgrad_tiles, device)
     ops.moe_backward_megakernel(ws.peer_bases, ws.offsets["tokens"],
                                 ws.offsets["inputs"], ws.offsets["slots"],
                                 ws.offsets["slot_values"], sched.offsets, sched.row_slot,
-                                sched.row_prob, ws.layout.max_tokens, plan.topk, w1, w2,
+                                sched.row_prob, ws.layout.max_tokens, plan.topk,
                                 plan.activation, kept.rows, kept.h, kept.act, dout, dh,
                                 dprob_part, counters, plan.comm_blocks_backward,
-                                ws.timeout_ns, **into, carry=carry, mxfp8=mxfp8,
+                                ws.timeout_ns, **recipe, **into, carry=carry,
                                 minibatch_rows=plan.minibatch_rows, ring_mblocks=ring_mblocks,
                                 rank=ws.rank)
     return dw1, dw2

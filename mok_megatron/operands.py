@@ -95,7 +95,11 @@ def _grouped(a: torch.Tensor, b: torch.Tensor, offs: torch.Tensor) -> torch.Tens
 
 
 def _rows(sched: "Schedule", cols: int) -> torch.Tensor:
-    return torch.empty(sched.capacity, cols, dtype=torch.bfloat16, device=sched.row_slot.device)
+    return _buffer(sched.capacity, cols, sched.row_slot.device)
+
+
+def _buffer(n: int, cols: int, device) -> torch.Tensor:
+    return torch.empty(n, cols, dtype=torch.bfloat16, device=device)
 
 
 class Bf16Operands:
@@ -118,10 +122,16 @@ class Bf16Operands:
         """The forward megakernel's weight arguments (ops.moe_forward_megakernel)."""
         return dict(w1=plan.w1, w2=plan.w2)
 
-    def backward_megakernel_weights(self, plan: "Plan") -> tuple:
-        """The backward megakernel's weights: (w1, w2, transposed), transposed the dgrads'
-        (W1^T, W2^T) where the recipe reads them so (ops.MxBackwardOperands), else None."""
-        return plan.w1, plan.w2, None
+    def megakernel_rows(self, n: int, hidden: int, ffn: int, device) -> dict:
+        """The forward megakernel's row buffers of n rows: the pulled rows and act as its
+        GEMMs read them (bf16 rows)."""
+        return dict(rows=_buffer(n, hidden, device), act=_buffer(n, ffn, device))
+
+    def backward_megakernel_operands(self, plan: "Plan", n: int) -> dict:
+        """The backward megakernel's recipe arguments (ops.moe_backward_megakernel: the
+        weights, and under an FP8 recipe what its GEMMs read beyond the BF16 launch's, with
+        the launch's buffers of n rows of the forms along K)."""
+        return dict(w1=plan.w1, w2=plan.w2)
 
     def fc1(self, plan: "Plan", sched: "Schedule", rows: torch.Tensor):
         """-> (h [cap, F1], act = act(h) * p [cap, F])."""
@@ -184,13 +194,6 @@ class _QuantizedOperands(Bf16Operands, abc.ABC):
         return RoundedBoth(*type(self)._pulled_both_ways_op(
             peer_bases, src_offset, sched.row_slot, sched.offsets, max_tokens, topk, hidden))
 
-    def megakernel_weights(self, plan):
-        raise NotImplementedError(f"{type(self).__name__}: the forward megakernel does not run "
-                                  f"this recipe (config.recipe_problems refuses it)")
-
-    def backward_megakernel_weights(self, plan):
-        raise NotImplementedError(f"{type(self).__name__}: the backward megakernel does not run "
-                                  f"this recipe (config.recipe_problems refuses it)")
 
     def _along_k(self, sched, a):
         return a.along_k if isinstance(a, RoundedBoth) else self._prepare(sched, a)
@@ -266,13 +269,17 @@ class Mxfp8Operands(_QuantizedOperands):
     # rounds dY, x, act and dh itself, as the separate backward's both-forms passes do, and
     # multiplies the rounded weights: FC1 again on W1 along H, the dgrads on the transposed
     # copies, K-major.
-    def backward_megakernel_weights(self, plan):
+    def backward_megakernel_operands(self, plan, n):
         w = self.weights
         if isinstance(w.w1, MxWeight):
             raise NotImplementedError("mxfp8: the backward megakernel reads the weights as "
                                       "bf16 MXFP8 values (kernel.mxfp8_weights: rounded), not "
                                       "as codes (config.recipe_problems refuses it)")
-        return w.w1, plan.w2, (w.w1_t, w.w2_t)
+        hidden, f1 = plan.w1.shape[2], plan.w1.shape[1]
+        device = plan.w1.device
+        return dict(w1=w.w1, w2=plan.w2, mxfp8=ops.MxBackwardOperands(
+            w.w1_t, w.w2_t, _buffer(n, hidden, device), _buffer(n, hidden, device),
+            _buffer(n, f1, device)))
 
     def _gemm(self, plan, sched, a, w, out, **epilogue):
         codes, scales = (w.codes, w.scales) if isinstance(w, MxWeight) else (w, None)
@@ -300,3 +307,31 @@ class Fp8BlockwiseOperands(_QuantizedOperands):
         ops.fp8_grouped_gemm(codes, scales, w.codes, w.scales, sched.offsets, out,
                              timeout_ns=plan.ws.timeout_ns, rank=plan.ws.rank, **epilogue)
         return out
+
+    # The forward megakernel (recomputed backward inputs only: config.recipe_problems) pulls
+    # x's wire rows as codes, runs every tile on the FP8 engine and quantizes act per 1 x 128
+    # in its storer: the operands of this class's fc1_prepared and fc2, so y is the separate
+    # path's bit for bit.
+    def megakernel_weights(self, plan):
+        w = self.weights
+        return dict(w1=w.w1.codes, w2=w.w2.codes, w1_scales=w.w1.scales,
+                    w2_scales=w.w2.scales, fp8_blockwise=True)
+
+    def megakernel_rows(self, n, hidden, ffn, device):
+        rows, rows_scales = ops.megakernel_fp8_rows(n, hidden, device)
+        act, act_scales = ops.megakernel_fp8_rows(n, ffn, device)
+        return dict(rows=rows, act=act, rows_scales=rows_scales, act_scales=act_scales)
+
+    # The backward megakernel (recomputed inputs: config.recipe_problems) turns dY, x and dh
+    # into codes along K and rounds them (and act) along the rows itself, as the separate
+    # backward's both-forms passes do, runs FC1 again on W1's codes and the dgrads on the
+    # transposed codes (the FP8 engine's tiles, bit for bit this class's fc1_prepared,
+    # fc2_dgrad and fc1_dgrad), and the weight gradients on the rounded rows.
+    def backward_megakernel_operands(self, plan, n):
+        w = self.weights
+        hidden, f1 = plan.w1.shape[2], plan.w1.shape[1]
+        device = plan.w1.device
+        return dict(w1=plan.w1, w2=plan.w2, fp8_blockwise=ops.Fp8BackwardOperands(
+            (w.w1.codes, w.w1.scales), (w.w1_t.codes, w.w1_t.scales),
+            (w.w2_t.codes, w.w2_t.scales), ops.megakernel_fp8_rows(n, hidden, device),
+            ops.megakernel_fp8_rows(n, hidden, device), ops.megakernel_fp8_rows(n, f1, device)))

@@ -390,12 +390,15 @@ def fp8_grouped_gemm(a: torch.Tensor, a_scales: torch.Tensor, w: torch.Tensor,
                      w_scales: torch.Tensor, offsets: torch.Tensor, out: torch.Tensor, *,
                      activation: Optional[str] = None, row_prob: Optional[torch.Tensor] = None,
                      h_out: Optional[torch.Tensor] = None, timeout_ns: int = 10**10,
-                     rank: int = 0) -> None:
+                     rank: int = 0, warpgroup_turns: bool = False) -> None:
     """The blockwise FP8 grouped GEMM (csrc/gemm/fp8_grouped_gemm.cu): ``grouped_gemm``'s
     contract with ``a`` and ``w`` as E4M3 codes and their E8M0 scales, 1 x 128 per row of a
     (``fp8_quantize_rows``) and 128 x 128 per block of w (``fp8_quantize_weight_blocks``).
     The products of the dequantized values are summed in fp32, promoted once per 128 of K.
-    (MXFP8 GEMMs run on ``grouped_gemm`` with ``w_scales``.)"""
+    ``warpgroup_turns``: the two consumer warpgroups take turns on the tensor cores
+    (csrc/gemm/sm90/warpgroup_turns.cuh), the same bits - an option timed by
+    scripts/bench_gemm.py, not yet the default. (MXFP8 GEMMs run on ``grouped_gemm`` with
+    ``w_scales``.)"""
     for name, t in (("a", a), ("w", w)):
         _check(t.is_cuda and t.dtype == torch.float8_e4m3fn,
                f"{name} must be float8_e4m3fn codes on the GPU, got {t.dtype} on {t.device}")
@@ -405,7 +408,7 @@ def fp8_grouped_gemm(a: torch.Tensor, a_scales: torch.Tensor, w: torch.Tensor,
     _cuda("offsets", offsets, torch.int32)
     act_id = _epilogue_id(activation, row_prob, rank)
     extension().fp8_grouped_gemm(a, a_scales, w, w_scales, offsets, row_prob, act_id, out,
-                                 h_out, timeout_ns, rank)
+                                 h_out, timeout_ns, rank, warpgroup_turns)
 
 
 def mx_quantize_rows_transposed(w: torch.Tensor, codes: torch.Tensor,
@@ -472,12 +475,20 @@ def moe_forward_megakernel(peer_bases, tokens_offset, slots_offset, offsets, row
                            trace: Optional[torch.Tensor] = None, mxfp8: bool = False,
                            w1_scales: Optional[torch.Tensor] = None,
                            w2_scales: Optional[torch.Tensor] = None,
-                           wire: Optional[Fp8WireRow] = None) -> None:
+                           wire: Optional[Fp8WireRow] = None, fp8_blockwise: bool = False,
+                           rows_scales: Optional[torch.Tensor] = None,
+                           act_scales: Optional[torch.Tensor] = None) -> None:
     """Pull-dispatch + FC1/activation + FC2 + push-combine in one persistent launch
     (csrc/megakernel/moe_forward.cu). ``mxfp8``: the MXFP8 recipe - the published rows are
     ``wire`` rows (publish_fp8_rows: x quantized along H at its source) that the pull
-    dequantizes; act is rounded along F before FC2 reads it, and ``w1``/``w2`` are the weights' MXFP8 values in bf16 or,
-    with ``w1_scales``/``w2_scales``, their codes (mxfp8_weights.MxWeight). ``h_out``: FC1's output for backward, or None (not
+    dequantizes; act is rounded along F before FC2 reads it, and ``w1``/``w2`` are the
+    weights' MXFP8 values in bf16 or, with ``w1_scales``/``w2_scales``, their codes
+    (mxfp8_weights.MxWeight). ``fp8_blockwise``: the blockwise recipe on the FP8 engine - the
+    pull copies the ``wire`` rows' codes into ``rows`` and their scale codes into
+    ``rows_scales`` (``megakernel_fp8_rows``), act is stored as codes into ``act`` with
+    ``act_scales``, the weights are their blockwise codes with ``w1_scales``/``w2_scales``
+    per 128 x 128 block (fp8_block_weights), and no ``h_out``, ``profile_skip`` or ``trace``.
+    ``h_out``: FC1's output for backward, or None (not
     kept). ``counters``: ``megakernel_counters(...)``, zeroed before every launch.
     ``minibatch_rows``: rows the pull copies and publishes together (the overlap unit).
     ``ring_mblocks`` > 0: ``rows`` and ``act`` are a ring of MACROBATCH_RING_SLOTS macrobatches
@@ -493,36 +504,60 @@ def moe_forward_megakernel(peer_bases, tokens_offset, slots_offset, offsets, row
     _cuda("row_slot", row_slot, torch.int32)
     _cuda("row_prob", row_prob, torch.float32)
     _cuda("counters", counters, torch.int32)
-    for name, t in (("rows", rows), ("act", act), ("h_out", h_out)):
-        if t is not None:
-            _cuda(name, t, torch.bfloat16)
+    _check(not (mxfp8 and fp8_blockwise), "one recipe: mxfp8 or fp8_blockwise")
+    if fp8_blockwise:
+        # Codes rows padded to 16 bytes (megakernel_fp8_rows): the launcher checks strides.
+        for name, t in (("rows", rows), ("act", act)):
+            _check(t.is_cuda and t.dtype == torch.float8_e4m3fn,
+                   f"{name} must be float8_e4m3fn codes on the GPU (megakernel_fp8_rows)")
+        _check(h_out is None and profile_skip == 0 and trace is None,
+               "fp8_blockwise keeps no h_out (backward recomputes it) and has no profiling "
+               "variants or traces")
+    else:
+        for name, t in (("rows", rows), ("act", act), ("h_out", h_out)):
+            if t is not None:
+                _cuda(name, t, torch.bfloat16)
+    _check(fp8_blockwise == (rows_scales is not None) == (act_scales is not None),
+           "rows_scales and act_scales come with fp8_blockwise, and only with it")
     codes = w1_scales is not None
-    _check(codes == (w2_scales is not None) and (mxfp8 or not codes),
-           "weight scales come for both weights, and only under mxfp8")
+    _check(codes == (w2_scales is not None) and (codes == fp8_blockwise or mxfp8),
+           "weight scales come for both weights: under fp8_blockwise always, under mxfp8 with "
+           "the codes, else never")
     weight_dtype = torch.float8_e4m3fn if codes else torch.bfloat16
     _check(w1.dtype == weight_dtype and w2.dtype == weight_dtype,
            f"weights must be {weight_dtype} (got {w1.dtype}, {w2.dtype})")
-    _check(mxfp8 == (wire is not None) and (wire is None or wire.hidden == rows.shape[1]),
-           "mxfp8 pulls FP8 wire rows as wide as the rows, and only mxfp8 does")
+    fp8 = mxfp8 or fp8_blockwise
+    _check(fp8 == (wire is not None) and (wire is None or wire.hidden == rows.shape[1]),
+           "the FP8 recipes pull FP8 wire rows as wide as the rows, and only they do")
     _check(0 <= rank < MAX_RANKS, f"rank {rank} outside [0, {MAX_RANKS})")
     wire_layout = (0, 0, 0) if wire is None else (wire.row_bytes, wire.code_bytes, wire.block)
+    precision = "fp8_blockwise" if fp8_blockwise else "mxfp8" if mxfp8 else "bf16"
     stall_watch.install()
     extension().moe_forward_megakernel(peer_bases, tokens_offset, slots_offset, offsets,
                                        row_slot, row_prob, max_tokens, topk, w1, w2, w1_scales,
-                                       w2_scales, mxfp8, *wire_layout,
-                                       ACTIVATION_IDS[activation], rows, act,
-                                       h_out, counters,
+                                       w2_scales, precision, *wire_layout,
+                                       ACTIVATION_IDS[activation], rows, act, rows_scales,
+                                       act_scales, h_out, counters,
                                        comm_blocks, minibatch_rows, ring_mblocks,
                                        MACROBATCH_RING_SLOTS, timeout_ns, rank, profile_skip,
                                        trace)
 
 
+def megakernel_fp8_rows(rows: int, cols: int, device) -> tuple[torch.Tensor, torch.Tensor]:
+    """A row buffer of the forward megakernel under fp8_blockwise (its pulled rows, its act):
+    E4M3 codes [rows, cols] in 16-byte aligned rows and the transposed E8M0 scale codes
+    [ceil(cols / 128), rows padded to 16] - the FP8 engine's A operand, as
+    fp8_quantize_rows lays it out."""
+    return _fp8_rows(rows, cols, device)
+
+
 def moe_backward_megakernel(peer_bases, tokens_offset: int, inputs_offset: int,
                             slots_offset: int, values_offset: int, offsets, row_slot, row_prob,
-                            max_tokens: int, topk: int, w1, w2, activation: str, rows, h, act,
+                            max_tokens: int, topk: int, activation: str, rows, h, act,
                             dout, dh, dprob_part, counters, comm_blocks: int, timeout_ns: int,
-                            *, dw1=None, dw2=None, dw1_fp32=None, dw2_fp32=None, carry=None,
-                            mxfp8: Optional[MxBackwardOperands] = None,
+                            *, w1, w2, dw1=None, dw2=None, dw1_fp32=None, dw2_fp32=None,
+                            carry=None, mxfp8: Optional[MxBackwardOperands] = None,
+                            fp8_blockwise: Optional[Fp8BackwardOperands] = None,
                             minibatch_rows: int = MEGAKERNEL_BLOCK_M, ring_mblocks: int = 0,
                             rank: int = 0) -> None:
     """Pull dY + FC2-dgrad with the activation backward + dW2 + FC1-dgrad (dX rows and dprobs
@@ -541,7 +576,10 @@ def moe_backward_megakernel(peer_bases, tokens_offset: int, inputs_offset: int,
     every launch. ``mxfp8`` (ring only): every GEMM multiplies MXFP8 values
     (MxBackwardOperands), ``w1`` then being W1's MXFP8 values along H; the launch rounds dY,
     x, act and dh itself, overwriting ``dout``, ``rows``, ``act`` and ``dh`` with their forms
-    along the rows."""
+    along the rows. ``fp8_blockwise`` (ring only): the blockwise recipe's operands
+    (Fp8BackwardOperands; ``w1`` and ``w2`` stay the bf16 weights, which give the shapes): the
+    launch quantizes dY, x and dh along K into its buffers and rounds them, and act, along the
+    rows in place, as under mxfp8."""
     _cuda("peer_bases", peer_bases, torch.int64)
     _cuda("offsets", offsets, torch.int32)
     _cuda("row_slot", row_slot, torch.int32)
@@ -561,19 +599,35 @@ def moe_backward_megakernel(peer_bases, tokens_offset: int, inputs_offset: int,
            "each weight gradient is either bf16 (dw) or fp32 accumulated (dw_fp32)")
     _check(w1.dtype == torch.bfloat16 and w2.dtype == torch.bfloat16, "weights must be bf16")
     _check(0 <= rank < MAX_RANKS, f"rank {rank} outside [0, {MAX_RANKS})")
-    mx = mxfp8 or MxBackwardOperands(None, None, None, None, None)
+    _check(mxfp8 is None or fp8_blockwise is None, "one recipe's operands, not both")
+    _check((mxfp8 is None and fp8_blockwise is None) or ring_mblocks > 0,
+           "the FP8 recipes run with the ring (recomputed inputs) only")
+    # The extension's recipe arguments: the dgrads' transposed weights and the buffers along K
+    # (MXFP8 values, or blockwise codes with their scale codes in fp8_scales).
+    along_k = mxfp8 or MxBackwardOperands(None, None, None, None, None)
+    fp8_scales = []
     if mxfp8 is not None:
-        _check(ring_mblocks > 0, "MXFP8 runs with the ring (recomputed inputs) only")
         for name, t in vars(mxfp8).items():
             _cuda(name, t, torch.bfloat16)
+    if fp8_blockwise is not None:
+        # Codes rows padded to 16 bytes (views; the launcher checks strides), scales contiguous.
+        for name, (codes, scales) in vars(fp8_blockwise).items():
+            _check(codes.is_cuda and codes.dtype == torch.float8_e4m3fn,
+                   f"{name} must be float8_e4m3fn codes on the GPU, got {codes.dtype} on "
+                   f"{codes.device}")
+            _cuda(name + " scales", scales, torch.uint8)
+        f = fp8_blockwise
+        w1 = f.w1[0]
+        along_k = MxBackwardOperands(f.w1_t[0], f.w2_t[0], f.rows_k[0], f.dout_k[0], f.dh_k[0])
+        fp8_scales = [f.rows_k[1], f.dout_k[1], f.dh_k[1], f.w1[1], f.w1_t[1], f.w2_t[1]]
     stall_watch.install()
     extension().moe_backward_megakernel(peer_bases, tokens_offset, inputs_offset, slots_offset,
                                         values_offset, offsets, row_slot, row_prob, max_tokens,
                                         topk, w1, w2, ACTIVATION_IDS[activation], rows, h, act,
                                         dout, dh, dprob_part, dw1, dw2, dw1_fp32, dw2_fp32,
-                                        carry, mx.w1_t, mx.w2_t, mx.rows_k, mx.dout_k, mx.dh_k,
-                                        counters, comm_blocks, minibatch_rows, ring_mblocks,
-                                        MACROBATCH_RING_SLOTS, timeout_ns, rank)
+                                        carry, along_k.w1_t, along_k.w2_t, along_k.rows_k,
+                                        along_k.dout_k, along_k.dh_k, fp8_scales, counters, comm_blocks, minibatch_rows,
+                                        ring_mblocks, MACROBATCH_RING_SLOTS, timeout_ns, rank)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -588,6 +642,23 @@ class MxBackwardOperands:
     rows_k: Optional[torch.Tensor]
     dout_k: Optional[torch.Tensor]
     dh_k: Optional[torch.Tensor]
+
+
+@dataclasses.dataclass(frozen=True)
+class Fp8BackwardOperands:
+    """What the backward megakernel reads under fp8_blockwise beyond the BF16 launch's
+    arguments, each as (E4M3 codes, E8M0 scale codes): the weights as the FP8 engine reads them
+    (fp8_block_weights.BlockWeight: ``w1`` [E, F1, H] for FC1 again, the dgrads' ``w1_t`` [E,
+    H, F1] and ``w2_t`` [E, F, H], one scale per 128 x 128 block), and the launch's buffers of
+    dY, x and dh along K (``rows_k``, ``dout_k`` [ring rows, H], ``dh_k`` [ring rows, F1]:
+    megakernel_fp8_rows)."""
+
+    w1: tuple
+    w1_t: tuple
+    w2_t: tuple
+    rows_k: tuple
+    dout_k: tuple
+    dh_k: tuple
 
 
 DGRAD2_COLS = 128  # csrc/megakernel/backward_tiles.cuh kDgrad2Cols
@@ -626,17 +697,18 @@ def macrobatches(rows: int, num_experts: int, ring_mblocks: int) -> int:
 
 
 def backward_megakernel_counters(rows: int, num_experts: int, device, ring_mblocks: int = 0,
-                                 wgrad_tiles: int = 0, mxfp8: bool = False) -> torch.Tensor:
+                                 wgrad_tiles: int = 0,
+                                 rounding_tiles: bool = False) -> torch.Tensor:
     """Zeroed counters for a backward megakernel launch over `rows` scheduled rows: per
     m-block rows pulled, FC1 and FC2-dgrad tile halves stored; per macrobatch tile halves
     done; with the ring (``ring_mblocks``), per macrobatch and weight-gradient tile
     (``backward_wgrad_tiles``) the carries stored; per macrobatch the three totals; the tile
-    counter and the arrival ticket counter; under MXFP8, per m-block and then per macrobatch
-    the halves of its three kinds of rounding tiles."""
+    counter and the arrival ticket counter; with ``rounding_tiles`` (the FP8 recipes), per
+    m-block and then per macrobatch the halves of their three kinds."""
     macros = macrobatches(rows, num_experts, ring_mblocks)
     mblocks = _max_mblocks(rows, num_experts)
     carry_flags = macros * wgrad_tiles * CONSUMERS if ring_mblocks > 0 else 0
-    rounded = 3 * mblocks + 3 * macros if mxfp8 else 0
+    rounded = 3 * mblocks + 3 * macros if rounding_tiles else 0
     return torch.zeros(3 * mblocks + 4 * macros + carry_flags + 2 + rounded,
                        dtype=torch.int32, device=device)
 

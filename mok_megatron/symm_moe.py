@@ -228,7 +228,8 @@ def fp8_wire_row(hidden: int, recipe: Recipe) -> Optional[ops.Fp8WireRow]:
     as FC1 reads it), or None: bf16 rows. Only with recomputed backward inputs, whose wgrad
     reads the bf16 rows pulled again from `inputs`; saved inputs keep forward's bf16 rows for
     it (dW1 reads x quantized along each expert's rows, not along H). Both forward kernels
-    pull them (the forward megakernel under mxfp8, dequantized as it pulls)."""
+    pull them (the forward megakernel dequantizes them as it pulls under mxfp8 and keeps the
+    codes under fp8_blockwise)."""
     knobs = recipe.kernel
     if recipe.precision not in QUANTIZED_OPERANDS or knobs.backward_inputs != "recomputed":
         return None

@@ -179,8 +179,9 @@ def run_fp8_blockwise(model, local: int, tokens: int, iters: int, warmup: int,
     """The blockwise FP8 engine on one GPU's expert work: FC1 (SwiGLU x prob, h written) and
     FC2 on E4M3 codes with 1 x 128 / 128 x 128 power-of-two scales, the per-call row
     quantization, and torch._scaled_mm (cuBLAS FP8, row-wise scales) on one dense GEMM of the
-    same rows x N x K for the tensor cores' FP8 rate. Checked against the BF16 engine on the
-    dequantized operands (exact in bf16: only the summation order differs)."""
+    same rows x N x K for the tensor cores' FP8 rate; then the same recipe on that dense GEMM,
+    our engine next to cuBLAS's blockwise GEMM (dense_blockwise). Checked against the BF16
+    engine on the dequantized operands (exact in bf16: only the summation order differs)."""
     H, F, K = model.hidden_size, model.moe_ffn_hidden_size, model.topk
     rows = tokens * K
     counts, offsets, x, w1, w2, prob = grouped_problem(model, local, tokens, seed)
@@ -190,17 +191,22 @@ def run_fp8_blockwise(model, local: int, tokens: int, iters: int, warmup: int,
     x_q = ops.fp8_quantize_rows(x)
     w1_q, w2_q = ops.fp8_quantize_weight_blocks(w1), ops.fp8_quantize_weight_blocks(w2)
 
-    def fc1_fp8():
+    def fc1_fp8(turns=False):
         ops.fp8_grouped_gemm(*x_q, *w1_q, offsets, act, activation="swiglu", row_prob=prob,
-                             h_out=h)
+                             h_out=h, warpgroup_turns=turns)
 
     fc1_fp8()
     act_q = ops.fp8_quantize_rows(act)
 
-    def fc2_fp8():
-        ops.fp8_grouped_gemm(*act_q, *w2_q, offsets, y)
+    def fc2_fp8(turns=False):
+        ops.fp8_grouped_gemm(*act_q, *w2_q, offsets, y, warpgroup_turns=turns)
 
     fc2_fp8()
+    # The warpgroups taking turns on the tensor cores (warpgroup_turns.cuh): the same bits.
+    act_default, y_default = act.clone(), y.clone()
+    fc1_fp8(True)
+    fc2_fp8(True)
+    turns_same_bits = torch.equal(act, act_default) and torch.equal(y, y_default)
     act_ref, y_ref = torch.empty_like(act), torch.empty_like(y)
     bf16 = torch.bfloat16
     ops.grouped_gemm(engine_row_values(*x_q, bf16), engine_weight_values(*w1_q, bf16), offsets,
@@ -220,18 +226,75 @@ def run_fp8_blockwise(model, local: int, tokens: int, iters: int, warmup: int,
                                         out_dtype=torch.bfloat16)
 
     timed = [("fc1_fp8", fc1_fp8), ("fc2_fp8", fc2_fp8),
+             ("fc1_fp8_turns", lambda: fc1_fp8(True)), ("fc2_fp8_turns", lambda: fc2_fp8(True)),
              ("quantize_x", lambda: ops.fp8_quantize_rows(x)),
              ("quantize_act", lambda: ops.fp8_quantize_rows(act)),
              ("scaled_mm_fc1", dense_fp8(2 * F, H)), ("scaled_mm_fc2", dense_fp8(H, F)),
              ("quantize_weights", lambda: (ops.fp8_quantize_weight_blocks(w1),
                                            ops.fp8_quantize_weight_blocks(w2)))]
+    # The same recipe on the same dense problem: our engine (one expert of every row) next to
+    # cuBLAS's DeepSeek-style blockwise GEMM where this torch has it (torch.nn.functional
+    # scaled_mm, 1 x 128 x 128 x 128 scales), checked against each other.
+    blockwise = {}
+    for name, n, k in (("fc1", 2 * F, H), ("fc2", H, F)):
+        engine, cublas, agree = dense_blockwise(rows, n, k)
+        timed.append((f"engine_dense_{name}", engine))
+        if isinstance(cublas, str):
+            blockwise[name] = cublas
+        else:
+            timed.append((f"blockwise_mm_{name}", cublas))
+            errors[f"engine_vs_blockwise_mm_{name}"] = agree
     t = {name: median_ms(fn, iters, warmup) for name, fn in timed}
-    flops1, flops2 = 2 * rows * H * 2 * F, 2 * rows * F * H
-    return {"errors": errors, "ms": t,
-            "tflops": {"fc1_fp8": flops1 / t["fc1_fp8"] / 1e9,
-                       "fc2_fp8": flops2 / t["fc2_fp8"] / 1e9,
-                       "scaled_mm_fc1": flops1 / t["scaled_mm_fc1"] / 1e9,
-                       "scaled_mm_fc2": flops2 / t["scaled_mm_fc2"] / 1e9}}
+    flops = {"fc1": 2 * rows * H * 2 * F, "fc2": 2 * rows * F * H}
+    # Every timing of FC1 or FC2 (its name says which), as TFLOP/s.
+    tflops = {name: flops[gemm] / ms / 1e9 for name, ms in t.items() for gemm in flops
+              if gemm in name}
+    return {"errors": errors, "ms": t, "tflops": tflops, "blockwise_mm_unavailable": blockwise,
+            "turns_same_bits": turns_same_bits}
+
+
+def dense_blockwise(rows: int, n: int, k: int):
+    """-> (our FP8 engine on a dense rows x n x k problem with 1 x 128 / 128 x 128 scales,
+    cuBLAS's blockwise GEMM on the same codes and scales or why it cannot run here, their
+    outputs' rel-L2). The scales are random powers of two, the same values for both."""
+    g = torch.Generator(device="cuda").manual_seed(7)
+    a = torch.randn(rows, k, device="cuda", generator=g).to(torch.float8_e4m3fn)
+    w = torch.randn(1, n, k, device="cuda", generator=g).to(torch.float8_e4m3fn)
+    kb = -(-k // 128)
+    a_exp = torch.randint(-3, 4, (rows, kb), device="cuda", generator=g)
+    w_exp = torch.randint(-3, 4, (1, -(-n // 128), kb), device="cuda", generator=g)
+    a_scales = torch.zeros(kb, -(-rows // 16) * 16, dtype=torch.uint8, device="cuda")
+    a_scales[:, :rows] = (a_exp + 127).t().to(torch.uint8)
+    w_scales = (w_exp + 127).to(torch.uint8)
+    offsets = torch.tensor([0, rows], dtype=torch.int32, device="cuda")
+    out = torch.empty(rows, n, dtype=torch.bfloat16, device="cuda")
+
+    def engine():
+        ops.fp8_grouped_gemm(a, a_scales, w, w_scales, offsets, out)
+
+    try:
+        from torch.nn.functional import ScalingType, SwizzleType, scaled_mm
+    except ImportError as e:
+        return engine, f"torch {torch.__version__}: {e}", None
+    # cuBLAS's layouts: A's scales [rows, K / 128] outer-dim major, B's [K / 128 padded to 4,
+    # N / 128] with K blocks innermost (torch's test_scaled_mm_block_wise_numerics).
+    sa = torch.exp2(a_exp.float()).t().contiguous().t()
+    l4 = -(-kb // 4) * 4
+    sb = torch.zeros(w_exp.shape[1], l4, device="cuda")
+    sb[:, :kb] = torch.exp2(w_exp[0].float())
+    sb = sb.t()
+
+    def cublas():
+        return scaled_mm(a, w[0].t(), sa, ScalingType.BlockWise1x128, sb,
+                         ScalingType.BlockWise128x128, swizzle_a=SwizzleType.NO_SWIZZLE,
+                         swizzle_b=SwizzleType.NO_SWIZZLE, output_dtype=torch.bfloat16)
+
+    try:
+        got = cublas()
+    except (RuntimeError, NotImplementedError, ValueError) as e:
+        return engine, f"{type(e).__name__}: {str(e)[:200]}", None
+    engine()
+    return engine, cublas, rel_l2(out, got)
 
 
 def main(argv=None):
@@ -291,6 +354,18 @@ def main(argv=None):
                           f"{tf['scaled_mm_fc2']:5.0f} TF | weights {m['quantize_weights']:.2f}"
                           f" ms | err {b['errors']['fp8_act']:.1e} {b['errors']['fp8_fc2']:.1e}",
                           flush=True)
+                    same = " / ".join(
+                        f"{tf[f'engine_dense_{g}']:5.0f} TF ours, " + (
+                            f"{tf[f'blockwise_mm_{g}']:5.0f} TF cuBLAS (rel-L2 "
+                            f"{b['errors'][f'engine_vs_blockwise_mm_{g}']:.1e})"
+                            if f"blockwise_mm_{g}" in tf
+                            else f"cuBLAS unavailable: {b['blockwise_mm_unavailable'][g]}")
+                        for g in ("fc1", "fc2"))
+                    print(f"{'':31s} the same blockwise recipe, dense FC1 / FC2: {same}",
+                          flush=True)
+                    print(f"{'':31s} warpgroups taking turns: FC1 {tf['fc1_fp8_turns']:5.0f} TF"
+                          f", FC2 {tf['fc2_fp8_turns']:5.0f} TF (same bits: "
+                          f"{b['turns_same_bits']})", flush=True)
                 torch.cuda.empty_cache()
                 if args.out:
                     args.out.parent.mkdir(parents=True, exist_ok=True)

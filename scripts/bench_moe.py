@@ -54,7 +54,9 @@ from mok_megatron.symm_moe import (fp8_wire_row, mxfp8_weight_form,  # noqa: E40
 # The quantized recipes' paths: recipe precision, kernel.mxfp8_weights ("auto" for
 # mok_mxfp8; the forms forced by --mxfp8-weights get paths of their own), kernel.forward_kernel
 # (--mxfp8-megakernel: the forward megakernel, backward separate) and kernel.backward_kernel
-# (--mxfp8-megakernels: both megakernels, recomputed inputs, auto's weights rounded).
+# (--mxfp8-megakernels: both megakernels, recomputed inputs, auto's weights rounded);
+# --fp8-blockwise-megakernel: fp8_blockwise on the forward megakernel, backward separate;
+# --fp8-blockwise-megakernels: on both megakernels (recomputed inputs).
 QUANTIZED_PATHS = {"mok_mxfp8": ("mxfp8", "auto", "separate", "separate"),
                    "mok_mxfp8_codes": ("mxfp8", "codes", "separate", "separate"),
                    "mok_mxfp8_rounded": ("mxfp8", "rounded", "separate", "separate"),
@@ -63,7 +65,11 @@ QUANTIZED_PATHS = {"mok_mxfp8": ("mxfp8", "auto", "separate", "separate"),
                    "mok_mxfp8_rounded_megakernel": ("mxfp8", "rounded", "megakernel",
                                                     "separate"),
                    "mok_mxfp8_megakernels": ("mxfp8", "auto", "megakernel", "megakernel"),
-                   "mok_fp8_blockwise": ("fp8_blockwise", "auto", "separate", "separate")}
+                   "mok_fp8_blockwise": ("fp8_blockwise", "auto", "separate", "separate"),
+                   "mok_fp8_blockwise_megakernel": ("fp8_blockwise", "auto", "megakernel",
+                                                    "separate"),
+                   "mok_fp8_blockwise_megakernels": ("fp8_blockwise", "auto", "megakernel",
+                                                     "megakernel")}
 
 
 def log0(*a):
@@ -338,7 +344,7 @@ def run_case(model, variant, tokens, peaks, args, group):
     rows, remote = row_counts(ids, E)
     paths = {"mok": mok_path(group, tokens, backward_inputs=args.backward_inputs),
              "alltoall": MegatronAlltoAll(model, E)}
-    if args.megakernel or args.mxfp8_megakernel:
+    if args.megakernel or args.mxfp8_megakernel or args.fp8_blockwise_megakernel:
         # The BF16 forward megakernel (backward separate): the mxfp8 megakernel's baseline.
         paths["mok_megakernel_fwd_only"] = mok_path(group, tokens, "megakernel", args.comm_sms,
                                                     args.backward_inputs,
@@ -363,11 +369,14 @@ def run_case(model, variant, tokens, peaks, args, group):
     wanted = ((forms if args.mxfp8 else [])
               + ([f"{f}_megakernel" for f in forms] if args.mxfp8_megakernel else [])
               + (["mok_mxfp8_megakernels"] if args.mxfp8_megakernels else [])
-              + (["mok_fp8_blockwise"] if args.fp8_blockwise else []))
+              + (["mok_fp8_blockwise"] if args.fp8_blockwise else [])
+              + (["mok_fp8_blockwise_megakernel"] if args.fp8_blockwise_megakernel else [])
+              + (["mok_fp8_blockwise_megakernels"] if args.fp8_blockwise_megakernels else []))
     for name in wanted:
         precision, form, forward_kernel, backward_kernel = QUANTIZED_PATHS[name]
         paths[name] = mok_path(group, tokens, forward_kernel, args.comm_sms,
-                               backward_inputs=("recomputed" if backward_kernel == "megakernel"
+                               backward_inputs=("recomputed" if "megakernel" in
+                                                (forward_kernel, backward_kernel)
                                                 else args.backward_inputs),
                                macrobatch_tokens=args.macrobatch_tokens, precision=precision,
                                mxfp8_weights=form, backward_kernel=backward_kernel,
@@ -574,7 +583,8 @@ def chart(results, path: Path):
                   "mok_mxfp8_rounded": "tab:cyan", "mok_mxfp8_megakernel": "indigo",
                   "mok_mxfp8_codes_megakernel": "deeppink",
                   "mok_mxfp8_rounded_megakernel": "teal", "mok_mxfp8_megakernels": "navy",
-                  "mok_fp8_blockwise": "tab:brown",
+                  "mok_fp8_blockwise": "tab:brown", "mok_fp8_blockwise_megakernel": "sienna",
+                  "mok_fp8_blockwise_megakernels": "maroon",
                   "alltoall": "tab:blue"}
         width = 0.8 / len(names)
         for i, name in enumerate(names):
@@ -624,6 +634,14 @@ def main(argv=None):
     p.add_argument("--fp8-blockwise", action="store_true",
                    help="also time the fp8_blockwise recipe (path mok_fp8_blockwise: the "
                         "separate kernels on the FP8 grouped GEMM)")
+    p.add_argument("--fp8-blockwise-megakernel", action="store_true",
+                   help="also time the fp8_blockwise recipe on the forward megakernel (backward "
+                        "separate; path mok_fp8_blockwise_megakernel) and the BF16 forward "
+                        "megakernel it is measured against")
+    p.add_argument("--fp8-blockwise-megakernels", action="store_true",
+                   help="also time the fp8_blockwise recipe on both megakernels (path "
+                        "mok_fp8_blockwise_megakernels, recomputed inputs; with --megakernel "
+                        "next to BF16's both-megakernel path mok_megakernel)")
     p.add_argument("--comm-sms", type=int, default=16,
                    help="row-pulling blocks of the forward megakernel (kernel.comm_sms_forward)")
     p.add_argument("--comm-sms-backward", type=int, default=KernelKnobs.comm_sms_backward,

@@ -43,7 +43,7 @@ step failures 300 "$out/pytest_failures_ep$gpus.txt" \
     $run -m pytest tests/dist/test_failures_dist.py -q -s -p no:cacheprovider
 step bench 540 "$out/bench_ep$gpus.txt" \
     $run scripts/bench_moe.py --megakernel --mxfp8 --mxfp8-megakernel --mxfp8-megakernels \
-    --fp8-blockwise \
+    --fp8-blockwise --fp8-blockwise-megakernel --fp8-blockwise-megakernels \
     --comm-sms 12 --models qwen3_30b_a3b_like deepseek_v3_like mok_bench \
     --tokens 2048 4096 8192 --iters 20 --warmup 5 --out "$out/bench_ep$gpus"
 # The graph-replayed figures: a separate step, so a capture problem at EP > 1 leaves the eager

@@ -271,6 +271,39 @@ def check_against_reference(spec: ProblemSpec, rank: int,
     return errors
 
 
+def check_backward_megakernel(spec: ProblemSpec, **knobs) -> None:
+    """The backward megakernel under a quantized recipe (knobs: precision=...,
+    backward_kernel=megakernel) against the recipe's reference (its tolerances, 3 runs
+    bit-identical) and against the separate backward on the same operands within the same
+    bound (its wgrad is cuBLAS's, its dprob another summation order; which outputs are
+    bit-identical is printed); forward's y is unchanged by the backward kernel."""
+    errors = check_against_reference(spec, 0, None, **knobs)
+    problem = spec.build()
+    max_tokens = max(max(spec.tokens_per_rank), 1)
+    want = run_cuda(problem, 0, None, max_tokens, **{**knobs, "backward_kernel": "separate"})
+    got = run_cuda(problem, 0, None, max_tokens, **knobs)
+    assert torch.equal(got["y"], want["y"]), f"({spec.name}) y differs from the separate run"
+    against_separate = assert_matches_reference(cpu(got), cpu(want),
+                                                f"({spec.name}) against the separate backward",
+                                                TOLERANCE[knobs["precision"]])
+    print(spec.name, {k: f"{v:.2e}" for k, v in errors.items()},
+          "vs separate", {k: f"{v:.1e}" for k, v in against_separate.items()},
+          "bitwise", {n: torch.equal(got[n], want[n]) for n in NAMES})
+
+
+def check_backward_megakernel_settings(spec: ProblemSpec, **knobs) -> None:
+    """Pulling blocks, minibatches and macrobatch sizes never change the backward
+    megakernel's bits (knobs: its setting, recomputed inputs)."""
+    problem = spec.build()
+    max_tokens = max(spec.tokens_per_rank)
+    settings = [knobs, {**knobs, "comm_sms_backward": 1, "minibatch_tokens": 37},
+                {**knobs, "comm_sms_backward": 32, "macrobatch_tokens": 128},
+                {**knobs, "macrobatch_tokens": 16384}]
+    runs = [run_cuda(problem, 0, None, max_tokens, **setting) for setting in settings]
+    for setting, run in zip(settings[1:], runs[1:]):
+        assert_same_bits(runs[0], run, f"({spec.name}) with {setting}")
+
+
 def check_against_bf16_reference(spec: ProblemSpec, **knobs) -> dict[str, float]:
     """What a quantized recipe (knobs: precision=...) costs in accuracy on one GPU: the issues'
     bounds against the BF16 reference, sum|d|/sum|ref| <= 0.1 for every output and gradient

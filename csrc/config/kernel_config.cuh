@@ -65,6 +65,9 @@ constexpr int kFp8BlockN = 128;
 constexpr int kFp8BlockK = 128;
 constexpr int kFp8ScaleBlock = 128;  // 1 x 128 activation blocks, 128 x 128 weight blocks
 constexpr int kFp8Stages = 5;
+// The forward megakernel under the blockwise recipe: 5 stages (160 KiB) do not fit beside the
+// megakernel's two 33 KiB staging buffers and its expert tables; 4 do (~211 KiB in all).
+constexpr int kFp8MegakernelStages = 4;
 // A TMA box starts 16-byte aligned in its innermost dimension while an expert's rows start
 // anywhere, so a stage's row scales ([k-block][row] E8M0 codes) come as a box of
 // kFp8RowScaleBox codes from the 16-aligned row at or below the tile's first row.
@@ -96,9 +99,11 @@ constexpr int kTileGroupMBlocks = 4;
 // before anything runs (mok_megatron/symm_moe.py check_kernel_call, mirrored by
 // ops.MAX_MACROBATCHES; the launcher checks again).
 constexpr int kMaxMacrobatches = 256;
-// Backward megakernel under MXFP8: columns of one rounding tile (megakernel/mx_round_tile.cuh),
-// an m-block's 128 rows x this many of one operand; each of the tile's 8 warps rounds
-// kRoundCols / 64 units of 32 rows x 64 columns, one after another.
+// Backward megakernel under the FP8 recipes: columns of one rounding tile, an m-block's 128 rows
+// x this many of one operand. MXFP8 (megakernel/mx_round_tile.cuh): each of the tile's 8
+// warps rounds kRoundCols / 64 units of 32 rows x 64 columns, one after another; blockwise
+// (megakernel/fp8_round_tile.cuh): both consumer warpgroups round kRoundCols / 128 units of
+// 128 rows x 128 columns together.
 constexpr int kRoundCols = 512;
 // Forward megakernel: the producer warpgroup also holds the storer warps
 // (megakernel/epilogue_storer.cuh), whose FC1 activation at 40 registers ran one exp ->

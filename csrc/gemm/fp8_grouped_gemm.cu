@@ -9,10 +9,13 @@
 // Tiles, schedule and epilogue are the bf16 engine's (grouped_gemm.cu) with kFp8BlockN
 // columns: tiles expert-major from the device-side offsets, each output element computed by
 // one tile in a fixed K order (deterministic); FC1's activation x prob and h for backward in
-// the epilogue (gemm/sm90/tile_epilogue.cuh).
+// the epilogue (gemm/sm90/tile_epilogue.cuh). `warpgroup_turns` (kTurns): the consumer
+// warpgroups take turns on the tensor cores (gemm/sm90/warpgroup_turns.cuh), the same bits.
 #include <c10/cuda/CUDAGuard.h>
 #include <cuda_bf16.h>
 #include <torch/extension.h>
+
+#include <type_traits>
 
 #include "common/error.cuh"
 #include "gemm/persistent_launch.cuh"
@@ -45,7 +48,7 @@ struct Fp8Weights {
   int row_blocks, half_rows;
 };
 
-template <int kAct>
+template <int kAct, bool kTurns>
 __global__ void __launch_bounds__(kGemmThreads, 1)
     fp8_grouped_gemm_kernel(const __grid_constant__ CUtensorMap a_map,
                             const __grid_constant__ CUtensorMap a_scales_map,
@@ -82,10 +85,8 @@ __global__ void __launch_bounds__(kGemmThreads, 1)
     for (int tile = blockIdx.x; tile < num_tiles; tile += gridDim.x) {
       const TileCoord tc = decode_tile(s.mblock_begin, num_experts, n_blocks, tile);
       const int row0 = s.row_begin[tc.expert] + tc.m_block * kGemmBlockM;
-      produce_fp8_tile<Fp8BlockScales, kGated>(s.ring, it, k_blocks, tile, &a_map,
-                                               &a_scales_map, &w_map, row0,
-                                               tc.n_block * kTileN, tc.expert, timeout_ns,
-                                               report);
+      produce_fp8_tile<kGated>(s.ring, it, k_blocks, tile, &a_map, &a_scales_map, &w_map,
+                               row0, tc.n_block * kTileN, tc.expert, timeout_ns, report);
     }
     return;
   }
@@ -96,6 +97,8 @@ __global__ void __launch_bounds__(kGemmThreads, 1)
   const bool leader = threadIdx.x % 128 == 0;
   float acc[kFp8AccRegs];
   int it = 0;
+  const std::conditional_t<kTurns, WarpgroupTurns, NoTurns> turns{consumer};
+  turns.start();
   for (int tile = blockIdx.x; tile < num_tiles; tile += gridDim.x) {
     const TileCoord tc = decode_tile(s.mblock_begin, num_experts, n_blocks, tile);
     const int m_row0 = tc.m_block * kGemmBlockM;
@@ -106,19 +109,20 @@ __global__ void __launch_bounds__(kGemmThreads, 1)
     load_row_probs<kAct>(row_prob, row0, rows_valid, p);
     if (rows_valid == 0) {
       pass_fp8_tile(s.ring, it, k_blocks, tile, leader, kStagingBarrier + consumer, timeout_ns,
-                    report);
+                    report, turns);
       continue;
     }
     const WeightBlockScales<kGated> ws(w.scales, tc.expert, w.row_blocks, k_blocks,
                                        w.half_rows, tc.n_block * kTileN);
     consume_fp8_tile<kGated>(s.ring, it, k_blocks, tile, consumer, leader, ws,
-                             s.row_begin[tc.expert] + m_row0, acc, timeout_ns, report);
+                             s.row_begin[tc.expert] + m_row0, acc, timeout_ns, report, turns);
     store_rows_staged<kAct, kFp8BlockN>(acc, s.staged[consumer],
                                         EpilogueTensor{&out_map, out, out_stride},
                                         EpilogueTensor{&h_map, h_out, h_stride}, row0,
                                         rows_left >= kStagedRows * (consumer + 1), rows_valid,
                                         tc.n_block * kTileN, n_out, p, consumer, leader);
   }
+  turns.finish();
   if (leader) bulk_wait_read<0>();  // the last stores have read shared memory before exit
 }
 
@@ -134,20 +138,21 @@ struct Fp8Launch {
   int64_t h_stride, timeout_ns, rank;
 };
 
-template <int kAct>
+template <int kAct, bool kTurns>
 void launch(const Fp8Launch& l) {
-  launch_persistent(fp8_grouped_gemm_kernel<kAct>, kFp8SharedBytes, l.a_map, l.a_scales_map,
+  launch_persistent(fp8_grouped_gemm_kernel<kAct, kTurns>, kFp8SharedBytes, l.a_map, l.a_scales_map,
                     l.w_map, l.out_map, l.h_map, l.w,
                     l.offsets, l.num_experts, l.n_out, l.k_dim, l.row_prob, l.out,
                     l.out_stride, l.h_out, l.h_stride, static_cast<uint64_t>(l.timeout_ns),
                     timeout_report_device(kReportGroupedGemm, l.rank, l.timeout_ns));
 }
 
+template <bool kTurns>
 void launch_epilogue(const Fp8Launch& l, int64_t activation) {
   if (activation == kPlain) {
-    launch<kPlain>(l);
+    launch<kPlain, kTurns>(l);
   } else {
-    MOK_DISPATCH_ACTIVATION(activation, KACT, (launch<KACT>(l)));
+    MOK_DISPATCH_ACTIVATION(activation, KACT, (launch<KACT, kTurns>(l)));
   }
 }
 
@@ -157,7 +162,7 @@ void fp8_grouped_gemm(const at::Tensor& a, const at::Tensor& a_scales, const at:
                       const at::Tensor& w_scales, const at::Tensor& offsets,
                       const c10::optional<at::Tensor>& row_prob, int64_t activation,
                       at::Tensor& out, const c10::optional<at::Tensor>& h_out,
-                      int64_t timeout_ns, int64_t rank) {
+                      int64_t timeout_ns, int64_t rank, bool warpgroup_turns) {
   const char* what = "fp8_grouped_gemm";
   MOK_HOST_CHECK(a.is_cuda() && w.is_cuda() && offsets.is_cuda() && out.is_cuda() &&
                      a_scales.device() == a.device() && w_scales.device() == w.device(),
@@ -244,7 +249,11 @@ void fp8_grouped_gemm(const at::Tensor& a, const at::Tensor& a_scales, const at:
   l.h_stride = h_stride;
   l.timeout_ns = timeout_ns;
   l.rank = rank;
-  launch_epilogue(l, activation);
+  if (warpgroup_turns) {
+    launch_epilogue<true>(l, activation);
+  } else {
+    launch_epilogue<false>(l, activation);
+  }
 }
 
 }  // namespace mok

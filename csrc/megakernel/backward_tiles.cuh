@@ -5,18 +5,20 @@
 // ring on, a macrobatch's rows live in one of `slots` ring slots; off, there is one macrobatch
 // holding every m-block at its schedule position). A macrobatch's tiles are runs of
 // consecutive indices:
-//   round in   (MXFP8) per m-block x 2 H / kRoundCols: dY, then x, rounded both ways
-//              (mx_round_tile.cuh)
+//   round in   (FP8 recipes) per m-block x 2 H / kRoundCols: dY, then x, rounded both ways
+//              (mx_round_tile.cuh, fp8_round_tile.cuh)
 //   FC1        per m-block x F / tile_cols (only when recomputing): h and act(h) * p from the
 //              pulled x rows, the forward's FC1 tile bit for bit (tile_epilogue.cuh)
-//   FC2-dgrad  per m-block x F / kDgrad2Cols:  dA = dY W2 (N-major W2; MXFP8: K-major W2^T),
+//   FC2-dgrad  per m-block x F / kDgrad2Cols:  dA = dY W2 (N-major W2; FP8 recipes: K-major
+//              W2^T),
 //              whose epilogue is the activation backward: dh (gate | up) and a per-row dprob
 //              partial
-//   round act  (MXFP8) per m-block x F / kRoundCols: act rounded along the rows
-//   round dh   (MXFP8) per m-block x F1 / kRoundCols: dh rounded both ways
+//   round act  (FP8 recipes) per m-block x F / kRoundCols: act rounded along the rows
+//   round dh   (FP8 recipes) per m-block x F1 / kRoundCols: dh rounded both ways
 //   dW2        per expert part x H / kGemmBlockM x F / kGemmBlockN:  dY^T act over the part's rows
-//   FC1-dgrad  per m-block x H / kGemmBlockN:  dX rows = dh W1 (N-major W1; MXFP8: K-major
-//              W1^T), each row into its (token, k) slot on the source rank, with its dprob
+//   FC1-dgrad  per m-block x H / dgrad1 columns (kGemmBlockN; blockwise kFp8BlockN):  dX rows
+//              = dh W1 (N-major W1; FP8 recipes: K-major W1^T), each row into its (token, k)
+//              slot on the source rank, with its dprob
 //   dW1        per expert part x F1 / kGemmBlockM x H / kGemmBlockN:  dh^T x over the part's rows
 // An expert part is the expert's rows inside the macrobatch. An expert whose rows cross a
 // macrobatch boundary has a part on each side; the weight-gradient tile of its first part
@@ -29,9 +31,11 @@
 // FC2-dgrad for its dY rows and FC1 tiles, dW2 for the dY rows and FC1 tiles of its part's
 // m-blocks, FC1-dgrad for its m-block's FC2-dgrad tiles, dW1 for those of its part's m-blocks,
 // a carried part for the same tile of the part before (an earlier macrobatch); the pull of a
-// macrobatch waits for every tile of the macrobatch that held its slot before. Under MXFP8
-// the GEMM tiles read the rounded forms instead (tile_needs): the round-in tiles wait for the
-// m-block's rows, round act for its FC1 tiles, round dh for its FC2-dgrad tiles.
+// macrobatch waits for every tile of the macrobatch that held its slot before. Under the FP8
+// recipes the GEMM tiles read the rounded forms instead (tile_needs): the round-in tiles wait
+// for the m-block's rows, round act for its FC1 tiles, round dh for its FC2-dgrad tiles.
+// Blockwise FP8 runs FC1 and the dgrads on the FP8 engine's 128-wide tiles (FC1:
+// tile_cols<kAct, kFp8BlockN> columns), the weight gradients on the BF16 tile engine.
 #pragma once
 
 #include <cstdint>
@@ -50,7 +54,7 @@ constexpr int kDgrad2Cols = 128;
 
 enum BackwardKind : int {
   kFc1 = 0, kDgrad2 = 1, kWgrad2 = 2, kDgrad1 = 3, kWgrad1 = 4,
-  kRoundIn = 5, kRoundAct = 6, kRoundDh = 7,  // MXFP8 (mx_round_tile.cuh)
+  kRoundIn = 5, kRoundAct = 6, kRoundDh = 7,  // FP8 recipes (mx_/fp8_round_tile.cuh)
 };
 
 __host__ __device__ constexpr bool is_round_tile(int kind) { return kind >= kRoundIn; }
@@ -60,19 +64,19 @@ enum BackwardProgress : int {
   kRowsPulled = 0,  // rows pulled (dY, and x when recomputing): counted in rows
   kFc1Stored,       // FC1 tile halves (h, act)
   kDhStored,        // FC2-dgrad tile halves (dh, dprob partials)
-  kInRounded,       // MXFP8: round-in tile halves (dY and x both ways)
-  kActRounded,      // MXFP8: round-act tile halves
-  kDhRounded,       // MXFP8: round-dh tile halves
+  kInRounded,       // FP8 recipes: round-in tile halves (dY and x both ways)
+  kActRounded,      // FP8 recipes: round-act tile halves
+  kDhRounded,       // FP8 recipes: round-dh tile halves
   kProgressKinds
 };
 
 // What the producer of a tile of `kind` waits for before its loads, as a set of
 // BackwardProgress bits. Rounding tiles have no loads: their consumers wait themselves
-// (round_tile_input).
-template <bool kMx>
+// (round_tile_input). kRounds: an FP8 recipe's launch, with rounding tiles.
+template <bool kRounds>
 __host__ __device__ constexpr uint32_t tile_needs(int kind, bool recompute) {
   const uint32_t fc1 = recompute ? 1u << kFc1Stored : 0u;
-  if constexpr (kMx) {
+  if constexpr (kRounds) {
     switch (kind) {
       case kFc1: return 1u << kInRounded;
       case kDgrad2: return 1u << kInRounded | fc1;
@@ -118,20 +122,22 @@ struct BackwardTile {
 
 struct BackwardOrder {
   int nb_fc1;                  // FC1 n-blocks per m-block: F / tile_cols; 0 without recompute
-  int nb_dgrad2, nb_dgrad1;    // n-blocks per m-block: F / kDgrad2Cols, H / kGemmBlockN
+  int nb_dgrad2, nb_dgrad1;    // n-blocks per m-block: F / kDgrad2Cols, H / dgrad1 columns
   int mb_wgrad2, nb_wgrad2;    // per expert: H / kGemmBlockM, F / kGemmBlockN
   int mb_wgrad1, nb_wgrad1;    // per expert: F1 / kGemmBlockM, H / kGemmBlockN
-  // MXFP8 rounding tiles per m-block (0 under BF16): H / kRoundCols of dY then as many of x
-  // (nb_round_h each), F / kRoundCols of act, F1 / kRoundCols of dh.
+  // Rounding tiles per m-block under an FP8 recipe (0 under BF16): H / kRoundCols of dY then
+  // as many of x (nb_round_h each), F / kRoundCols of act, F1 / kRoundCols of dh.
   int nb_round_h, nb_round_act, nb_round_dh;
 
+  // fc1_cols: FC1's output columns per tile (0: no FC1 tiles); rounds: rounding tiles;
+  // dgrad1_cols: FC1-dgrad's tile width.
   __host__ __device__ static BackwardOrder make(int hidden, int ffn, int f1, int fc1_cols,
-                                                bool mx) {
+                                                bool rounds, int dgrad1_cols) {
     auto up = [](int a, int b) { return (a + b - 1) / b; };
-    return {fc1_cols > 0 ? up(ffn, fc1_cols) : 0, up(ffn, kDgrad2Cols), up(hidden, kGemmBlockN),
+    return {fc1_cols > 0 ? up(ffn, fc1_cols) : 0, up(ffn, kDgrad2Cols), up(hidden, dgrad1_cols),
             up(hidden, kGemmBlockM), up(ffn, kGemmBlockN), up(f1, kGemmBlockM),
-            up(hidden, kGemmBlockN), mx ? up(hidden, kRoundCols) : 0,
-            mx ? up(ffn, kRoundCols) : 0, mx ? up(f1, kRoundCols) : 0};
+            up(hidden, kGemmBlockN), rounds ? up(hidden, kRoundCols) : 0,
+            rounds ? up(ffn, kRoundCols) : 0, rounds ? up(f1, kRoundCols) : 0};
   }
   __host__ __device__ int nb_round_in() const { return 2 * nb_round_h; }
   __host__ __device__ int wgrad2_tiles() const { return mb_wgrad2 * nb_wgrad2; }

@@ -51,11 +51,11 @@ __device__ __forceinline__ void prefetch_h_tile(uint8_t* buf, const CUtensorMap*
 
 // dh over h in place and this thread's two rows' dprob partials (rows 16 warp + lane / 4 +
 // 8 i), from the m64n128 accumulators (the first kDgrad2Cols / 2 of d). p: the rows' probs.
-template <int kAct>
-__device__ __forceinline__ void activation_backward_staged(const float (&d)[sm90::kAccRegs],
-                                                           uint8_t* buf, int t,
-                                                           const float (&p)[2],
+template <int kAct, int kRegs>
+__device__ __forceinline__ void activation_backward_staged(const float (&d)[kRegs], uint8_t* buf,
+                                                           int t, const float (&p)[2],
                                                            float (&dp)[2]) {
+  static_assert(kRegs >= kDgrad2Cols / 2, "the tile's accumulators");
   constexpr bool kGated = sm90::gated_epilogue<kAct>();
   const int warp = t / 32, lane = t % 32;
   const int r0 = 16 * warp + lane / 4;

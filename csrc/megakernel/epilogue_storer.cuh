@@ -9,7 +9,10 @@
 // next tile's MMAs, so the activation's math, the stores, their completion waits and the
 // release fences are off the tensor cores' path (docs/perf-log.md: 5-9 µs of a 20-90 µs tile).
 // The rounding points are the consumer epilogue's (output_pair): h is bf16, the activation
-// is computed in fp32 and rounded once, so results are the same bits either way.
+// is computed in fp32 and rounded once, so results are the same bits either way. Under the
+// blockwise FP8 recipe an FC1 tile is 128 activation columns (gated: two passes, each its
+// own slot) and the storer stores act as FC2 reads it, E4M3 codes and a scale code per row
+// (store_fp8_act); FC2 tiles are 128 columns.
 //
 // Handoffs use the buffer's two slots in sequence q = 0, 1, ... (slot q % 2, phase parity
 // (q / 2) & 1). A tile's rows (64 x 256 bf16 of h, or FC2's unswizzled 33 KiB) take both,
@@ -31,6 +34,7 @@
 #include "gemm/sm90/tile_epilogue.cuh"
 #include "gemm/sm90/tma.cuh"
 #include "megakernel/tile_trace.cuh"
+#include "quant/fp8_rows.h"
 #include "quant/mx_block_scale.cuh"
 
 namespace mok {
@@ -70,7 +74,7 @@ __device__ __forceinline__ void init_staging_handoff(StagingHandoff& h) {
 // What the storer writes and counts (pointers and sizes of the launch).
 struct StorerTargets {
   const float* row_prob;
-  const CUtensorMap* act_map;
+  const CUtensorMap* act_map;  // act's store map (kActFp8Codes: of its codes)
   const CUtensorMap* h_map;
   __nv_bfloat16* act;
   __nv_bfloat16* h;
@@ -83,7 +87,13 @@ struct StorerTargets {
   uint32_t* fc2_done;
   uint64_t timeout_ns;
   int* report;
+  Fp8Rows act_fp8;  // kActFp8Codes: act as FC2 reads it (act_map: its codes' store map)
 };
+
+// What the storer makes of an FC1 tile's activation (the recipe's FC2 operand): bf16 rows;
+// bf16 rows of MXFP8 values (rounded along F); or, blockwise, E4M3 codes and E8M0 scale codes
+// per 1 x 128 of each row (FC1 tiles of kFp8ScaleBlock activation columns).
+enum ActForm : int { kActBf16 = 0, kActMxRounded = 1, kActFp8Codes = 2 };
 
 // Consumer warpgroup side; every one of its 128 threads keeps the same sequence position.
 struct StagingWriter {
@@ -139,6 +149,52 @@ __device__ __forceinline__ void st_shared_v4(uint32_t addr, const uint32_t (&v)[
                : "memory");
 }
 
+// Shared-space address of 16-byte chunk c (8 bf16 columns) of staged row r: write_staged's
+// swizzled boxes of 64 columns.
+__device__ __forceinline__ uint32_t staged_chunk(uint32_t base, int c, int r) {
+  return base + (c / 8) * sm90::kStagedBoxBytes + r * 128 + (((c % 8) ^ (r % 8)) * 16);
+}
+
+// One 16-byte chunk (8 columns) of one row: h (and, gated, up) read at h_off (u_off), the
+// activation times p written at out_off - which may be h_off.
+template <int kAct>
+__device__ __forceinline__ void activate_chunk(uint32_t h_off, uint32_t u_off, uint32_t out_off,
+                                               float p) {
+  constexpr bool kGated = sm90::gated_epilogue<kAct>();
+  uint32_t h[4], u[4];
+  ld_shared_v4(h_off, h);
+  if constexpr (kGated) ld_shared_v4(u_off, u);
+  uint32_t out[4];
+#pragma unroll
+  for (int e = 0; e < 4; ++e) {
+    float a[2];
+#pragma unroll
+    for (int i = 0; i < 2; ++i) {
+      a[i] = sm90::activate<kAct>(bf16_of(h[e], i));
+      if constexpr (kGated) a[i] = a[i] * bf16_of(u[e], i) * p;
+      else a[i] = a[i] * p;
+    }
+    out[e] = pack_bf16x2(a[0], a[1]);
+  }
+  st_shared_v4(out_off, out);
+}
+
+// Lane l's rows l and l + 32 (probs p_lo, p_hi), kChunks output chunks each: chunk c of row r
+// activated from what where(c, r) says - {h, up, out} shared-space addresses.
+template <int kAct, int kChunks, class Where>
+__device__ __forceinline__ void activate_rows(float p_lo, float p_hi, int lane, Where where) {
+#pragma unroll 1
+  for (int half = 0; half < 2; ++half) {
+    const int r = lane + 32 * half;
+    const float p = half == 0 ? p_lo : p_hi;
+#pragma unroll 1
+    for (int c = 0; c < kChunks; ++c) {
+      const uint3 at = where(c, r);
+      activate_chunk<kAct>(at.x, at.y, at.z, p);
+    }
+  }
+}
+
 // act(h) * prob (gated: act(gate) * up * prob) of one staged FC1 tile, in place: slot 0 (and
 // slot 1) held h as write_staged<256> left it and afterwards slot 0 holds the activation as
 // write_staged<kFc1Cols> would have (same swizzled chunk positions). Lane l takes rows l and
@@ -147,43 +203,78 @@ __device__ __forceinline__ void st_shared_v4(uint32_t addr, const uint32_t (&v)[
 // One warp does all of a tile's 64 rows (8192 outputs for SwiGLU), so its time is the
 // latency of the exp -> reciprocal chains that ptxas overlaps in the registers it has (two at
 // 56, one at 40: docs/perf-log.md); no chunk waits on a shuffle or a spilled prob.
-// Shared-space address of 16-byte chunk c (8 bf16 columns) of staged row r: write_staged's
-// swizzled boxes of 64 columns.
-__device__ __forceinline__ uint32_t staged_chunk(uint32_t base, int c, int r) {
-  return base + (c / 8) * sm90::kStagedBoxBytes + r * 128 + (((c % 8) ^ (r % 8)) * 16);
-}
-
 template <int kAct>
 __device__ __forceinline__ void activate_staged(uint8_t* slots, float p_lo, float p_hi,
                                                 int lane) {
-  constexpr bool kGated = sm90::gated_epilogue<kAct>();
-  constexpr int kChunks = sm90::tile_cols<kAct>() / 8;  // output chunks per row
   const uint32_t base = sm90::smem_addr(slots);
+  activate_rows<kAct, sm90::tile_cols<kAct>() / 8>(p_lo, p_hi, lane, [&](int c, int r) {
+    const uint32_t off = staged_chunk(base, c, r);
+    return make_uint3(off, off + kStagedSlotBytes, off);
+  });
+}
+
+// The blockwise recipe's FC1 tile (one 1 x kFp8ScaleBlock block of act per row): slot 0 holds
+// h of its 128 columns (plain), or - gated, two passes of 64 columns - slot p holds pass p's
+// gate (box 0) and up (box 1) columns; afterwards slot 0 holds the tile's 128 activation
+// columns as write_staged<128> would have (output chunk c at box c / 8). Output chunk c >= 8
+// overwrites what chunk c - 8 read before, in the same lane.
+template <int kAct>
+__device__ __forceinline__ void activate_staged_fp8(uint8_t* slots, float p_lo, float p_hi,
+                                                    int lane) {
+  const uint32_t base = sm90::smem_addr(slots);
+  activate_rows<kAct, kFp8ScaleBlock / 8>(p_lo, p_hi, lane, [&](int c, int r) {
+    const uint32_t out = staged_chunk(base, c, r);
+    if constexpr (!sm90::gated_epilogue<kAct>()) return make_uint3(out, out, out);
+    const uint32_t h = staged_chunk(base + (c / 8) * kStagedSlotBytes, c % 8, r);
+    return make_uint3(h, h + sm90::kStagedBoxBytes, out);
+  });
+}
+
+// The blockwise recipe's act as FC2 reads it (ops.fp8_quantize_rows' values: 1 x 128 blocks
+// of bf16(act(h) * p) along F): each staged row of activate_staged_fp8 at the scale of its
+// amax, as E4M3 codes into `codes` - 64 rows of 128 bytes, 16-byte chunk c of row r at chunk
+// c ^ (r % 8) (the 128-byte swizzle of fp8_staged_codes_map's box) - and returns the rows'
+// E8M0 scale codes (lane l: row l's in bits 0-7, row l + 32's in bits 8-15; a byte array
+// indexed by the loop would live in local memory). A block with a NaN or an Inf is NaN codes
+// with scale code 255, as the quantizer writes it. The columns past F hold act(0) * 0 = 0,
+// which leaves a short last block's amax alone.
+__device__ __forceinline__ uint32_t quantize_staged_fp8(const uint8_t* act, uint8_t* codes,
+                                                        int lane) {
+  constexpr int kChunks = kFp8ScaleBlock / 8;
+  const uint32_t base = sm90::smem_addr(act), out = sm90::smem_addr(codes);
+  uint32_t scale_codes = 0;
 #pragma unroll 1
   for (int half = 0; half < 2; ++half) {
     const int r = lane + 32 * half;
-    const float p = half == 0 ? p_lo : p_hi;
-#pragma unroll 1
+    uint32_t m = 0;
+#pragma unroll 4
     for (int c = 0; c < kChunks; ++c) {
-      const uint32_t off = staged_chunk(base, c, r);
-      uint32_t h[4], u[4];
-      ld_shared_v4(off, h);
-      if constexpr (kGated) ld_shared_v4(off + kStagedSlotBytes, u);
-      uint32_t out[4];
+      uint32_t v[4];
+      ld_shared_v4(staged_chunk(base, c, r), v);
 #pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        float a[2];
+      for (int k = 0; k < 4; ++k) m = larger_halves(m, magnitudes(v[k]));
+    }
+    const BlockScale scale(max(m & 0xFFFFu, m >> 16));
+    scale_codes |= uint32_t(scale.finite ? scale.e + kE8m0Bias : kE8m0Nan) << (8 * half);
+#pragma unroll 1
+    for (int cc = 0; cc < kChunks / 2; ++cc) {  // 16 codes: two chunks of bf16
+      uint32_t q[4];
 #pragma unroll
-        for (int i = 0; i < 2; ++i) {
-          a[i] = sm90::activate<kAct>(bf16_of(h[e], i));
-          if constexpr (kGated) a[i] = a[i] * bf16_of(u[e], i) * p;
-          else a[i] = a[i] * p;
+      for (int j = 0; j < 2; ++j) {
+        uint32_t v[4];
+        ld_shared_v4(staged_chunk(base, 2 * cc + j, r), v);
+#pragma unroll
+        for (int k = 0; k < 4; k += 2) {
+          const uint32_t lo = code_pair(bf16_of(v[k], 0), bf16_of(v[k], 1), scale.down, scale.down);
+          const uint32_t hi =
+              code_pair(bf16_of(v[k + 1], 0), bf16_of(v[k + 1], 1), scale.down, scale.down);
+          q[2 * j + k / 2] = scale.finite ? lo | (hi << 16) : uint32_t(kE4m3Nan) * 0x01010101u;
         }
-        out[e] = pack_bf16x2(a[0], a[1]);
       }
-      st_shared_v4(off, out);
+      st_shared_v4(out + r * 128 + ((cc ^ (r % 8)) * 16), q);
     }
   }
+  return scale_codes;
 }
 
 // MXFP8's act as FC2 reads it (mok_megatron/mxfp8.py: bf16(act(h) * p) along F): the staged
@@ -222,15 +313,48 @@ __device__ __forceinline__ void mx_round_staged(uint8_t* slot, int lane) {
   }
 }
 
+// Stores a blockwise FC1 tile's act (slots as activate_staged_fp8 leaves them, backward's h
+// not kept): its codes quantized into slot 1, stored as one TMA box when all 64 rows are
+// consecutive (r.full), else copied out row by row; its scale codes into the transposed
+// scales. The caller's warp barrier and release order the plain stores.
+__device__ __forceinline__ void store_fp8_act(uint8_t* slots, const StagedRecord& r,
+                                              const StorerTargets& tg, int lane) {
+  uint8_t* codes = slots + kStagedSlotBytes;
+  const uint32_t scale_codes = quantize_staged_fp8(slots, codes, lane);
+  const Fp8Rows& dst = tg.act_fp8;
+  uint8_t* scales = dst.scales + int64_t(r.col0 / kFp8ScaleBlock) * dst.scale_stride + r.row0;
+  if (lane < r.rows_valid) scales[lane] = uint8_t(scale_codes);
+  if (lane + 32 < r.rows_valid) scales[lane + 32] = uint8_t(scale_codes >> 8);
+  if (r.full) {
+    sm90::fence_proxy_async_shared();
+    __syncwarp();
+    if (lane == 0) {
+      sm90::tma_store_4d(tg.act_map, codes, r.col0, r.row0, 0, 0);
+      sm90::bulk_commit();
+      sm90::bulk_wait_read<0>();
+    }
+    return;
+  }
+  __syncwarp();
+  constexpr int kChunks = kFp8ScaleBlock / 16;  // 16-byte chunks of codes per row
+  for (int idx = lane; idx < r.rows_valid * kChunks; idx += 32) {
+    const int row = idx / kChunks, c = idx % kChunks;
+    if (r.col0 + 16 * c >= tg.ffn) continue;  // rows are padded to 16 codes
+    *reinterpret_cast<uint4*>(dst.codes + int64_t(r.row0 + row) * dst.code_stride + r.col0 +
+                              16 * c) =
+        sm90::ld_shared_16(codes + row * 128 + ((c ^ (row % 8)) * 16));
+  }
+}
+
 // The storer warp of one consumer warpgroup: takes its handoffs in order until the end record.
 // `trace` (diagnostic kernel, storer of consumer 0, lane 0; else null) stamps each tile's
-// handoff at the consumer's tile index. kMxAct: act is stored rounded to MXFP8 along F (the
-// mxfp8 recipe's FC2 operand).
-template <int kAct, bool kMxAct>
+// handoff at the consumer's tile index. kActForm: what FC1's activation is stored as.
+template <int kAct, int kActForm>
 __device__ __forceinline__ void run_storer(StagingHandoff& hand, uint8_t* buf,
                                            const StorerTargets& tg, const TileTrace& trace) {
   constexpr bool kGated = sm90::gated_epilogue<kAct>();
   constexpr int kFc1Cols = sm90::tile_cols<kAct>();
+  constexpr int kFc2Cols = kActForm == kActFp8Codes ? kFp8BlockN : kGemmBlockN;
   const int lane = threadIdx.x % 32;
   // Between two handoffs its consumers wait (tile queue, stages, staging slots), each wait
   // bounded by timeout_ns and reporting itself; the storer's one wait spans them, so it gets
@@ -276,27 +400,33 @@ __device__ __forceinline__ void run_storer(StagingHandoff& hand, uint8_t* buf,
         __syncwarp();
       }
       trace.stamp(seq, kTrStorerHOut);
-      activate_staged<kAct>(buf, p_lo, p_hi, lane);
-      if constexpr (kMxAct) mx_round_staged<kAct>(buf, lane);
-      trace.stamp(seq, kTrStorerActivated);
-      const sm90::EpilogueTensor act{tg.act_map, tg.act, tg.ffn};
-      if (r.full) {
-        sm90::fence_proxy_async_shared();
-        __syncwarp();
-        if (lane == 0) {
-          sm90::issue_staged_boxes(act, buf, kFc1Cols / 64, 0, r.row0, r.col0, tg.ffn);
-          sm90::bulk_wait_read<0>();
-        }
+      if constexpr (kActForm == kActFp8Codes) {
+        activate_staged_fp8<kAct>(buf, p_lo, p_hi, lane);
+        trace.stamp(seq, kTrStorerActivated);
+        store_fp8_act(buf, r, tg, lane);
       } else {
-        __syncwarp();
-        sm90::copy_staged_rows<kFc1Cols>(buf, act, 0, r.row0, r.rows_valid, r.col0, tg.ffn, lane,
-                                         32);
+        activate_staged<kAct>(buf, p_lo, p_hi, lane);
+        if constexpr (kActForm == kActMxRounded) mx_round_staged<kAct>(buf, lane);
+        trace.stamp(seq, kTrStorerActivated);
+        const sm90::EpilogueTensor act{tg.act_map, tg.act, tg.ffn};
+        if (r.full) {
+          sm90::fence_proxy_async_shared();
+          __syncwarp();
+          if (lane == 0) {
+            sm90::issue_staged_boxes(act, buf, kFc1Cols / 64, 0, r.row0, r.col0, tg.ffn);
+            sm90::bulk_wait_read<0>();
+          }
+        } else {
+          __syncwarp();
+          sm90::copy_staged_rows<kFc1Cols>(buf, act, 0, r.row0, r.rows_valid, r.col0, tg.ffn,
+                                           lane, 32);
+        }
       }
     } else if (r.kind == kStagedFc2) {
       // The consumer's MMAs have read the tile's act rows (wgmma_wait<0> before its arrive).
       if (lane == 0) red_release_gpu_add_u32(&tg.fc2_done[r.counter], 1);
       if (r.has_rows) {
-        const int cols = min(kGemmBlockN, tg.hidden - r.col0);
+        const int cols = min(kFc2Cols, tg.hidden - r.col0);
         for (int row = lane; row < r.rows_valid; row += 32) {
           const int flat = tg.row_slot[r.row0 + row];
           const int peer = flat / tg.per_rank;

@@ -1,6 +1,7 @@
 // Host-side checks both megakernels' launchers make of the MoE call they are given: the
 // expert weights, the schedule's offsets, the row width the row-pulling ring can hold, the
-// minibatch, the EP group size; and the m-block bound their counters are sized by.
+// minibatch, the EP group size, a blockwise FP8 operand buffer; and the m-block bound their
+// counters are sized by.
 #pragma once
 
 #include <torch/extension.h>
@@ -10,6 +11,7 @@
 #include "common/error.cuh"
 #include "config/kernel_config.cuh"
 #include "megakernel/row_pull.cuh"
+#include "quant/fp8_rows.h"
 
 namespace mok {
 
@@ -55,6 +57,30 @@ inline void check_megakernel_call(const char* who, const at::Tensor& w1, const a
                  who, ": weights need contiguous rows and positive strides");
   MOK_HOST_CHECK(peer_bases.numel() >= 1 && peer_bases.numel() <= kMaxRanks, who, ": 1..",
                  kMaxRanks, " ranks, got ", peer_bases.numel());
+}
+
+// A blockwise FP8 operand buffer as the FP8 engine reads it (ops.py megakernel_fp8_rows):
+// codes [>= rows, cols] in 16-byte aligned rows (cols padded to 16), scale codes
+// [ceil(cols / 128), >= the codes' rows] with rows padded to 16. `who` names the launcher,
+// `name` the buffer.
+inline Fp8Rows fp8_rows_of(const char* who, const char* name, const at::Tensor& codes,
+                           const at::Tensor& scales, int64_t rows, int64_t cols) {
+  MOK_HOST_CHECK(codes.is_cuda() && codes.scalar_type() == at::kFloat8_e4m3fn &&
+                     codes.dim() == 2 && codes.size(0) >= rows && codes.size(1) == cols &&
+                     codes.stride(1) == 1 && codes.stride(0) % 16 == 0 &&
+                     codes.stride(0) >= (cols + 15) / 16 * 16 &&
+                     reinterpret_cast<uintptr_t>(codes.data_ptr()) % 16 == 0,
+                 who, ": ", name, " must be float8_e4m3fn codes [>= ", rows, ", ", cols,
+                 "] in 16-byte aligned rows, got ", codes.sizes());
+  const int64_t blocks = (cols + kFp8ScaleBlock - 1) / kFp8ScaleBlock;
+  MOK_HOST_CHECK(scales.device() == codes.device() && scales.scalar_type() == at::kByte &&
+                     scales.dim() == 2 && scales.size(0) == blocks &&
+                     scales.size(1) >= codes.size(0) && scales.stride(1) == 1 &&
+                     scales.stride(0) % 16 == 0,
+                 who, ": ", name, "'s scales must be uint8 [", blocks, ", >= ", codes.size(0),
+                 "] with rows padded to 16, got ", scales.sizes());
+  return Fp8Rows{reinterpret_cast<uint8_t*>(codes.data_ptr()), codes.stride(0),
+                 scales.data_ptr<uint8_t>(), scales.stride(0)};
 }
 
 }  // namespace mok

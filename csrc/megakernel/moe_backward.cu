@@ -34,6 +34,16 @@
 // weights come as MXFP8 values quantized once per optimizer step, W1 along H for FC1 as
 // forward reads it, and for the dgrads transposed along their K (W2^T [E, F, H], W1^T
 // [E, H, F1]: K-major B, as forward's tiles read weights).
+// Blockwise FP8 (kFp8; recomputed inputs only): the separate backward's operands
+// (docs/fp8_blockwise.md): rounding tiles (megakernel/fp8_round_tile.cuh, blocks of 128 both
+// ways) turn dY, x and dh into the FP8 engine's A operand along K (E4M3 codes and transposed
+// E8M0 scale codes, buffers of their own) and round them, and act, along the rows in place;
+// FC1 again and both dgrads run on the FP8 engine's tiles (gemm/sm90/fp8_mainloop.cuh: 128
+// wide, 128 of K per stage, promoted per stage) with the weights' codes quantized once per
+// optimizer step (W1 for FC1 as forward reads it, W2^T and W1^T K-major for the dgrads) and
+// the same epilogues, the weight gradients on the BF16 engine over the rounded rows. Both
+// engines' tiles share one stage ring (Fp8RingOverStages: an FP8 stage inside a BF16 one, the
+// same barriers), so a tile of one follows a tile of the other without a drain.
 // Deadlock freedom is forward's argument: tiles depend on lower indices or on the pull, and
 // the pull on tiles of earlier macrobatches only.
 // Memory ordering is forward's too: async-proxy writes complete (bulk_wait), fence.proxy.async,
@@ -50,7 +60,9 @@
 
 #include "common/error.cuh"
 #include "common/ptx.cuh"
+#include "gemm/mx_weight_checks.h"
 #include "gemm/persistent_launch.cuh"
+#include "gemm/sm90/fp8_mainloop.cuh"
 #include "gemm/sm90/tensor_map.h"
 #include "gemm/sm90/tile_engine.cuh"
 #include "gemm/sm90/tile_epilogue.cuh"
@@ -58,6 +70,7 @@
 #include "gemm/timeout_report.h"
 #include "megakernel/backward_tiles.cuh"
 #include "megakernel/dgrad_epilogue.cuh"
+#include "megakernel/fp8_round_tile.cuh"
 #include "megakernel/launch_checks.h"
 #include "megakernel/row_pull.cuh"
 #include "megakernel/tile_queue.cuh"
@@ -68,17 +81,29 @@ namespace {
 
 using namespace sm90;
 
+// The recipes' operands (the file's comment); the kernel's kMx and kFp8. Both FP8 recipes have
+// rounding tiles.
+enum BackwardOperands : int { kBackwardBf16 = 0, kBackwardMxfp8 = 1, kBackwardFp8Blockwise = 2 };
+
 struct BackwardMaps {
   CUtensorMap rows_k;      // x rows [buffer rows, H], K-major A of the FC1 recompute (kMx:
-                           // rows_k, rounded along H)
+                           // rows_k, rounded along H; kFp8: rows_k's codes)
   CUtensorMap w1_k;        // W1 [E, F1, H] as forward reads it (gate | up halves): its B
+                           // (kFp8: its codes)
   CUtensorMap act_store;   // act [buffer rows, F]: the FC1 recompute's stores
-  CUtensorMap dout_rows;   // dY rows [buffer rows, H], K-major A of FC2-dgrad (kMx: dout_k)
-  CUtensorMap w2_dgrad;    // B of FC2-dgrad: W2 [E, H, F] N-major (kMx: W2^T [E, F, H] K-major)
+  CUtensorMap dout_rows;   // dY rows [buffer rows, H], K-major A of FC2-dgrad (kMx: dout_k;
+                           // kFp8: dout_k's codes)
+  CUtensorMap w2_dgrad;    // B of FC2-dgrad: W2 [E, H, F] N-major (kMx: W2^T [E, F, H] K-major;
+                           // kFp8: its codes)
   CUtensorMap h_tile;      // h [buffer rows, (2,) F]: FC1's stores, FC2-dgrad's prefetch
   CUtensorMap dh_store;    // dh [buffer rows, (2,) F]: its stores
-  CUtensorMap dh_rows;     // dh [buffer rows, F1], K-major A of FC1-dgrad (kMx: dh_k)
-  CUtensorMap w1_dgrad;    // B of FC1-dgrad: W1 [E, F1, H] N-major (kMx: W1^T [E, H, F1])
+  CUtensorMap dh_rows;     // dh [buffer rows, F1], K-major A of FC1-dgrad (kMx: dh_k;
+                           // kFp8: dh_k's codes)
+  CUtensorMap w1_dgrad;    // B of FC1-dgrad: W1 [E, F1, H] N-major (kMx: W1^T [E, H, F1];
+                           // kFp8: its codes)
+  CUtensorMap rows_k_scales;  // kFp8: the scale codes of rows_k, dout_k and dh_k
+  CUtensorMap dout_k_scales;  // ([block][row], a stage's box of rows)
+  CUtensorMap dh_k_scales;
   CUtensorMap dout_mn;     // dY rows, MN-major A of dW2
   CUtensorMap act_mn;      // act [buffer rows, F], MN-major B of dW2
   CUtensorMap dh_mn;       // dh, MN-major A of dW1
@@ -106,6 +131,12 @@ struct BackwardArgs {
   __nv_bfloat16* rows_k;      // kMx: [buffer rows, H] x rows rounded along H, else null
   __nv_bfloat16* dout_k;      // kMx: [buffer rows, H] dY rows rounded along H
   __nv_bfloat16* dh_k;        // kMx: [buffer rows, F1] dh rounded along F1
+  // kFp8: the same three along K as codes and scale codes, and the weights' E8M0
+  // codes per 128 x 128 block ([E, row blocks, k blocks] of W1, W2^T, W1^T as read).
+  Fp8Rows rows_fp8, dout_fp8, dh_fp8;
+  const uint8_t* w1_block_scales;
+  const uint8_t* w2_t_block_scales;
+  const uint8_t* w1_t_block_scales;
   float* dprob_part;          // [buffer rows, F / kDgrad2Cols] per-row dprob partials
   __nv_bfloat16* dw1;         // [E, F1, H] bf16 gradient, or null: dw1_fp32
   __nv_bfloat16* dw2;         // [E, H, F]
@@ -155,11 +186,23 @@ __device__ __forceinline__ int wait_role(int p) {
                            : kWaitRounded;
 }
 
-template <int kAct, bool kMx>
+// Both consumer warpgroups of a blockwise rounding tile meet at wgrad.cuh's kConsumersBarrier
+// (fp8_round_tile.cuh): both reach every use of it in the same order, the weight-gradient
+// tiles' included. The unit's column maxima live in the first one's staging buffer.
+static_assert(sizeof(WideColumnMaxima) <= kStagedBufBytes, "the maxima fit a staging buffer");
+
+template <int kAct, int kOperands>
 __global__ void __launch_bounds__(kGemmThreads, 1)
     moe_backward_kernel(const __grid_constant__ BackwardMaps m, const BackwardArgs a) {
+  constexpr bool kMx = kOperands == kBackwardMxfp8;
+  constexpr bool kFp8 = kOperands == kBackwardFp8Blockwise;
+  constexpr bool kRounds = kMx || kFp8;
   constexpr bool kGated = gated_epilogue<kAct>();
-  constexpr int kFc1Cols = tile_cols<kAct>();
+  // FC1 and the dgrads: the FP8 engine's tiles (128 wide, 128 of K per stage) under kFp8.
+  constexpr int kFc1Cols = kFp8 ? tile_cols<kAct, kFp8BlockN>() : tile_cols<kAct>();
+  constexpr int kDgrad1Cols = kFp8 ? kFp8BlockN : kGemmBlockN;
+  constexpr int kDgradK = kFp8 ? kFp8BlockK : kGemmBlockK;
+  static_assert(!kFp8 || kDgrad2Cols == kFp8BlockN, "an FC2-dgrad tile is one FP8 tile");
   extern __shared__ uint8_t smem_raw[];
   SharedStorage& s = aligned_smem<SharedStorage>(smem_raw);
   const int E = a.num_experts;
@@ -181,7 +224,7 @@ __global__ void __launch_bounds__(kGemmThreads, 1)
   const int mblocks = s.mblock_begin[E];
   const MacrobatchRing ring = MacrobatchRing::make(a.ring_mblocks, a.ring_slots, mblocks);
   const BackwardOrder order =
-      BackwardOrder::make(a.hidden, a.ffn, a.f1, recompute ? kFc1Cols : 0, kMx);
+      BackwardOrder::make(a.hidden, a.ffn, a.f1, recompute ? kFc1Cols : 0, kRounds, kDgrad1Cols);
   if (threadIdx.x < 32) build_macro_table(s.macros, ring, table, order);
   __syncthreads();
 
@@ -217,8 +260,8 @@ __global__ void __launch_bounds__(kGemmThreads, 1)
   };
   auto k_blocks_of = [&](const BackwardTile& w) {
     if (is_round_tile(w.kind)) return 0;
-    if (w.kind == kFc1 || w.kind == kDgrad2) return ceil_div(a.hidden, kGemmBlockK);
-    if (w.kind == kDgrad1) return ceil_div(a.f1, kGemmBlockK);
+    if (w.kind == kFc1 || w.kind == kDgrad2) return ceil_div(a.hidden, kDgradK);
+    if (w.kind == kDgrad1) return ceil_div(a.f1, kDgradK);
     return ceil_div(w.rows, kGemmBlockK);
   };
 
@@ -237,7 +280,7 @@ __global__ void __launch_bounds__(kGemmThreads, 1)
 #pragma unroll
     for (int p = 0; p < kProgressKinds; ++p) seen[p] = -1;
     auto wait_inputs = [&](const BackwardTile& w) {
-      const uint32_t needs = tile_needs<kMx>(w.kind, recompute);
+      const uint32_t needs = tile_needs<kRounds>(w.kind, recompute);
       bool acquired = false;
       const int j = w.macro;
       uint32_t waiting = 0;
@@ -281,6 +324,25 @@ __global__ void __launch_bounds__(kGemmThreads, 1)
       const BackwardTile w = backward_tile_at(order, ring, table, s.macros, tile);
       push_tile(s.queue, seq, w, a.timeout_ns, a.report);
       wait_inputs(w);
+      if constexpr (kFp8) {
+        if (w.kind == kFc1 || w.kind == kDgrad2 || w.kind == kDgrad1) {
+          Fp8RingOverStages fp8_ring = Fp8RingOverStages::over(s.ring);
+          if (w.kind == kFc1) {
+            produce_fp8_tile<kGated>(fp8_ring, it, k_blocks_of(w), tile, &m.rows_k,
+                                     &m.rows_k_scales, &m.w1_k, w.row0, w.n_block * kFc1Cols,
+                                     w.expert, a.timeout_ns, a.report);
+          } else if (w.kind == kDgrad2) {
+            produce_fp8_tile<false>(fp8_ring, it, k_blocks_of(w), tile, &m.dout_rows,
+                                    &m.dout_k_scales, &m.w2_dgrad, w.row0,
+                                    w.n_block * kDgrad2Cols, w.expert, a.timeout_ns, a.report);
+          } else {
+            produce_fp8_tile<false>(fp8_ring, it, k_blocks_of(w), tile, &m.dh_rows,
+                                    &m.dh_k_scales, &m.w1_dgrad, w.row0,
+                                    w.n_block * kDgrad1Cols, w.expert, a.timeout_ns, a.report);
+          }
+          continue;
+        }
+      }
       const uint32_t bytes = w.kind == kDgrad2 ? kDgrad2StageBytes : uint32_t(kStageBytes);
       produce_tile(
           s.ring, it, k_blocks_of(w), tile, a.timeout_ns, a.report,
@@ -336,7 +398,15 @@ __global__ void __launch_bounds__(kGemmThreads, 1)
   const bool leader = t == 0;
   uint8_t* buf = s.epilogue.out[consumer];
   const int staging = kStagingBarrier + consumer;
-  float acc[kAccRegs];  // FC2-dgrad tiles use the first kDgrad2Cols / 2 (m64n128)
+  float acc[kAccRegs];  // BF16 FC2-dgrad tiles use the first kDgrad2Cols / 2 (m64n128)
+  // The FP8 engine's tiles (kFp8) take their MMAs' partial sums in the first kFp8AccRegs
+  // (m64n128) and accumulate into the rest: the BF16 tiles' wgmmas keep all of acc live, and
+  // a partial-sum array of its own did not fit beside it (ptxas serialized every wgmma:
+  // C7512); with the halves the other way round ptxas serialized them too (C7511).
+  float(&partial8)[kFp8AccRegs] = *reinterpret_cast<float(*)[kFp8AccRegs]>(&acc[0]);
+  float(&acc8)[kFp8AccRegs] = *reinterpret_cast<float(*)[kFp8AccRegs]>(&acc[kFp8AccRegs]);
+  static_assert(2 * kFp8AccRegs <= kAccRegs, "an FP8 tile's sums and partial sums fit acc");
+  Fp8RingOverStages fp8_ring = Fp8RingOverStages::over(s.ring);
   int it = 0;
   uint32_t h_phase = 0;
   // The ring's slot reuse: this warpgroup's finished tiles of one macrobatch, released into
@@ -363,31 +433,60 @@ __global__ void __launch_bounds__(kGemmThreads, 1)
     const int64_t tile = int64_t(macro) * order.wgrad_tiles() + order.wgrad_index(w);
     return &a.carry_ready[tile * kGemmConsumers + consumer];
   };
-  // A rounding tile (MXFP8): its m-block's input complete (this thread's loads follow its own
-  // acquire), this warpgroup's 64 rows rounded, plain stores fenced before the count (their
-  // readers' TMA loads acquire it).
+  // A rounding tile: its m-block's input complete (this thread's loads follow its own
+  // acquire), its rows rounded, plain stores fenced before the count (their readers' TMA
+  // loads acquire it); counted once per warpgroup. kMx: each warpgroup rounds its own 64 rows
+  // (whole 32-row blocks). kFp8: the two round the whole m-block together (its 128-row blocks
+  // along the rows span them), each once its own staging buffer is free (the units' scratch
+  // is the first one's).
   auto round_tile = [&](const BackwardTile& w) {
-    const uint32_t* ready = &a.per_mblock[round_tile_input(w.kind)][w.block];
+    const int input = round_tile_input(w.kind);
+    const uint32_t* ready = &a.per_mblock[input][w.block];
     if (leader) {
-      counter_wait(ready, complete_per_mblock(round_tile_input(w.kind), min(kGemmBlockM, w.rows)),
-                   a.timeout_ns, wait_role(round_tile_input(w.kind)), w.tile, w.block, a.report);
+      counter_wait(ready, complete_per_mblock(input, min(kGemmBlockM, w.rows)), a.timeout_ns,
+                   wait_role(input), w.tile, w.block, a.report);
     }
-    named_barrier_sync(staging, 128);
-    ld_acquire_gpu_u32(ready);
-    const int64_t row0 = w.row0 + kStagedRows * consumer;
-    const int rows_valid = max(0, min(kStagedRows, w.rows - kStagedRows * consumer));
-    if (w.kind == kRoundIn) {
-      const bool dout = w.n_block < order.nb_round_h;
-      const int col0 = (dout ? w.n_block : w.n_block - order.nb_round_h) * kRoundCols;
-      __nv_bfloat16* src = dout ? a.dout : a.rows;
-      round_tile_rows<true, true>(src, dout ? a.dout_k : a.rows_k, src, a.hidden, row0,
-                                  rows_valid, col0, t);
-    } else if (w.kind == kRoundAct) {
-      round_tile_rows<false, true>(a.act, nullptr, a.act, a.ffn, row0, rows_valid,
-                                   w.n_block * kRoundCols, t);
+    if constexpr (kFp8) {
+      bulk_wait_read<0>();
+      named_barrier_sync(kConsumersBarrier, kWideThreads);
     } else {
-      round_tile_rows<true, true>(a.dh, a.dh_k, a.dh, a.f1, row0, rows_valid,
-                                  w.n_block * kRoundCols, t);
+      named_barrier_sync(staging, 128);
+    }
+    ld_acquire_gpu_u32(ready);
+    // The operand and its columns: dY then x (round in), act, dh.
+    const bool dout = w.kind == kRoundIn && w.n_block < order.nb_round_h;
+    const int col0 = (w.kind == kRoundIn && !dout ? w.n_block - order.nb_round_h : w.n_block) *
+                     kRoundCols;
+    if constexpr (kFp8) {
+      WideColumnMaxima& scratch = *reinterpret_cast<WideColumnMaxima*>(s.epilogue.out[0]);
+      const int t2 = threadIdx.x - 128;  // over both warpgroups
+      const int rows_valid = min(kGemmBlockM, w.rows);
+      if (w.kind == kRoundIn) {
+        fp8_round_tile_rows<true>(dout ? a.dout : a.rows, dout ? a.dout_fp8 : a.rows_fp8,
+                                  a.hidden, w.row0, rows_valid, col0, scratch, t2,
+                                  kConsumersBarrier);
+      } else if (w.kind == kRoundAct) {
+        fp8_round_tile_rows<false>(a.act, Fp8Rows{}, a.ffn, w.row0, rows_valid, col0, scratch,
+                                   t2, kConsumersBarrier);
+      } else {
+        fp8_round_tile_rows<true>(a.dh, a.dh_fp8, a.f1, w.row0, rows_valid, col0, scratch, t2,
+                                  kConsumersBarrier);
+      }
+      // The scratch's plain writes come before any later TMA of either staging buffer (the
+      // first warpgroup's h prefetch writes it; its stores read it).
+      fence_proxy_async_shared();
+    } else {
+      const int64_t row0 = w.row0 + kStagedRows * consumer;
+      const int rows_valid = max(0, min(kStagedRows, w.rows - kStagedRows * consumer));
+      if (w.kind == kRoundIn) {
+        __nv_bfloat16* src = dout ? a.dout : a.rows;
+        round_tile_rows<true, true>(src, dout ? a.dout_k : a.rows_k, src, a.hidden, row0,
+                                    rows_valid, col0, t);
+      } else if (w.kind == kRoundAct) {
+        round_tile_rows<false, true>(a.act, nullptr, a.act, a.ffn, row0, rows_valid, col0, t);
+      } else {
+        round_tile_rows<true, true>(a.dh, a.dh_k, a.dh, a.f1, row0, rows_valid, col0, t);
+      }
     }
     __threadfence();
     named_barrier_sync(staging, 128);
@@ -418,7 +517,7 @@ __global__ void __launch_bounds__(kGemmThreads, 1)
       // Its work holds no accumulators, but the compiler keeps the last tile's live through
       // it (an instruction that ended their life would serialize every wgmma of the kernel:
       // ptxas C7515), so it runs in what registers remain and spills some.
-      if constexpr (kMx) round_tile(w);
+      if constexpr (kRounds) round_tile(w);
     } else if (w.kind == kFc1 || w.kind == kDgrad2 || w.kind == kDgrad1) {
       const int row0 = w.row0 + kStagedRows * consumer;    // in the row buffers
       const int srow0 = w.srow0 + kStagedRows * consumer;  // in the schedule
@@ -426,16 +525,33 @@ __global__ void __launch_bounds__(kGemmThreads, 1)
       const bool full = w.rows >= kStagedRows * (consumer + 1);
       if (rows_valid == 0) {
         // An m-block of at most 64 rows is the first warpgroup's alone (tile_engine.cuh).
-        pass_tile(s.ring, it, k_blocks, w.tile, leader, staging, a.timeout_ns, a.report);
+        if constexpr (kFp8) {
+          pass_fp8_tile(fp8_ring, it, k_blocks, w.tile, leader, staging, a.timeout_ns,
+                        a.report);
+        } else {
+          pass_tile(s.ring, it, k_blocks, w.tile, leader, staging, a.timeout_ns, a.report);
+        }
       } else if (w.kind == kFc1) {
-        // Forward's FC1 tile, epilogue and all: the same h and act bits forward had.
+        // Forward's FC1 tile, epilogue and all: the same h and act bits forward had (kFp8:
+        // the FP8 engine's tile of the separate path's FC1, whose act the forward megakernel
+        // quantizes; here act stays bf16 for dW2's rounding tile).
         float p[2];
         load_row_probs<kAct>(a.row_prob, srow0, rows_valid, p);
-        consume_tile(s.ring, it, k_blocks, w.tile, consumer, leader, acc, a.timeout_ns,
-                     a.report);
-        store_rows_staged<kAct>(acc, buf, EpilogueTensor{&m.act_store, a.act, a.ffn},
-                                EpilogueTensor{&m.h_tile, a.h, a.f1}, row0, full, rows_valid,
-                                w.n_block * kFc1Cols, a.ffn, p, consumer, leader);
+        const EpilogueTensor act_out{&m.act_store, a.act, a.ffn}, h_out{&m.h_tile, a.h, a.f1};
+        if constexpr (kFp8) {
+          const WeightBlockScales<kGated> ws(a.w1_block_scales, w.expert,
+                                             ceil_div(a.f1, kFp8ScaleBlock), k_blocks, a.ffn,
+                                             w.n_block * kFc1Cols);
+          consume_fp8_tile<kGated>(fp8_ring, it, k_blocks, w.tile, consumer, leader, ws, w.row0,
+                                   acc8, partial8, a.timeout_ns, a.report);
+          store_rows_staged<kAct, kFp8BlockN>(acc8, buf, act_out, h_out, row0, full, rows_valid,
+                                              w.n_block * kFc1Cols, a.ffn, p, consumer, leader);
+        } else {
+          consume_tile(s.ring, it, k_blocks, w.tile, consumer, leader, acc, a.timeout_ns,
+                       a.report);
+          store_rows_staged<kAct>(acc, buf, act_out, h_out, row0, full, rows_valid,
+                                  w.n_block * kFc1Cols, a.ffn, p, consumer, leader);
+        }
       } else if (w.kind == kDgrad2) {
         const int col0 = w.n_block * kDgrad2Cols;
         staging_free();
@@ -451,13 +567,22 @@ __global__ void __launch_bounds__(kGemmThreads, 1)
         }
         float p[2];
         load_row_probs<kAct>(a.row_prob, srow0, rows_valid, p);
-        consume_tile<kDgrad2Cols, false, !kMx>(s.ring, it, k_blocks, w.tile, consumer, leader,
-                                               acc, a.timeout_ns, a.report);
+        if constexpr (kFp8) {
+          const WeightBlockScales<false> ws(a.w2_t_block_scales, w.expert,
+                                            ceil_div(a.ffn, kFp8ScaleBlock), k_blocks, a.ffn,
+                                            col0);
+          consume_fp8_tile<false>(fp8_ring, it, k_blocks, w.tile, consumer, leader, ws, w.row0,
+                                  acc8, partial8, a.timeout_ns, a.report);
+        } else {
+          consume_tile<kDgrad2Cols, false, !kMx>(s.ring, it, k_blocks, w.tile, consumer, leader,
+                                                 acc, a.timeout_ns, a.report);
+        }
         mbar_wait(&s.h_full[consumer], h_phase, a.timeout_ns, kWaitHTile, w.tile, consumer,
                   a.report);
         h_phase ^= 1;
         float dp[2];
-        activation_backward_staged<kAct>(acc, buf, t, p, dp);
+        if constexpr (kFp8) activation_backward_staged<kAct>(acc8, buf, t, p, dp);
+        else activation_backward_staged<kAct>(acc, buf, t, p, dp);
         if (t % 4 == 0) {
 #pragma unroll
           for (int i = 0; i < 2; ++i) {
@@ -479,19 +604,28 @@ __global__ void __launch_bounds__(kGemmThreads, 1)
           }
         }
       } else {
-        consume_tile<kGemmBlockN, false, !kMx>(s.ring, it, k_blocks, w.tile, consumer, leader,
-                                               acc, a.timeout_ns, a.report);
+        const int col0 = w.n_block * kDgrad1Cols;
+        if constexpr (kFp8) {
+          const WeightBlockScales<false> ws(a.w1_t_block_scales, w.expert,
+                                            ceil_div(a.hidden, kFp8ScaleBlock), k_blocks,
+                                            a.hidden, col0);
+          consume_fp8_tile<false>(fp8_ring, it, k_blocks, w.tile, consumer, leader, ws, w.row0,
+                                  acc8, partial8, a.timeout_ns, a.report);
+        } else {
+          consume_tile<kGemmBlockN, false, !kMx>(s.ring, it, k_blocks, w.tile, consumer, leader,
+                                                 acc, a.timeout_ns, a.report);
+        }
         staging_free();
-        write_scatter_staged(acc, buf, t);
+        if constexpr (kFp8) write_scatter_staged<kDgrad1Cols>(acc8, buf, t);
+        else write_scatter_staged<kDgrad1Cols>(acc, buf, t);
         fence_proxy_async_shared();
         named_barrier_sync(staging, 128);
         if (t < rows_valid) {
-          const int col0 = w.n_block * kGemmBlockN;
           const int flat = a.row_slot[srow0 + t];
           char* slot = source_slot(a.peer_bases, a.per_rank, flat, a.slots_offset,
                                    int64_t(a.hidden) * 2);
           bulk_store(slot + int64_t(col0) * 2, buf + t * kScatterRowBytes,
-                     uint32_t(min(kGemmBlockN, a.hidden - col0)) * 2);
+                     uint32_t(min(kDgrad1Cols, a.hidden - col0)) * 2);
           bulk_commit();
           if (w.n_block == 0) {
             // The row's dprob: its FC2-dgrad tiles' partials (complete: the producer waited
@@ -578,9 +712,18 @@ __global__ void __launch_bounds__(kGemmThreads, 1)
   bulk_wait<0>();  // this thread's stores (peers' slots among them) complete before exit
 }
 
-template <int kAct, bool kMx>
+template <int kAct, int kOperands>
 void launch_backward(const BackwardMaps& maps, const BackwardArgs& args) {
-  launch_persistent(moe_backward_kernel<kAct, kMx>, kSharedBytes, maps, args);
+  launch_persistent(moe_backward_kernel<kAct, kOperands>, kSharedBytes, maps, args);
+}
+
+// A blockwise weight's codes as read (check_fp8_block_weight) with N x K = n x k.
+void check_fp8_weight(const at::Tensor& w, const at::Tensor& scales, int64_t E, int64_t n,
+                      int64_t k, const at::Tensor& rows, const char* name) {
+  check_fp8_block_weight("moe_backward_megakernel", w, scales);
+  MOK_HOST_CHECK(w.size(0) == E && w.size(1) == n && w.size(2) == k && w.device() == rows.device(),
+                 "moe_backward_megakernel: ", name, " must be [", E, ", ", n, ", ", k,
+                 "] codes on the rows' GPU, got ", w.sizes());
 }
 
 const int64_t* fp32_grads(const c10::optional<at::Tensor>& ptrs, int64_t E, const char* name) {
@@ -609,7 +752,8 @@ void moe_backward_megakernel(const at::Tensor& peer_bases, int64_t tokens_offset
                              const c10::optional<at::Tensor>& w2_t,
                              const c10::optional<at::Tensor>& rows_k,
                              const c10::optional<at::Tensor>& dout_k,
-                             const c10::optional<at::Tensor>& dh_k, at::Tensor& counters,
+                             const c10::optional<at::Tensor>& dh_k,
+                             const std::vector<at::Tensor>& fp8_scales, at::Tensor& counters,
                              int64_t comm_blocks, int64_t minibatch_rows, int64_t ring_mblocks,
                              int64_t ring_slots, int64_t timeout_ns, int64_t rank) {
   const int64_t E = w1.size(0), H = rows.size(1), F = w2.size(2);
@@ -620,9 +764,14 @@ void moe_backward_megakernel(const at::Tensor& peer_bases, int64_t tokens_offset
   const bool ring_on = ring_mblocks > 0;
   const RingSize ring = RingSize::of(cap, max_mblocks, ring_mblocks, ring_slots);
   const int64_t max_macro = ring.macrobatches, buffer_rows = ring.buffer_rows;
-  const bool mx = w1_t.has_value();
+  // An FP8 recipe's launch has rounding tiles and the dgrads' transposed weights; blockwise
+  // also the scale codes of its operands along K and of the weights' blocks.
+  const bool rounds = w1_t.has_value();
+  const bool blockwise = !fp8_scales.empty();
+  const bool mx = rounds && !blockwise;
   const BackwardOrder order = BackwardOrder::make(
-      static_cast<int>(H), static_cast<int>(F), static_cast<int>(F1), 0, mx);
+      static_cast<int>(H), static_cast<int>(F), static_cast<int>(F1), 0, rounds,
+      blockwise ? kFp8BlockN : kGemmBlockN);
   const int64_t wgrad_tiles = order.wgrad_tiles();
   const int sms = at::cuda::getCurrentDeviceProperties()->multiProcessorCount;
   check_megakernel_call("moe_backward_megakernel", w1, w2, offsets, peer_bases, H, F1,
@@ -639,14 +788,34 @@ void moe_backward_megakernel(const at::Tensor& peer_bases, int64_t tokens_offset
                      rows_of(dh, F1),
                  "moe_backward_megakernel: rows and dout [", buffer_rows, ", H], h and dh [",
                  buffer_rows, ", F1], act [", buffer_rows, ", F]: contiguous bf16 GPU tensors");
-  // MXFP8: the dgrads' transposed weights and the buffers of the forms rounded along K.
-  MOK_HOST_CHECK(w2_t.has_value() == mx && rows_k.has_value() == mx &&
-                     dout_k.has_value() == mx && dh_k.has_value() == mx,
-                 "moe_backward_megakernel: MXFP8 takes w1_t, w2_t, rows_k, dout_k and dh_k "
-                 "together");
+  // The FP8 recipes: the dgrads' transposed weights and the buffers of the forms along K.
+  MOK_HOST_CHECK(w2_t.has_value() == rounds && rows_k.has_value() == rounds &&
+                     dout_k.has_value() == rounds && dh_k.has_value() == rounds,
+                 "moe_backward_megakernel: the FP8 recipes take w1_t, w2_t, rows_k, dout_k and "
+                 "dh_k together");
+  MOK_HOST_CHECK(!blockwise || (rounds && fp8_scales.size() == 6),
+                 "moe_backward_megakernel: fp8_blockwise takes six fp8_scales (rows_k, dout_k, "
+                 "dh_k, W1, W1^T, W2^T) with w1_t, w2_t, rows_k, dout_k and dh_k, got ",
+                 fp8_scales.size());
+  MOK_HOST_CHECK(!rounds || ring_on,
+                 "moe_backward_megakernel: the FP8 recipes run with recomputed inputs (the "
+                 "ring) only: their rounding tiles overwrite the rows they round");
+  if (blockwise) {
+    check_fp8_weight(w1, fp8_scales[3], E, F1, H, rows, "w1");
+    check_fp8_weight(*w1_t, fp8_scales[4], E, H, F1, rows, "w1_t");
+    check_fp8_weight(*w2_t, fp8_scales[5], E, F, H, rows, "w2_t");
+    MOK_HOST_CHECK(w2.scalar_type() == at::kBFloat16,
+                   "moe_backward_megakernel: w2 gives F here (bf16 [E, H, F])");
+    MOK_HOST_CHECK(!gated || F % (kFp8BlockN / 2) == 0,
+                   "moe_backward_megakernel: fp8_blockwise with a gated activation needs F a "
+                   "multiple of ", kFp8BlockN / 2, " (each 64-row half of W1 inside one 128-row "
+                   "scale block), got F = ", F);
+  } else {
+    MOK_HOST_CHECK(w1.scalar_type() == at::kBFloat16 && w2.scalar_type() == at::kBFloat16,
+                   "moe_backward_megakernel: W1 and W2 must be bf16 (fp8_blockwise: W1's "
+                   "codes)");
+  }
   if (mx) {
-    MOK_HOST_CHECK(ring_on, "moe_backward_megakernel: MXFP8 runs with recomputed inputs (the "
-                   "ring) only: its rounding tiles overwrite the rows they round");
     auto weight_t = [&](const at::Tensor& w, int64_t n, int64_t k) {
       return w.is_cuda() && w.scalar_type() == at::kBFloat16 && w.is_contiguous() &&
              w.dim() == 3 && w.size(0) == E && w.size(1) == n && w.size(2) == k &&
@@ -684,8 +853,9 @@ void moe_backward_megakernel(const at::Tensor& peer_bases, int64_t tokens_offset
                  "moe_backward_megakernel: carry must be fp32 with >= ", carry_floats,
                  " values");
   const int64_t carry_flags = ring_on ? max_macro * wgrad_tiles * kGemmConsumers : 0;
-  const int64_t mx_counters = mx ? 3 * max_mblocks + 3 * max_macro : 0;
-  const int64_t num_counters = 3 * max_mblocks + 4 * max_macro + carry_flags + 2 + mx_counters;
+  const int64_t round_counters = rounds ? 3 * max_mblocks + 3 * max_macro : 0;
+  const int64_t num_counters =
+      3 * max_mblocks + 4 * max_macro + carry_flags + 2 + round_counters;
   MOK_HOST_CHECK(counters.scalar_type() == at::kInt && counters.is_contiguous() &&
                      counters.numel() >= num_counters,
                  "moe_backward_megakernel: counters must be int32 with >= ", num_counters,
@@ -724,6 +894,15 @@ void moe_backward_megakernel(const at::Tensor& peer_bases, int64_t tokens_offset
     args.dout_k = bf16(const_cast<at::Tensor&>(*dout_k));
     args.dh_k = bf16(const_cast<at::Tensor&>(*dh_k));
   }
+  if (blockwise) {
+    const char* who = "moe_backward_megakernel";
+    args.rows_fp8 = fp8_rows_of(who, "rows_k", *rows_k, fp8_scales[0], buffer_rows, H);
+    args.dout_fp8 = fp8_rows_of(who, "dout_k", *dout_k, fp8_scales[1], buffer_rows, H);
+    args.dh_fp8 = fp8_rows_of(who, "dh_k", *dh_k, fp8_scales[2], buffer_rows, F1);
+    args.w1_block_scales = fp8_scales[3].data_ptr<uint8_t>();
+    args.w1_t_block_scales = fp8_scales[4].data_ptr<uint8_t>();
+    args.w2_t_block_scales = fp8_scales[5].data_ptr<uint8_t>();
+  }
   args.dprob_part = dprob_part.data_ptr<float>();
   args.dw1 = dw1 ? reinterpret_cast<__nv_bfloat16*>(dw1->data_ptr()) : nullptr;
   args.dw2 = dw2 ? reinterpret_cast<__nv_bfloat16*>(dw2->data_ptr()) : nullptr;
@@ -732,7 +911,8 @@ void moe_backward_megakernel(const at::Tensor& peer_bases, int64_t tokens_offset
   args.carry = carry_floats > 0 ? carry->data_ptr<float>() : nullptr;
   // Counters (ops.backward_megakernel_counters): per m-block rows pulled, FC1 and FC2-dgrad
   // halves; per macrobatch tile halves done; carry flags; per macrobatch the three totals; the
-  // tile and arrival counters; under MXFP8 per m-block then per macrobatch the three rounded.
+  // tile and arrival counters; under an FP8 recipe per m-block then per macrobatch the three
+  // rounded.
   uint32_t* c = reinterpret_cast<uint32_t*>(counters.data_ptr<int32_t>());
   args.per_mblock[kRowsPulled] = c;
   args.per_mblock[kFc1Stored] = c + max_mblocks;
@@ -744,7 +924,7 @@ void moe_backward_megakernel(const at::Tensor& peer_bases, int64_t tokens_offset
   args.per_macro[kDhStored] = args.per_macro[kFc1Stored] + max_macro;
   args.tile_counter = args.per_macro[kDhStored] + max_macro;
   args.arrivals = args.tile_counter + 1;
-  if (mx) {
+  if (rounds) {
     uint32_t* r = args.arrivals + 1;
     for (int p = kInRounded; p < kProgressKinds; ++p) {
       args.per_mblock[p] = r + (p - kInRounded) * max_mblocks;
@@ -757,27 +937,56 @@ void moe_backward_megakernel(const at::Tensor& peer_bases, int64_t tokens_offset
 
   BackwardMaps maps{};
   const int halves = gated ? 2 : 1;
-  maps.rows_k = row_tile_map((mx ? *rows_k : rows).data_ptr(), buffer_rows, H, H);
-  maps.w1_k = expert_weight_map(w1.data_ptr(), E, F1, H, w1.stride(0), w1.stride(1), halves);
+  if (blockwise) {
+    // The FP8 engine's operands: codes along K and their scale codes (one block per stage).
+    auto codes_map = [&](const at::Tensor& c, int64_t k) {
+      return fp8_row_tile_map(c.data_ptr(), c.size(0), k, c.stride(0));
+    };
+    auto scales_map = [&](const at::Tensor& sc) {
+      return fp8_row_scales_map(sc.data_ptr(), sc.size(0), sc.size(1), sc.stride(0),
+                                Fp8RingOverStages::kScaleBlocks);
+    };
+    auto weight_map = [&](const at::Tensor& w, int weight_halves) {
+      return fp8_expert_weight_map(w.data_ptr(), w.size(0), w.size(1), w.size(2), w.stride(0),
+                                   w.stride(1), weight_halves);
+    };
+    maps.rows_k = codes_map(*rows_k, H);
+    maps.dout_rows = codes_map(*dout_k, H);
+    maps.dh_rows = codes_map(*dh_k, F1);
+    maps.rows_k_scales = scales_map(fp8_scales[0]);
+    maps.dout_k_scales = scales_map(fp8_scales[1]);
+    maps.dh_k_scales = scales_map(fp8_scales[2]);
+    maps.w1_k = weight_map(w1, halves);
+    maps.w1_dgrad = weight_map(*w1_t, 1);
+    maps.w2_dgrad = weight_map(*w2_t, 1);
+  } else {
+    maps.rows_k = row_tile_map((mx ? *rows_k : rows).data_ptr(), buffer_rows, H, H);
+    maps.w1_k = expert_weight_map(w1.data_ptr(), E, F1, H, w1.stride(0), w1.stride(1), halves);
+    maps.dout_rows = row_tile_map((mx ? *dout_k : dout).data_ptr(), buffer_rows, H, H);
+    maps.w2_dgrad =
+        mx ? expert_weight_map(w2_t->data_ptr(), E, F, H, F * H, H, 1, kDgrad2Cols)
+           : expert_weight_mn_map(w2.data_ptr(), E, H, F, w2.stride(0), w2.stride(1));
+    maps.dh_rows = row_tile_map((mx ? *dh_k : dh).data_ptr(), buffer_rows, F1, F1);
+    maps.w1_dgrad =
+        mx ? expert_weight_map(w1_t->data_ptr(), E, H, F1, H * F1, F1, 1)
+           : expert_weight_mn_map(w1.data_ptr(), E, F1, H, w1.stride(0), w1.stride(1));
+  }
   maps.act_store = staged_rows_map(act.data_ptr(), buffer_rows, F, 1, F);
-  maps.dout_rows = row_tile_map((mx ? *dout_k : dout).data_ptr(), buffer_rows, H, H);
-  maps.w2_dgrad = mx ? expert_weight_map(w2_t->data_ptr(), E, F, H, F * H, H, 1, kDgrad2Cols)
-                     : expert_weight_mn_map(w2.data_ptr(), E, H, F, w2.stride(0), w2.stride(1));
   maps.h_tile = staged_rows_map(h.data_ptr(), buffer_rows, F, halves, F1);
   maps.dh_store = staged_rows_map(dh.data_ptr(), buffer_rows, F, halves, F1);
-  maps.dh_rows = row_tile_map((mx ? *dh_k : dh).data_ptr(), buffer_rows, F1, F1);
-  maps.w1_dgrad = mx ? expert_weight_map(w1_t->data_ptr(), E, H, F1, H * F1, F1, 1)
-                     : expert_weight_mn_map(w1.data_ptr(), E, F1, H, w1.stride(0), w1.stride(1));
   maps.dout_mn = mn_major_rows_map(dout.data_ptr(), buffer_rows, H, H);
   maps.act_mn = mn_major_rows_map(act.data_ptr(), buffer_rows, F, F);
   maps.dh_mn = mn_major_rows_map(dh.data_ptr(), buffer_rows, F1, F1);
   maps.rows_mn = mn_major_rows_map(rows.data_ptr(), buffer_rows, H, H);
   if (dw2) maps.dw2_store = staged_rows_map(dw2->data_ptr(), E * H, F, 1, F);
   if (dw1) maps.dw1_store = staged_rows_map(dw1->data_ptr(), E * F1, H, 1, H);
-  if (mx) {
-    MOK_DISPATCH_ACTIVATION(activation, KACT, (launch_backward<KACT, true>(maps, args)));
+  if (blockwise) {
+    MOK_DISPATCH_ACTIVATION(activation, KACT,
+                            (launch_backward<KACT, kBackwardFp8Blockwise>(maps, args)));
+  } else if (mx) {
+    MOK_DISPATCH_ACTIVATION(activation, KACT, (launch_backward<KACT, kBackwardMxfp8>(maps, args)));
   } else {
-    MOK_DISPATCH_ACTIVATION(activation, KACT, (launch_backward<KACT, false>(maps, args)));
+    MOK_DISPATCH_ACTIVATION(activation, KACT, (launch_backward<KACT, kBackwardBf16>(maps, args)));
   }
 }
 

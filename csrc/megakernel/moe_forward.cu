@@ -33,7 +33,14 @@
 // it is stored, and the weights either as their MXFP8 values in bf16 (rounded once per
 // optimizer step) or as E4M3 codes with E8M0 scales that the consumers dequantize per stage in
 // shared memory (gemm/sm90/mx_weight_stage.cuh, as grouped_gemm.cu does) - the same bits as
-// the separate path's FC1 and FC2 under the recipe.
+// the separate path's FC1 and FC2 under the recipe. Blockwise FP8 (docs/fp8_blockwise.md):
+// the pull copies x's wire rows as they are - E4M3 codes and the transposed 1 x 128 scale
+// codes, the FP8 engine's A operand (row_pull.cuh: pull_wire_codes_bulk) - and every tile is
+// the FP8 engine's (gemm/sm90/fp8_mainloop.cuh: 128 x 128 tiles, 128 of K per stage, partial
+// sums promoted once per stage). An FC1 tile makes kFp8ScaleBlock activation columns, one
+// 1 x 128 block of each row (gated: two passes of 64 gate + 64 up weight rows), which the
+// storer quantizes into act's codes and scale codes (epilogue_storer.cuh: store_fp8_act) - the
+// operands the separate path's fp8_quantize_rows gives its FC2, so y is its y bit for bit.
 // Memory ordering: rows and activations are written by TMA / bulk stores (async proxy; an
 // expert's partial last block of activations and dequantized wire rows by plain stores,
 // fenced before the release) and read by TMA in another
@@ -45,11 +52,13 @@
 #include <torch/extension.h>
 
 #include <algorithm>
+#include <type_traits>
 
 #include "common/error.cuh"
 #include "common/ptx.cuh"
 #include "gemm/mx_weight_checks.h"
 #include "gemm/persistent_launch.cuh"
+#include "gemm/sm90/fp8_mainloop.cuh"
 #include "gemm/sm90/mx_weight_stage.cuh"
 #include "gemm/sm90/tensor_map.h"
 #include "gemm/sm90/tile_engine.cuh"
@@ -91,15 +100,32 @@ struct ForwardArgs {
   int* report;
   int skip;                   // ProfileSkip bits: stages left out, for timing only
   int64_t* trace;             // [grid, kTraceBlockValues] timestamps (tile_trace.cuh), or null
+  // Blockwise FP8 only (rows and act then unused): the pulled rows' and act's codes and scale
+  // codes, and each weight's E8M0 codes per 128 x 128 block [E, row_blocks, k_blocks].
+  Fp8Rows rows_fp8, act_fp8;
+  const uint8_t* w1_block_scales;
+  const uint8_t* w2_block_scales;
+  int w1_row_blocks, w2_row_blocks;
 };
 
 // What the GEMMs read (the file's comment: Recipes).
-enum ForwardOperands : int { kBf16Operands = 0, kMxfp8Values = 1, kMxfp8Codes = 2 };
+enum ForwardOperands : int {
+  kBf16Operands = 0,
+  kMxfp8Values = 1,
+  kMxfp8Codes = 2,
+  kFp8Blockwise = 3
+};
 
+using Fp8Ring = Fp8StageRing<Fp8BlockScales, kFp8MegakernelStages>;
+struct NoMxScales {};
+
+// kFp8: the blockwise recipe's stage ring (FP8 engine), else the tile engine's.
+template <bool kFp8>
 struct SharedStorage {
+  using Ring = std::conditional_t<kFp8, Fp8Ring, StageRing>;
   EpilogueBuffers epilogue;  // first: 1024-aligned, as TMA's 128-byte swizzle needs
-  StageRing ring;
-  MxScaleRing mx_scales;  // kMxfp8Codes only
+  Ring ring;
+  std::conditional_t<kFp8, NoMxScales, MxScaleRing> mx_scales;  // kMxfp8Codes only
   int32_t row_begin[kGemmMaxExperts + 1];
   int32_t mblock_begin[kGemmMaxExperts + 1];
   uint64_t pull_full[kPullMaxSlots];  // row-pulling blocks: their slots live in epilogue
@@ -109,10 +135,18 @@ struct SharedStorage {
   StorerTargets storer_targets;  // read by the storers in place (epilogue_storer.cuh)
   uint32_t ticket;  // this block's arrival ticket
 };
-static_assert(offsetof(SharedStorage, ring) == sizeof(EpilogueBuffers),
-              "the pull's slots span epilogue, ring.a and ring.b (row_pull.cuh: kPullBytes)");
-constexpr size_t kSharedBytes = aligned_smem_bytes<SharedStorage>();
-static_assert(kSharedBytes <= kMaxDynamicSmemBytes, "shared memory of one block per SM");
+template <bool kFp8>
+constexpr size_t kSharedBytes = aligned_smem_bytes<SharedStorage<kFp8>>();
+// The pull's slots span epilogue, ring.a and ring.b (row_pull.cuh: pull_bytes).
+template <bool kFp8>
+constexpr size_t kPullRingBytes = pull_bytes<typename SharedStorage<kFp8>::Ring>();
+static_assert(offsetof(SharedStorage<false>, ring) == sizeof(EpilogueBuffers) &&
+                  offsetof(SharedStorage<true>, ring) == sizeof(EpilogueBuffers) &&
+                  offsetof(Fp8Ring, a) == 0 && offsetof(Fp8Ring, b) == sizeof(Fp8Ring::a),
+              "the pull's slots: epilogue, ring.a and ring.b back to back");
+static_assert(kSharedBytes<false> <= kMaxDynamicSmemBytes &&
+                  kSharedBytes<true> <= kMaxDynamicSmemBytes,
+              "shared memory of one block per SM");
 
 // Stages a profiling run leaves out (docs/perf-log.md: "time variants with a stage
 // removed"); any bit set makes the results meaningless, only the time counts.
@@ -141,22 +175,33 @@ __global__ void __launch_bounds__(kGemmThreads, 1)
                        const __grid_constant__ CUtensorMap w1_scales_map,
                        const __grid_constant__ CUtensorMap w2_scales_map,
                        const __grid_constant__ CUtensorMap act_store_map,
-                       const __grid_constant__ CUtensorMap h_store_map, const ForwardArgs a) {
+                       const __grid_constant__ CUtensorMap h_store_map,
+                       const __grid_constant__ CUtensorMap rows_scales_map,
+                       const __grid_constant__ CUtensorMap act_scales_map, const ForwardArgs a) {
   constexpr bool kGated = gated_epilogue<kAct>();
   constexpr bool kCodes = kOperands == kMxfp8Codes;
-  constexpr int kFc1Cols = tile_cols<kAct>();
+  constexpr bool kFp8 = kOperands == kFp8Blockwise;
+  // Blockwise: an FC1 tile is one 1 x 128 block of act per row, made in kFc1Passes passes of
+  // the FP8 engine's 128 weight rows (gated: 64 gate + 64 up each).
+  constexpr int kFc1Cols = kFp8 ? kFp8ScaleBlock : tile_cols<kAct>();
+  constexpr int kFc1Passes = kFp8 && kGated ? 2 : 1;
+  constexpr int kFc2Cols = kFp8 ? kFp8BlockN : kGemmBlockN;
+  constexpr int kBlockK = kFp8 ? kFp8BlockK : kGemmBlockK;
+  constexpr int kActForm = kFp8 ? kActFp8Codes : kOperands != kBf16Operands ? kActMxRounded
+                                                                             : kActBf16;
   extern __shared__ uint8_t smem_raw[];
-  SharedStorage& s = aligned_smem<SharedStorage>(smem_raw);
+  SharedStorage<kFp8>& s = aligned_smem<SharedStorage<kFp8>>(smem_raw);
   const int skip = kDiagnostic ? a.skip : 0;
   int64_t* const trace_buffer = kDiagnostic ? a.trace : nullptr;
 
   const int E = a.num_experts;
   const int fc1_nblocks = (a.ffn + kFc1Cols - 1) / kFc1Cols;
-  const int fc2_nblocks = (a.hidden + kGemmBlockN - 1) / kGemmBlockN;
+  const int fc2_nblocks = (a.hidden + kFc2Cols - 1) / kFc2Cols;
   if (threadIdx.x < 32) {
     build_mblock_table(a.offsets, E, s.row_begin, s.mblock_begin);
   }
-  const int slots = pull_slots(a.wire.row_bytes > 0 ? a.wire.row_bytes : 2 * a.hidden);
+  const int slots =
+      pull_slots(a.wire.row_bytes > 0 ? a.wire.row_bytes : 2 * a.hidden, kPullRingBytes<kFp8>);
   const PullRing pull_ring{s.epilogue.out[0], s.pull_full, s.pull_empty, slots,
                            min(32, max(1, slots / kPullLanesDivisor))};
   if (threadIdx.x == 32) {
@@ -169,11 +214,13 @@ __global__ void __launch_bounds__(kGemmThreads, 1)
     if (s.ticket < a.comm_blocks) init_pull_ring(pull_ring);
     init_tile_queue(s.queue);
     for (int c = 0; c < kGemmConsumers; ++c) init_staging_handoff(s.handoff[c]);
-    init_ring(s.ring);
+    if constexpr (kFp8) init_fp8_ring(s.ring);
+    else init_ring(s.ring);
     s.storer_targets = StorerTargets{a.row_prob, &act_store_map, &h_store_map, a.act, a.h_out,
                                      a.ffn, kGated ? 2 * a.ffn : a.ffn, a.hidden,
                                      a.row_slot, a.peer_bases, a.slots_offset, a.per_rank,
-                                     a.fc1_done, a.fc2_done, a.timeout_ns, a.report};
+                                     a.fc1_done, a.fc2_done, a.timeout_ns, a.report,
+                                     a.act_fp8};
   }
   __syncthreads();
   const int ticket = static_cast<int>(s.ticket);
@@ -193,7 +240,10 @@ __global__ void __launch_bounds__(kGemmThreads, 1)
                                    a.timeout_ns,
                                    a.report};
       const RowSource src{a.peer_bases, a.row_slot, a.per_rank, a.topk, a.world};
-      if (a.wire.row_bytes > 0) {
+      if constexpr (kFp8) {
+        pull_wire_codes_bulk(src, a.tokens_offset, a.wire, a.hidden, a.rows_fp8, ticket,
+                             a.comm_blocks, pull_ring, placement, a.rows_ready);
+      } else if (a.wire.row_bytes > 0) {
         pull_wire_rows_bulk(src, a.tokens_offset, a.wire, a.hidden, a.rows, ticket,
                             a.comm_blocks, pull_ring, placement, a.rows_ready);
       } else {
@@ -210,8 +260,8 @@ __global__ void __launch_bounds__(kGemmThreads, 1)
   const int end_tile = ring.mblocks * (fc1_nblocks + fc2_nblocks);
   const bool wait_rows = !(skip & (kSkipPull | kSkipWaits));
   const bool wait_fc1 = !(skip & (kSkipFc1 | kSkipWaits));
-  const int fc1_kblocks = (a.hidden + kGemmBlockK - 1) / kGemmBlockK;
-  const int fc2_kblocks = (a.ffn + kGemmBlockK - 1) / kGemmBlockK;
+  const int fc1_kblocks = (a.hidden + kBlockK - 1) / kBlockK;
+  const int fc2_kblocks = (a.ffn + kBlockK - 1) / kBlockK;
 
   auto locate = [&](int tile) {
     const PhaseTile pt = tile_at(ring, table, fc1_nblocks, fc2_nblocks, tile);
@@ -254,8 +304,8 @@ __global__ void __launch_bounds__(kGemmThreads, 1)
       const TileTrace storer_trace = warp == 1 && threadIdx.x % 32 == 0
                                          ? TileTrace::make(trace_buffer)
                                          : TileTrace{nullptr};
-      run_storer<kAct, kOperands != kBf16Operands>(s.handoff[warp - 1], s.epilogue.out[warp - 1], s.storer_targets,
-                       storer_trace);
+      run_storer<kAct, kActForm>(s.handoff[warp - 1], s.epilogue.out[warp - 1],
+                                 s.storer_targets, storer_trace);
       return;
     }
     if (threadIdx.x != 0) return;
@@ -285,34 +335,51 @@ __global__ void __launch_bounds__(kGemmThreads, 1)
       }
       fence_proxy_async_global();
       trace.stamp(seq, kTrReady);
-      const int k_blocks = w.fc1 ? fc1_kblocks : fc2_kblocks;
-      if (skip & kSkipLoads) {
-        signal_tile(s.ring, it, k_blocks, tile, a.timeout_ns, a.report);
-        trace.stamp(seq, kTrLoadsIssued);
-        continue;
-      }
-      produce_tile(s.ring, it, k_blocks, tile, a.timeout_ns, a.report, [&](int stage, int k0) {
-        uint64_t* full = &s.ring.full[stage];
-        uint8_t* b = s.ring.b[stage];
+      if constexpr (kFp8) {
         if (w.fc1) {
-          tma_load_4d(s.ring.a[stage], &rows_map, full, k0, w.slot0, 0, 0);
-          if constexpr (kCodes) {
-            load_weight_codes<kGated>(b, s.mx_scales.codes[stage], &w1_map, &w1_scales_map, full,
-                                      k0, w.n_block * kFc1Cols, w.expert);
-          } else {
-            load_weight_tile<kGated>(b, &w1_map, full, k0, w.n_block * kFc1Cols, w.expert);
+          // Pass p: the weight rows of activation columns n0 .. n0 + 63 (gated) or all 128.
+          for (int pass = 0; pass < kFc1Passes; ++pass) {
+            produce_fp8_tile<kGated>(s.ring, it, fc1_kblocks, tile, &rows_map, &rows_scales_map,
+                                     &w1_map, w.slot0,
+                                     w.n_block * kFc1Cols + pass * (kFp8BlockN / 2),
+                                     w.expert, a.timeout_ns, a.report);
           }
         } else {
-          tma_load_4d(s.ring.a[stage], &act_map, full, k0, w.slot0, 0, 0);
-          if constexpr (kCodes) {
-            load_weight_codes<false>(b, s.mx_scales.codes[stage], &w2_map, &w2_scales_map, full,
-                                     k0, w.n_block * kGemmBlockN, w.expert);
-          } else {
-            load_weight_tile<false>(b, &w2_map, full, k0, w.n_block * kGemmBlockN, w.expert);
-          }
+          produce_fp8_tile<false>(s.ring, it, fc2_kblocks, tile, &act_map, &act_scales_map,
+                                  &w2_map, w.slot0, w.n_block * kFc2Cols, w.expert,
+                                  a.timeout_ns, a.report);
         }
-      }, kCodes ? kMxStageTxBytes : kStageBytes);
-      trace.stamp(seq, kTrLoadsIssued);
+        trace.stamp(seq, kTrLoadsIssued);
+      } else {
+        const int k_blocks = w.fc1 ? fc1_kblocks : fc2_kblocks;
+        if (skip & kSkipLoads) {
+          signal_tile(s.ring, it, k_blocks, tile, a.timeout_ns, a.report);
+          trace.stamp(seq, kTrLoadsIssued);
+          continue;
+        }
+        produce_tile(s.ring, it, k_blocks, tile, a.timeout_ns, a.report, [&](int stage, int k0) {
+          uint64_t* full = &s.ring.full[stage];
+          uint8_t* b = s.ring.b[stage];
+          if (w.fc1) {
+            tma_load_4d(s.ring.a[stage], &rows_map, full, k0, w.slot0, 0, 0);
+            if constexpr (kCodes) {
+              load_weight_codes<kGated>(b, s.mx_scales.codes[stage], &w1_map, &w1_scales_map,
+                                        full, k0, w.n_block * kFc1Cols, w.expert);
+            } else {
+              load_weight_tile<kGated>(b, &w1_map, full, k0, w.n_block * kFc1Cols, w.expert);
+            }
+          } else {
+            tma_load_4d(s.ring.a[stage], &act_map, full, k0, w.slot0, 0, 0);
+            if constexpr (kCodes) {
+              load_weight_codes<false>(b, s.mx_scales.codes[stage], &w2_map, &w2_scales_map,
+                                       full, k0, w.n_block * kGemmBlockN, w.expert);
+            } else {
+              load_weight_tile<false>(b, &w2_map, full, k0, w.n_block * kGemmBlockN, w.expert);
+            }
+          }
+        }, kCodes ? kMxStageTxBytes : kStageBytes);
+        trace.stamp(seq, kTrLoadsIssued);
+      }
     }
     return;
   }
@@ -329,7 +396,7 @@ __global__ void __launch_bounds__(kGemmThreads, 1)
   // The first consumer warpgroup's leader stamps the consumer side.
   const TileTrace trace =
       leader && consumer == 0 ? TileTrace::make(trace_buffer) : TileTrace{nullptr};
-  float acc[kAccRegs];
+  float acc[kFp8 ? kFp8AccRegs : kAccRegs];
   // Weight codes: both consumer warpgroups dequantize every stage together (FC1's tile as
   // gate | up halves when gated), so a warpgroup without rows still converts its share.
   const MxWeightStage<kGated> fc1_codes;
@@ -344,64 +411,120 @@ __global__ void __launch_bounds__(kGemmThreads, 1)
     // A tile of at most 64 rows (an expert's short last m-block) is the first warpgroup's
     // alone: the second one runs no MMAs and stores nothing, so the tile costs about half.
     const bool idle = rows_valid(t) == 0;
-    const int k_blocks = t.fc1 ? fc1_kblocks : fc2_kblocks;
-    if (skip & kSkipMma) {
-      pass_tile(s.ring, it, k_blocks, t.tile, leader, kStagingBarrier + consumer, a.timeout_ns,
-                a.report);
-    } else if constexpr (kCodes) {
-      if (idle && t.fc1) {
-        convert_only_tile(s.ring, s.mx_scales, it, k_blocks, t.tile, leader, fc1_codes,
+    if constexpr (kFp8) {
+      const int nvalid = rows_valid(t);
+      if (t.fc1) {
+        // Each pass's h (64 gate | 64 up columns, or the plain tile's 128) as bf16 into slot
+        // `pass`, the rounding the activation starts from; the storer makes act's codes of the
+        // tile's 128 columns from them and counts the m-block in fc1_done.
+        uint8_t* slots = nullptr;
+        for (int pass = 0; pass < kFc1Passes; ++pass) {
+          if (idle) {
+            pass_fp8_tile(s.ring, it, fc1_kblocks, t.tile, leader, kStagingBarrier + consumer,
                           a.timeout_ns, a.report);
+            continue;
+          }
+          const WeightBlockScales<kGated> ws(a.w1_block_scales, t.expert, a.w1_row_blocks,
+                                             fc1_kblocks, a.ffn,
+                                             t.n_block * kFc1Cols + pass * (kFp8BlockN / 2));
+          consume_fp8_tile<kGated>(s.ring, it, fc1_kblocks, t.tile, consumer, leader, ws,
+                                   t.slot0, acc, a.timeout_ns, a.report);
+          if (pass == 0) slots = staging.acquire(2, t.tile, a.timeout_ns, a.report);
+          write_staged<kFp8BlockN>(slots + pass * kStagedSlotBytes, t_in_wg, [&](int j, int i) {
+            return __floats2bfloat162_rn(acc[4 * j + 2 * i], acc[4 * j + 2 * i + 1]);
+          });
+        }
+        trace.stamp(seq, kTrMainloopEnd);
+        const StagedRecord r{kStagedFc1, 2, !idle, t.slot0 + kStagedRows * consumer,
+                             t.row0 + kStagedRows * consumer, nvalid,
+                             t.rows_left >= kStagedRows * (consumer + 1), t.n_block * kFc1Cols,
+                             t.mblock};
+        if (!idle) {
+          staging.hand_off(r);
+        } else {
+          staging.hand_off_record(r, t.tile, a.timeout_ns, a.report);
+        }
+      } else {
+        if (idle) {
+          pass_fp8_tile(s.ring, it, fc2_kblocks, t.tile, leader, kStagingBarrier + consumer,
+                        a.timeout_ns, a.report);
+        } else {
+          const WeightBlockScales<false> ws(a.w2_block_scales, t.expert, a.w2_row_blocks,
+                                            fc2_kblocks, a.hidden, t.n_block * kFc2Cols);
+          consume_fp8_tile<false>(s.ring, it, fc2_kblocks, t.tile, consumer, leader, ws,
+                                  t.slot0, acc, a.timeout_ns, a.report);
+        }
+        trace.stamp(seq, kTrMainloopEnd);
+        const StagedRecord r{kStagedFc2, 2, !idle, t.row0 + kStagedRows * consumer, 0, nvalid,
+                             0, t.n_block * kFc2Cols, ring.macro_of(t.mblock)};
+        if (!idle) {
+          write_scatter_staged<kFc2Cols>(acc, staging.acquire(2, t.tile, a.timeout_ns, a.report),
+                                         t_in_wg);
+          staging.hand_off(r);
+        } else {
+          staging.hand_off_record(r, t.tile, a.timeout_ns, a.report);
+        }
+      }
+    } else {
+      const int k_blocks = t.fc1 ? fc1_kblocks : fc2_kblocks;
+      if (skip & kSkipMma) {
+        pass_tile(s.ring, it, k_blocks, t.tile, leader, kStagingBarrier + consumer, a.timeout_ns,
+                  a.report);
+      } else if constexpr (kCodes) {
+        if (idle && t.fc1) {
+          convert_only_tile(s.ring, s.mx_scales, it, k_blocks, t.tile, leader, fc1_codes,
+                            a.timeout_ns, a.report);
+        } else if (idle) {
+          convert_only_tile(s.ring, s.mx_scales, it, k_blocks, t.tile, leader, fc2_codes,
+                            a.timeout_ns, a.report);
+        } else if (t.fc1) {
+          consume_tile(s.ring, it, k_blocks, t.tile, consumer, leader, acc, a.timeout_ns, a.report,
+                       [&](int, int stage) {
+                         fc1_codes.convert(s.ring.b[stage], s.mx_scales.codes[stage]);
+                       });
+        } else {
+          consume_tile(s.ring, it, k_blocks, t.tile, consumer, leader, acc, a.timeout_ns, a.report,
+                       [&](int, int stage) {
+                         fc2_codes.convert(s.ring.b[stage], s.mx_scales.codes[stage]);
+                       });
+        }
       } else if (idle) {
-        convert_only_tile(s.ring, s.mx_scales, it, k_blocks, t.tile, leader, fc2_codes,
-                          a.timeout_ns, a.report);
-      } else if (t.fc1) {
-        consume_tile(s.ring, it, k_blocks, t.tile, consumer, leader, acc, a.timeout_ns, a.report,
-                     [&](int, int stage) {
-                       fc1_codes.convert(s.ring.b[stage], s.mx_scales.codes[stage]);
-                     });
+        pass_tile(s.ring, it, k_blocks, t.tile, leader, kStagingBarrier + consumer, a.timeout_ns,
+                  a.report);
       } else {
-        consume_tile(s.ring, it, k_blocks, t.tile, consumer, leader, acc, a.timeout_ns, a.report,
-                     [&](int, int stage) {
-                       fc2_codes.convert(s.ring.b[stage], s.mx_scales.codes[stage]);
-                     });
+        consume_tile(s.ring, it, k_blocks, t.tile, consumer, leader, acc, a.timeout_ns, a.report);
       }
-    } else if (idle) {
-      pass_tile(s.ring, it, k_blocks, t.tile, leader, kStagingBarrier + consumer, a.timeout_ns,
-                a.report);
-    } else {
-      consume_tile(s.ring, it, k_blocks, t.tile, consumer, leader, acc, a.timeout_ns, a.report);
-    }
-    trace.stamp(seq, kTrMainloopEnd);
-    const bool stores = !idle && !(skip & kSkipStores);
-    const int nvalid = rows_valid(t);
-    if (t.fc1) {
-      // h (gate | up) as bf16, the rounding the activation starts from; the storer computes
-      // act(h) * prob from it, stores both and counts the m-block in fc1_done.
-      const StagedRecord r{kStagedFc1, 2, stores, t.slot0 + kStagedRows * consumer,
-                           t.row0 + kStagedRows * consumer, nvalid,
-                           t.rows_left >= kStagedRows * (consumer + 1), t.n_block * kFc1Cols,
-                           t.mblock};
-      if (stores) {
-        write_staged<kGemmBlockN>(staging.acquire(2, t.tile, a.timeout_ns, a.report), t_in_wg,
-                                  [&](int j, int i) {
-                                    return __floats2bfloat162_rn(acc[4 * j + 2 * i],
-                                                                 acc[4 * j + 2 * i + 1]);
-                                  });
-        staging.hand_off(r);
+      trace.stamp(seq, kTrMainloopEnd);
+      const bool stores = !idle && !(skip & kSkipStores);
+      const int nvalid = rows_valid(t);
+      if (t.fc1) {
+        // h (gate | up) as bf16, the rounding the activation starts from; the storer computes
+        // act(h) * prob from it, stores both and counts the m-block in fc1_done.
+        const StagedRecord r{kStagedFc1, 2, stores, t.slot0 + kStagedRows * consumer,
+                             t.row0 + kStagedRows * consumer, nvalid,
+                             t.rows_left >= kStagedRows * (consumer + 1), t.n_block * kFc1Cols,
+                             t.mblock};
+        if (stores) {
+          write_staged<kGemmBlockN>(staging.acquire(2, t.tile, a.timeout_ns, a.report), t_in_wg,
+                                    [&](int j, int i) {
+                                      return __floats2bfloat162_rn(acc[4 * j + 2 * i],
+                                                                   acc[4 * j + 2 * i + 1]);
+                                    });
+          staging.hand_off(r);
+        } else {
+          staging.hand_off_record(r, t.tile, a.timeout_ns, a.report);
+        }
       } else {
-        staging.hand_off_record(r, t.tile, a.timeout_ns, a.report);
-      }
-    } else {
-      // The storer counts fc2_done (this warpgroup's MMAs have read the act rows) and sends
-      // each row to its (token, k) slot on the source rank.
-      const StagedRecord r{kStagedFc2, 2, stores, t.row0 + kStagedRows * consumer, 0, nvalid, 0,
-                           t.n_block * kGemmBlockN, ring.macro_of(t.mblock)};
-      if (stores) {
-        write_scatter_staged(acc, staging.acquire(2, t.tile, a.timeout_ns, a.report), t_in_wg);
-        staging.hand_off(r);
-      } else {
-        staging.hand_off_record(r, t.tile, a.timeout_ns, a.report);
+        // The storer counts fc2_done (this warpgroup's MMAs have read the act rows) and sends
+        // each row to its (token, k) slot on the source rank.
+        const StagedRecord r{kStagedFc2, 2, stores, t.row0 + kStagedRows * consumer, 0, nvalid, 0,
+                             t.n_block * kGemmBlockN, ring.macro_of(t.mblock)};
+        if (stores) {
+          write_scatter_staged(acc, staging.acquire(2, t.tile, a.timeout_ns, a.report), t_in_wg);
+          staging.hand_off(r);
+        } else {
+          staging.hand_off_record(r, t.tile, a.timeout_ns, a.report);
+        }
       }
     }
     trace.stamp(seq, kTrStaged);
@@ -413,22 +536,33 @@ __global__ void __launch_bounds__(kGemmThreads, 1)
   trace.header_clock(kTrEndClock);
 }
 
+// Blockwise: rows and act are their codes (fp8_row_tile_map), act_store act's staged codes
+// (fp8_staged_codes_map), rows_scales and act_scales their scale codes; the other recipes
+// leave those two empty.
 struct ForwardMaps {
-  CUtensorMap rows, w1, act, w2, w1_scales, w2_scales, act_store, h_store;
+  CUtensorMap rows, w1, act, w2, w1_scales, w2_scales, act_store, h_store, rows_scales,
+      act_scales;
 };
 
 template <int kAct, bool kDiagnostic, int kOperands>
 void launch_kernel(const ForwardMaps& m, const ForwardArgs& args) {
-  launch_persistent(moe_forward_kernel<kAct, kDiagnostic, kOperands>, kSharedBytes, m.rows, m.w1,
-                    m.act, m.w2, m.w1_scales, m.w2_scales, m.act_store, m.h_store, args);
+  launch_persistent(moe_forward_kernel<kAct, kDiagnostic, kOperands>,
+                    kSharedBytes<kOperands == kFp8Blockwise>, m.rows, m.w1, m.act, m.w2,
+                    m.w1_scales, m.w2_scales, m.act_store, m.h_store, m.rows_scales,
+                    m.act_scales, args);
 }
 
+// The blockwise recipe has no diagnostic kernel (the launcher refuses profiling variants and
+// traces for it).
 template <int kAct, bool kDiagnostic>
 void launch_forward(ForwardOperands operands, const ForwardMaps& m, const ForwardArgs& args) {
   switch (operands) {
     case kBf16Operands: launch_kernel<kAct, kDiagnostic, kBf16Operands>(m, args); break;
     case kMxfp8Values: launch_kernel<kAct, kDiagnostic, kMxfp8Values>(m, args); break;
     case kMxfp8Codes: launch_kernel<kAct, kDiagnostic, kMxfp8Codes>(m, args); break;
+    case kFp8Blockwise:
+      if constexpr (!kDiagnostic) launch_kernel<kAct, false, kFp8Blockwise>(m, args);
+      break;
   }
 }
 
@@ -457,10 +591,13 @@ void moe_forward_megakernel(const at::Tensor& peer_bases, int64_t tokens_offset,
                             const at::Tensor& row_slot, const at::Tensor& row_prob,
                             int64_t max_tokens, int64_t topk, const at::Tensor& w1,
                             const at::Tensor& w2, const c10::optional<at::Tensor>& w1_scales,
-                            const c10::optional<at::Tensor>& w2_scales, bool mxfp8,
-                            int64_t wire_row_bytes, int64_t wire_code_bytes, int64_t wire_block,
-                            int64_t activation, at::Tensor& rows,
-                            at::Tensor& act, const c10::optional<at::Tensor>& h_out,
+                            const c10::optional<at::Tensor>& w2_scales,
+                            const std::string& precision, int64_t wire_row_bytes,
+                            int64_t wire_code_bytes, int64_t wire_block, int64_t activation,
+                            at::Tensor& rows, at::Tensor& act,
+                            const c10::optional<at::Tensor>& rows_scales,
+                            const c10::optional<at::Tensor>& act_scales,
+                            const c10::optional<at::Tensor>& h_out,
                             at::Tensor& counters, int64_t comm_blocks, int64_t minibatch_rows,
                             int64_t ring_mblocks, int64_t ring_slots, int64_t timeout_ns,
                             int64_t rank, int64_t profile_skip,
@@ -476,19 +613,42 @@ void moe_forward_megakernel(const at::Tensor& peer_bases, int64_t tokens_offset,
   const int sms = at::cuda::getCurrentDeviceProperties()->multiProcessorCount;
   check_megakernel_call("moe_forward_megakernel", w1, w2, offsets, peer_bases, H, F1,
                         minibatch_rows);
-  MOK_HOST_CHECK((wire_row_bytes > 0) == mxfp8,
-                 "moe_forward_megakernel: mxfp8 pulls FP8 wire rows (x's MXFP8 codes), and only "
-                 "mxfp8 does");
+  const bool mxfp8 = precision == "mxfp8", blockwise = precision == "fp8_blockwise";
+  MOK_HOST_CHECK(mxfp8 || blockwise || precision == "bf16",
+                 "moe_forward_megakernel: precision must be bf16, mxfp8 or fp8_blockwise, got ",
+                 precision);
+  MOK_HOST_CHECK((wire_row_bytes > 0) == (mxfp8 || blockwise),
+                 "moe_forward_megakernel: the FP8 recipes pull FP8 wire rows (x's codes), and "
+                 "only they do");
   if (wire_row_bytes > 0) {
     check_wire_row("moe_forward_megakernel", wire_row_bytes, wire_code_bytes, wire_block, H);
-    MOK_HOST_CHECK(pull_slots(static_cast<int>(wire_row_bytes)) >= kPullMinSlots,
+    const size_t pull_bytes = blockwise ? kPullRingBytes<true> : kPullRingBytes<false>;
+    MOK_HOST_CHECK(pull_slots(static_cast<int>(wire_row_bytes), pull_bytes) >= kPullMinSlots,
                    "moe_forward_megakernel: wire rows of ", wire_row_bytes,
                    " bytes are too wide for the row-pulling ring");
   }
   const bool codes = w1_scales.has_value();
-  MOK_HOST_CHECK(w2_scales.has_value() == codes && (!codes || mxfp8),
-                 "moe_forward_megakernel: weight scales come for both weights, under mxfp8");
-  if (codes) {
+  MOK_HOST_CHECK(w2_scales.has_value() == codes && (blockwise ? codes : !codes || mxfp8),
+                 "moe_forward_megakernel: weight scales come for both weights, under mxfp8 "
+                 "(codes) or fp8_blockwise (always)");
+  MOK_HOST_CHECK(rows_scales.has_value() == blockwise && act_scales.has_value() == blockwise,
+                 "moe_forward_megakernel: rows_scales and act_scales come with fp8_blockwise, "
+                 "and only with it");
+  if (blockwise) {
+    check_fp8_block_weight("moe_forward_megakernel", w1, *w1_scales);
+    check_fp8_block_weight("moe_forward_megakernel", w2, *w2_scales);
+    MOK_HOST_CHECK(wire_block == kFp8ScaleBlock,
+                   "moe_forward_megakernel: fp8_blockwise pulls wire rows of 1 x ",
+                   kFp8ScaleBlock, " blocks, got blocks of ", wire_block);
+    MOK_HOST_CHECK(!gated || F % (kFp8BlockN / 2) == 0,
+                   "moe_forward_megakernel: fp8_blockwise with a gated activation needs F a "
+                   "multiple of ", kFp8BlockN / 2, " (each 64-row half of W1 inside one 128-row "
+                   "scale block), got F = ", F);
+    MOK_HOST_CHECK(!h_out,
+                   "moe_forward_megakernel: fp8_blockwise keeps no h (backward recomputes it)");
+    MOK_HOST_CHECK(profile_skip == 0 && !trace,
+                   "moe_forward_megakernel: fp8_blockwise has no profiling variants or traces");
+  } else if (codes) {
     check_mx_weight("moe_forward_megakernel", w1, *w1_scales, gated ? 2 : 1);
     check_mx_weight("moe_forward_megakernel", w2, *w2_scales, 1);
   } else {
@@ -499,12 +659,16 @@ void moe_forward_megakernel(const at::Tensor& peer_bases, int64_t tokens_offset,
   MOK_HOST_CHECK(!ring_on || (ring_slots >= 2 && !h_out),
                  "moe_forward_megakernel: the macrobatch ring needs >= 2 slots and no h_out "
                  "(h is recomputed in backward), got ", ring_slots, " slots");
-  MOK_HOST_CHECK(rows.is_contiguous() && act.is_contiguous() && rows.size(0) >= buffer_rows &&
-                     act.size(0) == rows.size(0) && act.size(1) == F &&
-                     (!h_out || (h_out->is_contiguous() && h_out->scalar_type() == at::kBFloat16 &&
-                                 h_out->size(0) == cap && h_out->size(1) == F1)),
+  MOK_HOST_CHECK(blockwise ||
+                     (rows.is_contiguous() && act.is_contiguous() &&
+                      rows.scalar_type() == at::kBFloat16 && act.scalar_type() == at::kBFloat16 &&
+                      rows.size(0) >= buffer_rows && act.size(0) == rows.size(0) &&
+                      act.size(1) == F &&
+                      (!h_out || (h_out->is_contiguous() &&
+                                  h_out->scalar_type() == at::kBFloat16 &&
+                                  h_out->size(0) == cap && h_out->size(1) == F1))),
                  "moe_forward_megakernel: rows [>= ", buffer_rows, ", H], act [rows, F], h [",
-                 cap, ", F1], contiguous");
+                 cap, ", F1], contiguous bf16");
   MOK_HOST_CHECK(counters.scalar_type() == at::kInt && counters.is_contiguous() &&
                      counters.numel() >= 2 * max_mblocks + max_macro + 2,
                  "moe_forward_megakernel: counters must be int32 with >= ",
@@ -554,16 +718,47 @@ void moe_forward_megakernel(const at::Tensor& peer_bases, int64_t tokens_offset,
   args.report = timeout_report_device(kReportForwardMegakernel, rank, timeout_ns);
   args.skip = static_cast<int>(profile_skip);
   args.trace = trace ? trace->data_ptr<int64_t>() : nullptr;
+  if (blockwise) {
+    args.rows_fp8 = fp8_rows_of("moe_forward_megakernel", "rows", rows, *rows_scales,
+                                buffer_rows, H);
+    args.act_fp8 = fp8_rows_of("moe_forward_megakernel", "act", act, *act_scales,
+                               rows.size(0), F);
+    MOK_HOST_CHECK(act.size(0) == rows.size(0),
+                   "moe_forward_megakernel: act must have the rows' rows");
+    args.w1_block_scales = w1_scales->data_ptr<uint8_t>();
+    args.w2_block_scales = w2_scales->data_ptr<uint8_t>();
+    args.w1_row_blocks = static_cast<int>(w1_scales->size(1));
+    args.w2_row_blocks = static_cast<int>(w2_scales->size(1));
+  }
 
-  ForwardMaps maps;
-  maps.rows = rows_tensor_map(rows);
-  maps.act = rows_tensor_map(act);
-  maps.w1 = weight_tensor_map(w1, gated ? 2 : 1, w1_scales, maps.w1_scales);
-  maps.w2 = weight_tensor_map(w2, 1, w2_scales, maps.w2_scales);
-  maps.act_store = staged_rows_map(act.data_ptr(), act.size(0), F, 1, F);
-  maps.h_store =
-      h_out ? staged_rows_map(h_out->data_ptr(), cap, F, gated ? 2 : 1, F1) : CUtensorMap{};
-  const ForwardOperands operands = codes ? kMxfp8Codes : mxfp8 ? kMxfp8Values : kBf16Operands;
+  ForwardMaps maps{};
+  if (blockwise) {
+    const int64_t n = rows.size(0);
+    maps.rows = fp8_row_tile_map(rows.data_ptr(), n, H, rows.stride(0));
+    maps.act = fp8_row_tile_map(act.data_ptr(), n, F, act.stride(0));
+    maps.rows_scales = fp8_row_scales_map(rows_scales->data_ptr(), rows_scales->size(0),
+                                          rows_scales->size(1), rows_scales->stride(0),
+                                          Fp8Ring::kScaleBlocks);
+    maps.act_scales = fp8_row_scales_map(act_scales->data_ptr(), act_scales->size(0),
+                                         act_scales->size(1), act_scales->stride(0),
+                                         Fp8Ring::kScaleBlocks);
+    maps.w1 = fp8_expert_weight_map(w1.data_ptr(), E, F1, H, w1.stride(0), w1.stride(1),
+                                    gated ? 2 : 1);
+    maps.w2 = fp8_expert_weight_map(w2.data_ptr(), E, H, F, w2.stride(0), w2.stride(1), 1);
+    maps.act_store = fp8_staged_codes_map(act.data_ptr(), n, F, act.stride(0));
+  } else {
+    maps.rows = rows_tensor_map(rows);
+    maps.act = rows_tensor_map(act);
+    maps.w1 = weight_tensor_map(w1, gated ? 2 : 1, w1_scales, maps.w1_scales);
+    maps.w2 = weight_tensor_map(w2, 1, w2_scales, maps.w2_scales);
+    maps.act_store = staged_rows_map(act.data_ptr(), act.size(0), F, 1, F);
+    maps.h_store =
+        h_out ? staged_rows_map(h_out->data_ptr(), cap, F, gated ? 2 : 1, F1) : CUtensorMap{};
+  }
+  const ForwardOperands operands = blockwise ? kFp8Blockwise
+                                   : codes   ? kMxfp8Codes
+                                   : mxfp8   ? kMxfp8Values
+                                             : kBf16Operands;
   const bool diagnostic = profile_skip != 0 || trace.has_value();
   MOK_DISPATCH_ACTIVATION(activation, KACT,
                           if (diagnostic) launch_forward<KACT, true>(operands, maps, args);

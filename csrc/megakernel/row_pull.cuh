@@ -28,21 +28,26 @@
 #include "gemm/sm90/tile_epilogue.cuh"
 #include "gemm/sm90/tma.cuh"
 #include "megakernel/macrobatch_ring.cuh"
+#include "quant/fp8_rows.h"
 
 namespace mok {
 
 // The GEMM memory a row-pulling block uses for whole-row slots: the epilogue buffers and the
 // stage ring's operand tiles, which a megakernel's shared storage lays out back to back
-// (EpilogueBuffers first, then the StageRing; each kernel asserts it).
-constexpr size_t kPullBytes =
-    sizeof(sm90::EpilogueBuffers) + sizeof(sm90::StageRing::a) + sizeof(sm90::StageRing::b);
+// (EpilogueBuffers first, then the stage ring with a and b first; each kernel asserts it).
+template <class Ring>
+constexpr size_t pull_bytes() {
+  return sizeof(sm90::EpilogueBuffers) + sizeof(Ring::a) + sizeof(Ring::b);
+}
+constexpr size_t kPullBytes = pull_bytes<sm90::StageRing>();
 static_assert(offsetof(sm90::StageRing, a) == 0 &&
                   offsetof(sm90::StageRing, b) == sizeof(sm90::StageRing::a),
               "ring.a and ring.b lie back to back");
 
-// Whole-row slots of `row_bytes` (a bf16 row: 2 H; an FP8 wire row: WireRow::row_bytes).
-__host__ __device__ constexpr int pull_slots(int row_bytes) {
-  const size_t fit = kPullBytes / size_t(row_bytes);
+// Whole-row slots of `row_bytes` (a bf16 row: 2 H; an FP8 wire row: WireRow::row_bytes) in
+// `bytes` of shared memory.
+__host__ __device__ constexpr int pull_slots(int row_bytes, size_t bytes = kPullBytes) {
+  const size_t fit = bytes / size_t(row_bytes);
   return fit < kPullMaxSlots ? int(fit) : kPullMaxSlots;
 }
 
@@ -268,29 +273,28 @@ constexpr int kPullConvertBarrier = 1;
 
 // The pull under an FP8 recipe: the source ranks publish wire rows (comm/wire_row.cuh), the
 // loading warp brings them into the ring as pull_rows_bulk's does (half the bytes of a bf16
-// row), and the other warps dequantize them into the bf16 row buffer `rows` - row q of the
-// block's sequence by warp 1 + q % kPullConverterWarps, 16 codes a lane at a time, stored
-// straight to global memory (estimated, not measured: a warp converts a 7168-wide row in 14
-// steps of ~60 instructions, so the 11 warps together stay ahead of the ~30 GB/s a block's
-// bulk copies bring in; one converting warp would not). A slot
-// is free once its warp has read it (its loads feed the stores it issues, so __syncwarp
-// orders them). A chunk is published after every converting warp has stored its rows of it
-// and fenced them: plain stores, then fence -> named barrier -> the async-proxy fence and one
-// release per m-block; FC1's producer acquires and fences the async proxy before its TMA
-// reads, as for the bulk stores.
-__device__ inline void pull_wire_rows_bulk(const RowSource& src, int64_t tokens_offset,
-                                           const WireRow& wire, int hidden,
-                                           __nv_bfloat16* rows, int comm_block, int comm_blocks,
-                                           const PullRing& ring, const RowPlacement& placement,
-                                           uint32_t* rows_ready) {
+// row), and the other warps write each one out as FC1 reads it - `write_row(wire_row, dst_row,
+// lane)` for the warp's 32 lanes, row q of the block's sequence by warp 1 + q %
+// kPullConverterWarps, straight to global memory (estimated, not measured: a warp converts a
+// 7168-wide row in 14 steps of ~60 instructions, so the 11 warps together stay ahead of the
+// ~30 GB/s a block's bulk copies bring in; one converting warp would not). A slot is free
+// once its warp has read it (its loads feed the stores it issues, so __syncwarp orders them).
+// A chunk is published after every converting warp has stored its rows of it and fenced them:
+// plain stores, then fence -> named barrier -> the async-proxy fence and one release per
+// m-block; FC1's producer acquires and fences the async proxy before its TMA reads, as for the
+// bulk stores.
+template <class WriteRow>
+__device__ inline void pull_wire_rows(const RowSource& src, int64_t tokens_offset,
+                                      const WireRow& wire, int comm_block, int comm_blocks,
+                                      const PullRing& ring, const RowPlacement& placement,
+                                      uint32_t* rows_ready, WriteRow write_row) {
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   if (warp == 0) {
-    load_rows_into_ring(src, RowStreams{{tokens_offset, 0}, {rows, nullptr}, 1},
+    load_rows_into_ring(src, RowStreams{{tokens_offset, 0}, {nullptr, nullptr}, 1},
                         uint32_t(wire.row_bytes), comm_block, comm_blocks, ring, placement);
     return;
   }
   const int converter = warp - 1;
-  const int vecs = (hidden + 15) / 16;  // 16-code vectors of a row (inside the padded codes)
   int seq = 0;
   for_each_chunk(placement, comm_block, comm_blocks, [&](int macro, int c0, int c1) {
     if (lane == 0) placement.wait_slot(macro);
@@ -300,14 +304,7 @@ __device__ inline void pull_wire_rows_bulk(const RowSource& src, int64_t tokens_
       const int slot = seq % ring.slots;
       sm90::mbar_wait(&ring.full[slot], (seq / ring.slots) & 1, placement.timeout_ns,
                       sm90::kWaitPullRow, r, slot, placement.report);
-      const uint8_t* codes = ring.data + size_t(slot) * wire.row_bytes;
-      __nv_bfloat16* row = rows + placement.place(r) * hidden;
-      for (int v = lane; v < vecs; v += 32) {
-        const uint4 c = sm90::ld_shared_16(codes + 16 * v);
-        const uint8_t scale = codes[wire.code_bytes + 16 * v / wire.block];
-        store_dequantized_codes(row + 16 * v, make_int4(c.x, c.y, c.z, c.w), e8m0_factor(scale),
-                                16 * v + 8 < hidden);
-      }
+      write_row(ring.data + size_t(slot) * wire.row_bytes, placement.place(r), lane);
       __syncwarp();
       if (lane == 0) sm90::mbar_arrive(&ring.empty[slot]);
     }
@@ -320,6 +317,49 @@ __device__ inline void pull_wire_rows_bulk(const RowSource& src, int64_t tokens_
       publish_rows(placement.table, c0, c1, rows_ready);
     }
   });
+}
+
+// MXFP8: each wire row dequantized into the bf16 row buffer `rows`, 16 codes a lane at a time.
+__device__ inline void pull_wire_rows_bulk(const RowSource& src, int64_t tokens_offset,
+                                           const WireRow& wire, int hidden,
+                                           __nv_bfloat16* rows, int comm_block, int comm_blocks,
+                                           const PullRing& ring, const RowPlacement& placement,
+                                           uint32_t* rows_ready) {
+  const int vecs = (hidden + 15) / 16;  // 16-code vectors of a row (inside the padded codes)
+  pull_wire_rows(src, tokens_offset, wire, comm_block, comm_blocks, ring, placement, rows_ready,
+                 [&](const uint8_t* codes, int64_t place, int lane) {
+                   __nv_bfloat16* row = rows + place * hidden;
+                   for (int v = lane; v < vecs; v += 32) {
+                     const uint4 c = sm90::ld_shared_16(codes + 16 * v);
+                     const uint8_t scale = codes[wire.code_bytes + 16 * v / wire.block];
+                     store_dequantized_codes(row + 16 * v, make_int4(c.x, c.y, c.z, c.w),
+                                             e8m0_factor(scale), 16 * v + 8 < hidden);
+                   }
+                 });
+}
+
+// Blockwise FP8: each wire row's codes copied as they are and its scale codes scattered into
+// the transposed scales (the FP8 engine's A operand, Fp8Rows), so FC1 multiplies x's
+// codes with no conversion.
+__device__ inline void pull_wire_codes_bulk(const RowSource& src, int64_t tokens_offset,
+                                            const WireRow& wire, int hidden,
+                                            const Fp8Rows& dst, int comm_block,
+                                            int comm_blocks, const PullRing& ring,
+                                            const RowPlacement& placement,
+                                            uint32_t* rows_ready) {
+  const int vecs = (hidden + 15) / 16;  // the codes' 16-byte vectors (rows padded to 16)
+  const int blocks = (hidden + wire.block - 1) / wire.block;
+  pull_wire_rows(src, tokens_offset, wire, comm_block, comm_blocks, ring, placement, rows_ready,
+                 [&](const uint8_t* codes, int64_t place, int lane) {
+                   uint8_t* row = dst.codes + place * dst.code_stride;
+                   for (int v = lane; v < vecs; v += 32) {
+                     *reinterpret_cast<uint4*>(row + 16 * v) =
+                         sm90::ld_shared_16(codes + 16 * v);
+                   }
+                   for (int b = lane; b < blocks; b += 32) {
+                     dst.scales[b * dst.scale_stride + place] = codes[wire.code_bytes + b];
+                   }
+                 });
 }
 
 }  // namespace mok

@@ -75,9 +75,12 @@ struct ScaleLayout {
   int64_t matrix_rows, half_rows, padded;
   int halves, blocks;
 
+  // 32-bit divisions (rows < 2^31, checked at the launch): 64-bit ones cost ~60 instructions.
   __device__ int64_t at(int64_t row, int b) const {
-    const int64_t e = row / matrix_rows, n = row % matrix_rows;
-    return ((e * blocks + b) * halves + n / half_rows) * padded + n % half_rows;
+    const int r = static_cast<int>(row), m = static_cast<int>(matrix_rows);
+    const int e = r / m, n = r - e * m, h = static_cast<int>(half_rows);
+    const int half = n / h;
+    return ((static_cast<int64_t>(e) * blocks + b) * halves + half) * padded + (n - half * h);
   }
 };
 
@@ -117,8 +120,12 @@ __global__ void mx_round_columns_kernel(const __nv_bfloat16* __restrict__ x, int
   for (int64_t w = (static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x) / 32;
        w * (32 / kLanes) < total; w += warps) {
     const int64_t b = w * (32 / kLanes) + lane / kLanes;
-    const int64_t row = b / per_row;
-    const int c = static_cast<int>(b % per_row) * kBlock + (lane % kLanes) * 8;
+    // Row and block within it by 32-bit division (the launch checks that the block count fits
+    // int32): a 64-bit division per vector was most of the pass's instructions.
+    const int row32 = static_cast<int>(b) / per_row;
+    const int64_t row = row32;
+    const int blk = static_cast<int>(b) - row32 * per_row;
+    const int c = blk * kBlock + (lane % kLanes) * 8;
     const bool here = b < total && c < cols;  // cols is a multiple of 8: whole vectors
     const int64_t at = (row * cols + c) / 8;
     Bf16x8 v;
@@ -142,7 +149,7 @@ __global__ void mx_round_columns_kernel(const __nv_bfloat16* __restrict__ x, int
       *reinterpret_cast<uint2*>(dst.codes + row * dst.code_stride + c) =
           *reinterpret_cast<const uint2*>(q);
       if (lane % kLanes == 0) {
-        dst.scales.scales[dst.scales.at(row, static_cast<int>(b % per_row))] =
+        dst.scales.scales[dst.scales.at(row, blk)] =
             ok ? static_cast<uint8_t>(e + kE8m0Bias) : kE8m0Nan;
       }
     } else {
@@ -209,11 +216,21 @@ void check_block(int64_t block, const char* what) {
                  kMxBlock, " (MXFP8) or ", kFp8ScaleBlock, " (blockwise FP8), got ", block);
 }
 
+// The columns kernel numbers blocks, and the scale layouts rows, in 32 bits (with a warp's
+// slack): a call over more blocks is refused.
+void check_block_count(const at::Tensor& x, int64_t block, const char* what) {
+  const int64_t per_row = (x.size(1) + block - 1) / block;
+  MOK_HOST_CHECK(x.size(0) * per_row < (int64_t{1} << 31) - (1 << 20), what,
+                 ": a call takes fewer than 2^31 - 2^20 scale blocks, got ", x.size(0),
+                 " rows of ", per_row);
+}
+
 }  // namespace
 
 void mx_round_columns(const at::Tensor& x, const c10::optional<at::Tensor>& num_rows,
                       at::Tensor& out) {
   check_operand(x, out, "mx_round_columns");
+  check_block_count(x, kMxBlock, "mx_round_columns");
   if (num_rows.has_value()) {
     MOK_HOST_CHECK(num_rows->scalar_type() == at::kInt && num_rows->numel() == 1 &&
                        num_rows->device() == x.device(),
@@ -325,6 +342,8 @@ ScaleLayout scale_layout(const at::Tensor& scales, const at::Tensor& x, int64_t 
                  what, ": ", rows, " rows are not whole matrices of ", matrix_rows, " rows in ",
                  halves, " halves");
   const int64_t half_rows = matrix_rows / halves;
+  MOK_HOST_CHECK(rows < (int64_t{1} << 31), what, ": ScaleLayout splits rows in 32 bits, got ",
+                 rows, " rows");
   MOK_HOST_CHECK(scales.device() == x.device() && scales.scalar_type() == at::kByte &&
                      scales.is_contiguous() && scales.dim() == 4 &&
                      scales.size(0) == rows / matrix_rows && scales.size(1) == blocks &&
@@ -359,6 +378,7 @@ void check_quantized_operand(const at::Tensor& x, const char* what) {
 template <class Scales>
 void launch_codes(const at::Tensor& x, const c10::optional<at::Tensor>& num_rows,
                   const ColumnsOut<Scales>& dst, int64_t block) {
+  check_block_count(x, block, "the columns quantizer");
   const int grid = at::cuda::getCurrentDeviceProperties()->multiProcessorCount * kBlocksPerSm;
   auto kernel = block == kMxBlock ? mx_round_columns_kernel<kMxBlock, true, Scales>
                                   : mx_round_columns_kernel<kFp8ScaleBlock, true, Scales>;

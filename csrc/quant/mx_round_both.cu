@@ -16,9 +16,8 @@
 // engine's A operand as mx_quantize_columns writes it (E4M3 codes, E8M0 scale codes
 // transposed: ops.fp8_quantize_rows' layout), along the rows bf16 values as
 // mx_round_segments<128> writes them. A CTA takes one block of rows (<= 128 rows of one
-// segment) x 128 columns: thread t holds rows t / 16 + 16 i (i < 8) at vector t % 16, so a
-// row's block is 16 consecutive lanes (four shuffles) and a column's block is the thread's 8
-// rows, the other row group of its warp (one shuffle) and the CTA's 8 warps (shared memory).
+// segment) x 128 columns (quant/fp8_round_both_block.cuh, shared with the backward
+// megakernel's rounding tiles).
 #include <ATen/cuda/CUDAContext.h>
 #include <cuda_bf16.h>
 #include <torch/extension.h>
@@ -29,6 +28,7 @@
 #include "config/kernel_config.cuh"
 #include "ops.h"
 #include "quant/column_block.cuh"
+#include "quant/fp8_round_both_block.cuh"
 #include "quant/mx_block_scale.cuh"
 #include "quant/mx_format.cuh"
 #include "quant/mx_round_span.cuh"
@@ -37,12 +37,6 @@ namespace mok {
 namespace {
 
 constexpr int kCtasPerSm = 2;  // 124 registers per thread, no spills
-// Blockwise FP8
-constexpr int kWideBlock = kFp8ScaleBlock;
-constexpr int kWideLanes = kWideBlock / 8;                      // a row's block: 16 lanes
-constexpr int kWideRowsPerPass = kMxRoundThreads / kWideLanes;  // 16 row groups
-constexpr int kWidePasses = kWideBlock / kWideRowsPerPass;      // 8 rows per thread
-static_assert(kWideLanes == 16 && kWidePasses == 8, "two row groups per warp, 8 rows each");
 
 // The schedule's rows in the peers' published token rows (a pull, as comm/rows.cu's), the
 // slot arithmetic in 32 bits (comm/peer_row.cuh).
@@ -85,84 +79,23 @@ __global__ void __launch_bounds__(kMxRoundThreads, kCtasPerSm)
 }
 
 template <class Rows>
-__global__ void __launch_bounds__(kMxRoundThreads, kCtasPerSm)
+__global__ void __launch_bounds__(kWideThreads, kCtasPerSm)
     fp8_quantize_round_both_kernel(Rows src, int cols, const int32_t* __restrict__ offsets,
-                                   int segments, uint8_t* __restrict__ codes,
-                                   int64_t code_stride, uint8_t* __restrict__ scales,
-                                   int64_t scale_stride, int4* __restrict__ along_n) {
+                                   int segments, Fp8Rows out, int4* __restrict__ along_n) {
   __shared__ int64_t first_block[kGemmMaxExperts + 1];
-  __shared__ uint32_t warp_col_max[kMxRoundThreads / 32][kWideBlock / 2];
+  __shared__ WideColumnMaxima warp_col_max;
   if (threadIdx.x == 0) number_row_blocks<kWideBlock>(offsets, segments, 0, first_block);
   __syncthreads();
-  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
-  const int g = threadIdx.x % kWideLanes, row_group = threadIdx.x / kWideLanes;
   const int vecs = cols / 8;
   const int spans = (cols + kWideBlock - 1) / kWideBlock;
   const int64_t work = first_block[segments] * spans;
   for (int64_t w = blockIdx.x; w < work; w += gridDim.x) {
     const int64_t b = w / spans;
-    const int span = static_cast<int>(w % spans);
-    const int v = span * kWideLanes + g;  // this thread's vector
     const int s = segment_of_block(first_block, segments, b);
     const int64_t r0 = offsets[s] + (b - first_block[s]) * kWideBlock;
     const int len = static_cast<int>(min(static_cast<int64_t>(kWideBlock), offsets[s + 1] - r0));
-    const bool here = v < vecs;  // lanes past the last column hold zeros (no amax, no store)
-    uint32_t x[kWidePasses][4];
-#pragma unroll
-    for (int i = 0; i < kWidePasses; ++i) {
-      const int r = row_group + kWideRowsPerPass * i;
-      const int4 v4 = here && r < len ? src.row(r0 + r)[v] : make_int4(0, 0, 0, 0);
-      x[i][0] = v4.x, x[i][1] = v4.y, x[i][2] = v4.z, x[i][3] = v4.w;
-    }
-    uint32_t col_max[4], row_max[kWidePasses / 2];
-    block_maxima(x, col_max, row_max);
-#pragma unroll
-    for (int p = 0; p < kWidePasses / 2; ++p) {
-#pragma unroll
-      for (int d = 1; d < kWideLanes; d *= 2) {
-        row_max[p] = larger_halves(row_max[p], __shfl_xor_sync(0xffffffffu, row_max[p], d));
-      }
-    }
-#pragma unroll
-    for (int k = 0; k < 4; ++k) {
-      col_max[k] = larger_halves(col_max[k],
-                                 __shfl_xor_sync(0xffffffffu, col_max[k], kWideLanes));
-      if (lane < kWideLanes) warp_col_max[warp][4 * g + k] = col_max[k];
-    }
-    __syncthreads();
-#pragma unroll
-    for (int k = 0; k < 4; ++k) {
-#pragma unroll
-      for (int other = 0; other < kMxRoundThreads / 32; ++other) {
-        col_max[k] = larger_halves(col_max[k], warp_col_max[other][4 * g + k]);
-      }
-    }
-    __syncthreads();  // every warp has read warp_col_max before the next block writes it
-    if (!here) continue;
-    BlockScale col[8];
-    column_scales(col_max, col);
-#pragma unroll
-    for (int i = 0; i < kWidePasses; ++i) {
-      const int r = row_group + kWideRowsPerPass * i;
-      const BlockScale row(i % 2 == 0 ? row_max[i / 2] & 0xFFFFu : row_max[i / 2] >> 16);
-      uint32_t q[2];
-#pragma unroll
-      for (int k = 0; k < 4; ++k) {
-        const uint32_t pair =
-            row.finite ? code_pair(bf16_of(x[i][k], 0), bf16_of(x[i][k], 1), row.down, row.down)
-                       : (uint32_t(kE4m3Nan) << 8 | kE4m3Nan);
-        q[k / 2] = k % 2 == 0 ? pair : q[k / 2] | (pair << 16);
-      }
-      const int4 n = round_vector(x[i], &col[0], &col[1], 2);
-      if (r < len) {
-        *reinterpret_cast<uint2*>(codes + (r0 + r) * code_stride + 8 * v) = make_uint2(q[0], q[1]);
-        if (g == 0) {
-          scales[span * scale_stride + r0 + r] =
-              row.finite ? static_cast<uint8_t>(row.e + kE8m0Bias) : kE8m0Nan;
-        }
-        along_n[(r0 + r) * vecs + v] = n;
-      }
-    }
+    fp8_round_both_block<true>(src, r0, len, static_cast<int>(w % spans), vecs, out, along_n,
+                               warp_col_max, threadIdx.x, [] { __syncthreads(); });
   }
 }
 
@@ -270,11 +203,12 @@ void fp8_both(const Source& src, const at::Tensor& offsets, at::Tensor& codes,
     // A CTA per (row block, span).
     const int64_t units =
         (rows / kWideBlock + segments) * ((cols + kWideBlock - 1) / kWideBlock);
-    fp8_quantize_round_both_kernel<<<grid_for(units, 1), kMxRoundThreads, 0,
+    fp8_quantize_round_both_kernel<<<grid_for(units, 1), kWideThreads, 0,
                                      at::cuda::getCurrentCUDAStream()>>>(
         rows_of, static_cast<int>(cols), offsets.data_ptr<int32_t>(), static_cast<int>(segments),
-        static_cast<uint8_t*>(codes.data_ptr()), codes.stride(0), scales.data_ptr<uint8_t>(),
-        scales.stride(0), reinterpret_cast<int4*>(along_n.data_ptr()));
+        Fp8Rows{static_cast<uint8_t*>(codes.data_ptr()), codes.stride(0),
+                  scales.data_ptr<uint8_t>(), scales.stride(0)},
+        reinterpret_cast<int4*>(along_n.data_ptr()));
     MOK_LAUNCH_CHECK();
   });
 }

@@ -319,14 +319,21 @@ def test_recipe_loads_for_the_separate_kernels():
     assert resolve_backend(recipe, torch.device("cpu")) == "reference"
 
 
-@pytest.mark.parametrize("knob", ["forward_kernel", "backward_kernel"])
-def test_recipe_with_a_megakernel_is_refused(tmp_path, knob):
+@pytest.mark.parametrize("kernel, why", [
+    ("forward_kernel", "the forward megakernel under fp8_blockwise pulls x rows quantized"),
+    ("backward_kernel", "the backward megakernel under fp8_blockwise rounds the rows it pulls "
+                        "in place")])
+def test_megakernels_need_recomputed_inputs(tmp_path, kernel, why):
+    """Either megakernel runs the recipe (the forward one's pull keeps x's codes, which
+    backward's weight gradient cannot start from; the backward one rounds the rows it pulls in
+    place): with recomputed backward inputs it loads, with saved ones it is refused by name."""
     path = tmp_path / "blockwise.yaml"
-    path.write_text(f"precision: fp8_blockwise\nkernel:\n  {knob}: megakernel\n")
-    direction = knob.split("_")[0]
-    with pytest.raises(ConfigError, match=f"kernel.{knob}: precision fp8_blockwise runs "
-                                          f"{direction} on the separate kernels so far "
-                                          ".*set it to separate"):
+    path.write_text(f"precision: fp8_blockwise\nkernel:\n  {kernel}: megakernel\n")
+    assert getattr(load_recipe(str(path)).kernel, kernel) == "megakernel"
+    path.write_text(f"precision: fp8_blockwise\nkernel:\n  {kernel}: megakernel\n"
+                    "  backward_inputs: saved\n")
+    with pytest.raises(ConfigError, match=f"kernel.backward_inputs: {why}.* set it to "
+                                          f"recomputed"):
         load_recipe(str(path))
 
 

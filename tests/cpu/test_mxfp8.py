@@ -261,27 +261,44 @@ def test_weight_cache_invalidation(monkeypatch):
     assert len(mw._cache) == entries - 1  # the other owner's entry went with it
 
 
-def test_backward_megakernel_weights_per_form():
+def test_backward_megakernel_operands_per_recipe():
     """What the backward megakernel gets under each recipe (operands.py): BF16 the stacked
-    weights and no transposed ones; MXFP8 with rounded weights W1's values along H and the
-    dgrads' transposed values (W1^T, W2^T); MXFP8 with codes a clear refusal (the recipe
-    check refuses that setting before any call)."""
+    weights only; MXFP8 with rounded weights W1's values along H, the dgrads' transposed
+    values (W1^T, W2^T) and bf16 buffers of n rows for the forms along K; MXFP8 with codes a
+    clear refusal (the recipe check refuses that setting before any call); blockwise FP8 the
+    bf16 weights (their shapes), W1's codes and the transposed codes with their block scales,
+    and codes + scale-code buffers of n rows along K (H for x and dY, F1 for dh)."""
     from types import SimpleNamespace
 
+    from mok_megatron import fp8_block_weights
     from mok_megatron.mxfp8_weights import MxWeight, Mxfp8Weights, RoundedWeights
     from mok_megatron.operands import Bf16Operands, Fp8BlockwiseOperands, Mxfp8Operands
 
-    E, F1, H, F = 2, 16, 8, 8
+    E, F1, H, F, n = 2, 16, 8, 8, 256
     plan = SimpleNamespace(w1=torch.randn(E, F1, H), w2=torch.randn(E, H, F))
-    w1, w2, transposed = Bf16Operands().backward_megakernel_weights(plan)
-    assert w1 is plan.w1 and w2 is plan.w2 and transposed is None
+    assert Bf16Operands().backward_megakernel_operands(plan, n) == dict(w1=plan.w1, w2=plan.w2)
     rounded = RoundedWeights(torch.randn(E, F1, H), torch.randn(E, H, F),
                              torch.randn(E, H, F1), torch.randn(E, F, H))
-    w1, w2, transposed = Mxfp8Operands(rounded).backward_megakernel_weights(plan)
-    assert w1 is rounded.w1 and w2 is plan.w2
-    assert transposed[0] is rounded.w1_t and transposed[1] is rounded.w2_t
+    got = Mxfp8Operands(rounded).backward_megakernel_operands(plan, n)
+    assert got["w1"] is rounded.w1 and got["w2"] is plan.w2
+    mx = got["mxfp8"]
+    assert mx.w1_t is rounded.w1_t and mx.w2_t is rounded.w2_t
+    assert [tuple(t.shape) for t in (mx.rows_k, mx.dout_k, mx.dh_k)] == [(n, H), (n, H), (n, F1)]
     code = MxWeight(torch.zeros(1), torch.zeros(1))
     with pytest.raises(NotImplementedError, match="kernel.mxfp8_weights: rounded"):
-        Mxfp8Operands(Mxfp8Weights(code, code, code, code)).backward_megakernel_weights(plan)
-    with pytest.raises(NotImplementedError, match="does not run this recipe"):
-        Fp8BlockwiseOperands(None).backward_megakernel_weights(plan)
+        Mxfp8Operands(Mxfp8Weights(code, code, code, code)).backward_megakernel_operands(plan, n)
+
+    def block(n_, k_):
+        return fp8_block_weights.BlockWeight(torch.zeros(E, n_, k_, dtype=torch.float8_e4m3fn),
+                                             torch.zeros(E, 1, 1, dtype=torch.uint8))
+
+    blocks = fp8_block_weights.Fp8BlockWeights(block(F1, H), block(H, F), block(H, F1),
+                                               block(F, H))
+    got = Fp8BlockwiseOperands(blocks).backward_megakernel_operands(plan, n)
+    assert got["w1"] is plan.w1 and got["w2"] is plan.w2
+    fb = got["fp8_blockwise"]
+    for mine, theirs in ((fb.w1, blocks.w1), (fb.w1_t, blocks.w1_t), (fb.w2_t, blocks.w2_t)):
+        assert mine[0] is theirs.codes and mine[1] is theirs.scales
+    for (codes, scales), cols in ((fb.rows_k, H), (fb.dout_k, H), (fb.dh_k, F1)):
+        assert codes.dtype == torch.float8_e4m3fn and tuple(codes.shape) == (n, cols)
+        assert scales.dtype == torch.uint8 and tuple(scales.shape) == (1, n)

@@ -90,7 +90,8 @@ def test_macrobatch_ring_bit_identical_to_no_ring(group, backward_kernel):
 
 # Both megakernels (dY pulled and dX rows pushed over NVLink) and the FP8 recipes (the separate
 # kernels, forward pulling FP8 wire rows from the peers; MXFP8 on the forward megakernel and on
-# both, the backward one's ring at two m-blocks per macrobatch).
+# both, the backward one's ring at two m-blocks per macrobatch; blockwise on the forward
+# megakernel, its pull keeping the peers' codes, and on both).
 SETTINGS = {
     "megakernels": {**MEGAKERNEL, "backward_kernel": "megakernel", "comm_sms_backward": 8},
     "mxfp8": {"precision": "mxfp8"},
@@ -99,6 +100,11 @@ SETTINGS = {
                           "backward_kernel": "megakernel", "comm_sms_backward": 8,
                           "macrobatch_tokens": 256},
     "fp8_blockwise": {"precision": "fp8_blockwise"},
+    "fp8_blockwise_megakernel": {**MEGAKERNEL, "precision": "fp8_blockwise",
+                                 "backward_inputs": "recomputed"},
+    "fp8_blockwise_megakernels": {**MEGAKERNEL, "precision": "fp8_blockwise",
+                                  "backward_inputs": "recomputed", "backward_kernel": "megakernel",
+                                  "comm_sms_backward": 8, "macrobatch_tokens": 256},
 }
 
 

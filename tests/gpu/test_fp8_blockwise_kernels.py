@@ -136,16 +136,17 @@ def test_fp8_grouped_gemm_matches_reference(activation, case):
     gated = activation == "swiglu"
     n_out = n // 2 if gated else n
     results = []
-    for _ in range(3):
+    # Three runs, then one with the warpgroups taking turns on the tensor cores: the same bits.
+    for turns in (False, False, False, True):
         out = torch.full((rows + 5, n_out), float("nan"), device="cuda", dtype=torch.bfloat16)
         h = (torch.full((rows + 5, n), float("nan"), device="cuda", dtype=torch.bfloat16)
              if activation else None)
         ops.fp8_grouped_gemm(a_codes, a_scales, w_codes, w_scales, offsets, out,
                              activation=activation, row_prob=prob if activation else None,
-                             h_out=h)
+                             h_out=h, warpgroup_turns=turns)
         results.append((out, h))
     bits = lambda t: t.view(torch.int16)  # noqa: E731 - the poison rows are NaN
-    for out, h in results[1:]:  # bit-identical runs
+    for out, h in results[1:]:  # bit-identical runs, with turns or without
         assert torch.equal(bits(out), bits(results[0][0]))
         if h is not None:
             assert torch.equal(bits(h), bits(results[0][1]))

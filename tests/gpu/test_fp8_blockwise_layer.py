@@ -4,7 +4,13 @@ operands.py Fp8BlockwiseOperands) on one GPU: the MoE layer against the blockwis
 issue's 5e-3) and against the BF16 reference
 (sum|d|/sum|ref| <= 0.1, gradient cosine >= 0.996), bit-identical over runs, saved vs
 recomputed, CUDA-graph replay, EP=1 and emulated EP=2/4, the weight cache, and the clear
-error for a gated F the GEMM cannot split."""
+error for a gated F the GEMM cannot split; the forward megakernel under the recipe
+(csrc/megakernel/moe_forward.cu kFp8Blockwise) bit for bit the separate path, across its
+settings, graph-replayed and in the emulated group; the backward megakernel under the recipe
+(csrc/megakernel/moe_backward.cu kFp8) against the reference and the separate backward, across
+its settings, graph-replayed and in the emulated group."""
+
+import dataclasses
 
 import pytest
 import torch
@@ -57,6 +63,185 @@ def test_emulated_group_matches_reference(world, index):
 @pytest.mark.parametrize("world", [2, 4])
 def test_emulated_group_bit_identical_to_one_rank(world):
     gpu_checks.check_emulated_settings(gpu_checks.ep_specs(world)[3], [FP8])
+
+
+# The forward megakernel under the recipe: x pulled as codes, FC1 and FC2 on the FP8 engine,
+# act quantized per 1 x 128 by the storer; backward separate on recomputed inputs.
+MEGAKERNEL = {**FP8, "forward_kernel": "megakernel", "comm_sms_forward": 8,
+              "backward_inputs": "recomputed"}
+SEPARATE = {**FP8, "backward_inputs": "recomputed"}
+
+
+@pytest.mark.parametrize("spec", LAYER_SPECS, ids=lambda s: s.name)
+def test_forward_megakernel_is_the_separate_path(spec):
+    """Against the blockwise reference (tolerances, 3 runs bit-identical) and bit for bit the
+    separate path's y and gradients: the same codes on the same FP8 engine - skewed routings,
+    an empty expert, GeGLU with F = 64 (one 128-column tile, its second pass all padding) and
+    a plain activation with short blocks of H and F (odd_relu)."""
+    errors = gpu_checks.check_against_reference(spec, 0, None, **MEGAKERNEL)
+    problem = spec.build()
+    max_tokens = max(max(spec.tokens_per_rank), 1)
+    gpu_checks.assert_same_bits(gpu_checks.run_cuda(problem, 0, None, max_tokens, **SEPARATE),
+                                gpu_checks.run_cuda(problem, 0, None, max_tokens, **MEGAKERNEL),
+                                f"({spec.name}) between the separate path and the megakernel")
+    print(spec.name, {k: f"{v:.2e}" for k, v in errors.items()})
+
+
+def test_forward_megakernel_settings_and_graph_replay():
+    """Pulling blocks, minibatches and the macrobatch ring's size never change the bits; a
+    CUDA graph replays the megakernel under the recipe bit for bit."""
+    spec = SPECS[1]
+    problem = spec.build()
+    max_tokens = max(spec.tokens_per_rank)
+    settings = [{}, {"comm_sms_forward": 1, "minibatch_tokens": 37},
+                {"comm_sms_forward": 32, "macrobatch_tokens": 128}]
+    runs = [gpu_checks.run_cuda(problem, 0, None, max_tokens, **{**MEGAKERNEL, **knobs})
+            for knobs in settings]
+    for knobs, run in zip(settings[1:], runs[1:]):
+        gpu_checks.assert_same_bits(runs[0], run, f"({spec.name}) with {knobs}")
+    gpu_checks.check_cuda_graph(spec, 0, None, **MEGAKERNEL)
+
+
+@pytest.mark.parametrize("world", [2, 4])
+def test_forward_megakernel_emulated_group(world):
+    """EP=2/4 emulated on one GPU: the megakernel's bits are the separate path's and the
+    whole problem's on one rank; against the reference within the recipe's tolerances."""
+    gpu_checks.check_emulated_settings(gpu_checks.ep_specs(world)[3], [MEGAKERNEL, SEPARATE])
+    errors = gpu_checks.check_emulated_against_reference(gpu_checks.ep_specs(world)[1],
+                                                         **MEGAKERNEL)
+    print(f"EP={world}", {k: f"{v:.2e}" for k, v in errors.items()})
+
+
+def test_forward_megakernel_refuses_what_it_cannot_run():
+    """What the launch refuses under the recipe (behind config.recipe_problems, before anything
+    runs): h kept, a profiling variant (ops' checks), wire rows of other than 1 x 128 blocks,
+    weight scales not per 128 x 128 block (the launcher's)."""
+    spec = SPECS[0]
+    inputs = spec.build().local(0, torch.device("cuda"))
+    w1, w2 = inputs["w1"].detach(), inputs["w2"].detach()
+    q = fp8_block_weights.quantize_pair(w1, w2, gated=True)
+    E, F1, H = w1.shape
+    F = w2.shape[2]
+    rows, rows_scales = ops.megakernel_fp8_rows(256, H, w1.device)
+    act, act_scales = ops.megakernel_fp8_rows(256, F, w1.device)
+    wire = ops.Fp8WireRow(H, ops.FP8_BLOCK)
+    zeros = torch.zeros(E + 1, dtype=torch.int32, device="cuda")
+    base = dict(peer_bases=torch.zeros(1, dtype=torch.int64, device="cuda"), tokens_offset=0,
+                slots_offset=0, offsets=zeros,
+                row_slot=torch.zeros(256, dtype=torch.int32, device="cuda"),
+                row_prob=torch.zeros(256, device="cuda"), max_tokens=128, topk=2,
+                w1=q.w1.codes, w2=q.w2.codes, w1_scales=q.w1.scales, w2_scales=q.w2.scales,
+                activation="swiglu", rows=rows, act=act, rows_scales=rows_scales,
+                act_scales=act_scales, h_out=None,
+                counters=ops.megakernel_counters(256, E, w1.device, 0), comm_blocks=1,
+                timeout_ns=10 ** 9, fp8_blockwise=True, wire=wire)
+    with pytest.raises(ValueError, match="keeps no h_out"):
+        ops.moe_forward_megakernel(**{**base, "h_out": torch.empty(
+            256, F1, dtype=torch.bfloat16, device="cuda")})
+    with pytest.raises(ValueError, match="no profiling variants"):
+        ops.moe_forward_megakernel(**base, profile_skip=1)
+    with pytest.raises(RuntimeError, match="1 x 128 blocks"):
+        ops.moe_forward_megakernel(**{**base, "wire": ops.Fp8WireRow(H, ops.MX_BLOCK)})
+    with pytest.raises(RuntimeError, match="per 128 x 128 block"):
+        ops.moe_forward_megakernel(**{**base, "w1_scales": q.w1.scales[:, :1]})
+
+
+# The backward megakernel under the recipe (csrc/megakernel/moe_backward.cu kFp8: rounding
+# tiles make dY, x and dh's codes along K and round them, and act, along the rows; FC1 again
+# and both dgrads on the FP8 engine's tiles, the weight gradients on the BF16 engine),
+# recomputed inputs, after the separate forward or the forward megakernel; macrobatches of 2
+# m-blocks, or of one (every expert's weight gradient carried across them).
+BACKWARD_MK = {**SEPARATE, "backward_kernel": "megakernel", "comm_sms_backward": 8,
+               "macrobatch_tokens": 256}
+BACKWARD_SETTINGS = {
+    "separate_forward": BACKWARD_MK,
+    "megakernels": {**BACKWARD_MK, "forward_kernel": "megakernel", "comm_sms_forward": 8},
+    "ring_one_mblock": {**BACKWARD_MK, "macrobatch_tokens": 128},
+}
+
+
+@pytest.mark.parametrize("setting", BACKWARD_SETTINGS)
+@pytest.mark.parametrize("spec", LAYER_SPECS, ids=lambda s: s.name)
+def test_backward_megakernel_matches_blockwise_reference(spec, setting):
+    """gpu_checks.check_backward_megakernel: against the blockwise reference and the separate
+    backward; y unchanged."""
+    gpu_checks.check_backward_megakernel(spec, **BACKWARD_SETTINGS[setting])
+
+
+def test_backward_megakernel_settings_and_graph_replay():
+    """Pulling blocks, minibatches and macrobatch sizes never change the backward
+    megakernel's bits under the recipe; a CUDA graph replays it bit for bit."""
+    gpu_checks.check_backward_megakernel_settings(SPECS[1], **BACKWARD_MK)
+    gpu_checks.check_cuda_graph(SPECS[1], 0, None, **BACKWARD_SETTINGS["megakernels"])
+
+
+@pytest.mark.parametrize("world", [2, 4])
+def test_backward_megakernel_emulated_group(world):
+    """EP=2/4 emulated on one GPU: the same bits as the whole problem on one rank, across
+    settings; against the reference within the recipe's tolerances."""
+    gpu_checks.check_emulated_settings(gpu_checks.ep_specs(world)[3], [
+        BACKWARD_SETTINGS["megakernels"], BACKWARD_SETTINGS["ring_one_mblock"]])
+    for spec in gpu_checks.ep_specs(world)[:3]:
+        errors = gpu_checks.check_emulated_against_reference(spec,
+                                                             **BACKWARD_SETTINGS["megakernels"])
+        print(f"EP={world}", spec.name, {k: f"{v:.2e}" for k, v in errors.items()})
+
+
+def test_backward_megakernel_against_bf16_reference():
+    """What the recipe costs in accuracy with both megakernels: the issue's bounds against
+    the BF16 reference."""
+    ratios = gpu_checks.check_against_bf16_reference(SPECS[1], **BACKWARD_SETTINGS["megakernels"])
+    print(SPECS[1].name, {k: f"{v:.2e}" for k, v in ratios.items()})
+
+
+def test_backward_megakernel_refuses_what_it_cannot_run():
+    """What the launch refuses under the recipe (behind config.recipe_problems, before anything
+    runs): no ring (saved inputs, which its rounding tiles would overwrite; ops' check), both
+    recipes' operands at once, weight scales not per 128 x 128 block, transposed codes of the
+    wrong shape (the launcher's)."""
+    spec = SPECS[0]
+    inputs = spec.build().local(0, torch.device("cuda"))
+    w1, w2 = inputs["w1"].detach(), inputs["w2"].detach()
+    q = fp8_block_weights.quantize_pair(w1, w2, gated=True)
+    E, F1, H = w1.shape
+    F = w2.shape[2]
+    cap, ring_mblocks = 256, 1
+    n = ops.macrobatch_ring_rows(cap, E, ring_mblocks)
+
+    def rows(cols, dtype=torch.bfloat16):
+        return torch.zeros(n, cols, dtype=dtype, device="cuda")
+
+    operands = ops.Fp8BackwardOperands(
+        (q.w1.codes, q.w1.scales), (q.w1_t.codes, q.w1_t.scales), (q.w2_t.codes, q.w2_t.scales),
+        ops.megakernel_fp8_rows(n, H, w1.device), ops.megakernel_fp8_rows(n, H, w1.device),
+        ops.megakernel_fp8_rows(n, F1, w1.device))
+    wgrad_tiles = ops.backward_wgrad_tiles(H, F, F1)
+    base = dict(peer_bases=torch.zeros(1, dtype=torch.int64, device="cuda"), tokens_offset=0,
+                inputs_offset=0, slots_offset=0, values_offset=0,
+                offsets=torch.zeros(E + 1, dtype=torch.int32, device="cuda"),
+                row_slot=torch.zeros(cap, dtype=torch.int32, device="cuda"),
+                row_prob=torch.zeros(cap, device="cuda"), max_tokens=128, topk=2,
+                activation="swiglu", rows=rows(H), h=rows(F1), act=rows(F), dout=rows(H),
+                dh=rows(F1),
+                dprob_part=torch.zeros(ops.dprob_part_size(n, F), device="cuda"),
+                counters=ops.backward_megakernel_counters(cap, E, w1.device, ring_mblocks,
+                                                          wgrad_tiles, rounding_tiles=True),
+                comm_blocks=1, timeout_ns=10 ** 9, w1=w1, w2=w2,
+                dw1=torch.empty_like(w1), dw2=torch.empty_like(w2),
+                carry=ops.backward_carry(cap, E, ring_mblocks, wgrad_tiles, w1.device),
+                fp8_blockwise=operands, ring_mblocks=ring_mblocks)
+    with pytest.raises(ValueError, match="with the ring"):
+        ops.moe_backward_megakernel(**{**base, "ring_mblocks": 0})
+    mx = ops.MxBackwardOperands(rows(H), rows(H), rows(H), rows(H), rows(F1))
+    with pytest.raises(ValueError, match="not both"):
+        ops.moe_backward_megakernel(**base, mxfp8=mx)
+    bad_scales = dataclasses.replace(operands,
+                                     w1_t=(q.w1_t.codes, q.w1_t.scales[:, :1].contiguous()))
+    with pytest.raises(RuntimeError, match="per 128 x 128 block"):
+        ops.moe_backward_megakernel(**{**base, "fp8_blockwise": bad_scales})
+    wrong_way = dataclasses.replace(operands, w2_t=(q.w2.codes, q.w2.scales))
+    with pytest.raises(RuntimeError, match="w2_t must be"):
+        ops.moe_backward_megakernel(**{**base, "fp8_blockwise": wrong_way})
 
 
 def test_weight_cache_and_orientations():

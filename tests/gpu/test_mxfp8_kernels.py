@@ -273,39 +273,16 @@ BACKWARD_SETTINGS = {
 @pytest.mark.parametrize("setting", BACKWARD_SETTINGS)
 @pytest.mark.parametrize("spec", SPECS + ODD_SPECS, ids=lambda s: s.name)
 def test_backward_megakernel_matches_mxfp8_reference(spec, setting):
-    """Against the MXFP8 reference (the recipe's tolerances, 3 runs bit-identical) and against
-    the separate backward on the same operands within the same bound (its wgrad is cuBLAS's,
-    its dprob another summation order; whether any output is bit-identical is printed);
-    forward's y is unchanged by the backward kernel."""
-    knobs = BACKWARD_SETTINGS[setting]
-    errors = gpu_checks.check_against_reference(spec, 0, None, **knobs)
-    problem = spec.build()
-    max_tokens = max(max(spec.tokens_per_rank), 1)
-    separate = {**knobs, "backward_kernel": "separate"}
-    want = gpu_checks.run_cuda(problem, 0, None, max_tokens, **separate)
-    got = gpu_checks.run_cuda(problem, 0, None, max_tokens, **knobs)
-    assert torch.equal(got["y"], want["y"]), f"({spec.name}) y differs from the separate run"
-    against_separate = gpu_checks.assert_matches_reference(
-        gpu_checks.cpu(got), gpu_checks.cpu(want), f"({spec.name}) against the separate backward",
-        gpu_checks.TOLERANCE["mxfp8"])
-    print(spec.name, setting, {k: f"{v:.2e}" for k, v in errors.items()},
-          "vs separate", {k: f"{v:.1e}" for k, v in against_separate.items()},
-          "bitwise", {n: torch.equal(got[n], want[n]) for n in gpu_checks.NAMES})
+    """gpu_checks.check_backward_megakernel: against the MXFP8 reference and the separate
+    backward; y unchanged."""
+    gpu_checks.check_backward_megakernel(spec, **BACKWARD_SETTINGS[setting])
 
 
 def test_backward_megakernel_settings_and_graph_replay():
     """Pulling blocks, minibatches and macrobatch sizes never change the backward
     megakernel's bits under the recipe; a CUDA graph replays it bit for bit."""
-    spec = SPECS[1]
-    problem = spec.build()
-    max_tokens = max(spec.tokens_per_rank)
-    settings = [BACKWARD_MK, {**BACKWARD_MK, "comm_sms_backward": 1, "minibatch_tokens": 37},
-                {**BACKWARD_MK, "comm_sms_backward": 32, "macrobatch_tokens": 128},
-                {**BACKWARD_MK, "macrobatch_tokens": 16384}]
-    runs = [gpu_checks.run_cuda(problem, 0, None, max_tokens, **knobs) for knobs in settings]
-    for knobs, run in zip(settings[1:], runs[1:]):
-        gpu_checks.assert_same_bits(runs[0], run, f"({spec.name}) with {knobs}")
-    gpu_checks.check_cuda_graph(spec, 0, None, **BACKWARD_SETTINGS["megakernels"])
+    gpu_checks.check_backward_megakernel_settings(SPECS[1], **BACKWARD_MK)
+    gpu_checks.check_cuda_graph(SPECS[1], 0, None, **BACKWARD_SETTINGS["megakernels"])
 
 
 @pytest.mark.parametrize("world", [2, 4])

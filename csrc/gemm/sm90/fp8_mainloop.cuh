@@ -1,4 +1,5 @@
-// The FP8 tile engine's stage ring and k-loops (gemm/fp8_grouped_gemm.cu): E4M3 operands with
+// The FP8 tile engine's stage ring and k-loops (gemm/fp8_grouped_gemm.cu, and the forward
+// megakernel's tiles under the blockwise recipe, megakernel/moe_forward.cu): E4M3 operands with
 // power-of-two scales, one per 1 x kScaleK of an activation row and one per 128 x 128 block of
 // a weight (Fp8BlockScales: the blockwise recipe). MXFP8 runs on the engine that dequantizes
 // weight codes in shared memory instead (gemm/sm90/mx_weight_stage.cuh): promoting per 32 of K
@@ -17,7 +18,9 @@
 #include "config/kernel_config.cuh"
 #include "gemm/sm90/tile_engine.cuh"
 #include "gemm/sm90/tma.cuh"
+#include "gemm/sm90/warpgroup_turns.cuh"
 #include "gemm/sm90/wgmma.cuh"
+#include "quant/fp8_rows.h"
 #include "quant/mx_format.cuh"
 
 namespace mok::sm90 {
@@ -33,22 +36,59 @@ constexpr int kFp8BTileBytes = kFp8BlockN * kFp8BlockK;
 constexpr int kFp8AccRegs = kFp8BlockN / 2;  // m64 x n128 fp32 over 128 threads
 static_assert(kFp8BlockK == 128, "a stage's rows are one 128-byte swizzle row of codes");
 
-template <class Scales>
+// kStages: the grouped GEMM's kFp8Stages; the forward megakernel fits fewer beside its
+// epilogue staging (megakernel/moe_forward.cu).
+template <class Scales, int kStages = kFp8Stages>
 struct Fp8StageRing {
+  static constexpr int kStageCount = kStages;
   static constexpr int kScaleBlocks = kFp8BlockK / Scales::kScaleK;  // per stage
   static constexpr int kRowScaleBytes = kFp8RowScaleBox * kScaleBlocks;
   static constexpr uint32_t kTxBytes = kFp8ATileBytes + kFp8BTileBytes + kRowScaleBytes;
 
-  uint8_t a[kFp8Stages][kFp8ATileBytes];  // each 1024-aligned: the swizzle atom
-  uint8_t b[kFp8Stages][kFp8BTileBytes];
-  alignas(128) uint8_t a_scales[kFp8Stages][(kRowScaleBytes + 127) / 128 * 128];  // E8M0
-  uint64_t full[kFp8Stages];
-  uint64_t empty[kFp8Stages];
+  uint8_t a[kStages][kFp8ATileBytes];  // each 1024-aligned: the swizzle atom
+  uint8_t b[kStages][kFp8BTileBytes];
+  alignas(128) uint8_t a_scales[kStages][(kRowScaleBytes + 127) / 128 * 128];  // E8M0
+  uint64_t full[kStages];
+  uint64_t empty[kStages];
 };
 
-template <class Scales>
-__device__ __forceinline__ void init_fp8_ring(Fp8StageRing<Scales>& ring) {
-  for (int i = 0; i < kFp8Stages; ++i) {
+// The FP8 engine's stages laid over the tile engine's ring (tile_engine.cuh: StageRing), for a
+// launch whose FP8 tiles and BF16 tiles take turns (the backward megakernel under the blockwise
+// recipe): a stage's A codes in its A tile, its B codes in the first half of its B tile and
+// the row scales after them; the ring's barriers, stage count and k-block counter `it`, so a
+// tile of either engine follows one of the other without draining the ring.
+struct StageBytes {
+  uint8_t* first;
+  int stride;
+  __device__ uint8_t* operator[](int stage) const { return first + stage * stride; }
+};
+
+struct Fp8RingOverStages {
+  static constexpr int kStageCount = kGemmStages;
+  static constexpr int kScaleBlocks = kFp8BlockK / kFp8ScaleBlock;
+  static constexpr uint32_t kTxBytes =
+      kFp8ATileBytes + kFp8BTileBytes + kFp8RowScaleBox * kScaleBlocks;
+
+  StageBytes a, b, a_scales;
+  uint64_t* full;
+  uint64_t* empty;
+
+  __device__ static Fp8RingOverStages over(StageRing& ring) {
+    return {{ring.a[0], kATileBytes},
+            {ring.b[0], kBTileBytes},
+            {ring.b[0] + kFp8BTileBytes, kBTileBytes},
+            ring.full,
+            ring.empty};
+  }
+};
+static_assert(kFp8ATileBytes <= kATileBytes && kFp8BTileBytes + kFp8RowScaleBox <= kBTileBytes &&
+                  kFp8BTileBytes % 1024 == 0,
+              "an FP8 stage fits a tile-engine stage, its B tile swizzle-atom aligned and the "
+              "row scales 128-byte aligned after it");
+
+template <class Ring>
+__device__ __forceinline__ void init_fp8_ring(Ring& ring) {
+  for (int i = 0; i < Ring::kStageCount; ++i) {
     mbar_init(&ring.full[i], 1);
     mbar_init(&ring.empty[i], kGemmConsumers);  // each consumer's leader, after its MMAs
   }
@@ -58,19 +98,16 @@ __device__ __forceinline__ void init_fp8_ring(Fp8StageRing<Scales>& ring) {
 // Producer side of one tile (tile_engine.cuh: produce_tile, over the FP8 ring): A codes at
 // (k0, row0), the A rows' scale codes of the stage's blocks and the weight rows' codes of
 // expert e (the weight-block scales are read by the consumers from global memory).
-template <class Scales, bool kGatedWeights>
-__device__ __forceinline__ void produce_fp8_tile(Fp8StageRing<Scales>& ring, int& it,
-                                                 int k_blocks, int tile,
+template <bool kGatedWeights, class Ring>
+__device__ __forceinline__ void produce_fp8_tile(Ring& ring, int& it, int k_blocks, int tile,
                                                  const CUtensorMap* a_map,
                                                  const CUtensorMap* a_scales_map,
-                                                 const CUtensorMap* w_map, int row0,
-                                                 int n0, int expert, uint64_t timeout_ns,
-                                                 int* report) {
-  using Ring = Fp8StageRing<Scales>;
+                                                 const CUtensorMap* w_map, int row0, int n0,
+                                                 int expert, uint64_t timeout_ns, int* report) {
   for (int kb = 0; kb < k_blocks; ++kb, ++it) {
-    const int stage = it % kFp8Stages;
-    mbar_wait(&ring.empty[stage], ((it / kFp8Stages) & 1) ^ 1, timeout_ns, kWaitProducer, tile,
-              stage, report);
+    const int stage = it % Ring::kStageCount;
+    mbar_wait(&ring.empty[stage], ((it / Ring::kStageCount) & 1) ^ 1, timeout_ns, kWaitProducer,
+              tile, stage, report);
     uint64_t* full = &ring.full[stage];
     mbar_arrive_expect_tx(full, Ring::kTxBytes);
     const int k0 = kb * kFp8BlockK;
@@ -86,9 +123,9 @@ __device__ __forceinline__ void produce_fp8_tile(Fp8StageRing<Scales>& ring, int
 
 // This warpgroup's 64 rows of `stage` times the whole B tile into fresh partial sums: four
 // m64n128k32 MMAs over the stage's 128 of K, committed and not waited for.
-template <class Scales>
-__device__ __forceinline__ void issue_stage_mmas(Fp8StageRing<Scales>& ring, int stage,
-                                                 int consumer, float (&partial)[kFp8AccRegs]) {
+template <class Ring>
+__device__ __forceinline__ void issue_stage_mmas(Ring& ring, int stage, int consumer,
+                                                 float (&partial)[kFp8AccRegs]) {
   const uint64_t desc_a =
       smem_desc_k_major_sw128(ring.a[stage] + consumer * (kFp8ATileBytes / kGemmConsumers));
   const uint64_t desc_b = smem_desc_k_major_sw128(ring.b[stage]);
@@ -101,17 +138,22 @@ __device__ __forceinline__ void issue_stage_mmas(Fp8StageRing<Scales>& ring, int
   wgmma_commit();
 }
 
-// A consumer warpgroup with none of its rows in the tile releases each stage (pass_tile).
-template <class Scales>
-__device__ __forceinline__ void pass_fp8_tile(Fp8StageRing<Scales>& ring, int& it, int k_blocks,
-                                              int tile, bool leader, int barrier_id,
-                                              uint64_t timeout_ns, int* report) {
-  if (leader) {
+// A consumer warpgroup with none of its rows in the tile releases each stage (pass_tile),
+// taking its turn at each (warpgroup_turns.cuh) when turns are on.
+template <class Ring, class Turns = NoTurns>
+__device__ __forceinline__ void pass_fp8_tile(Ring& ring, int& it, int k_blocks, int tile,
+                                              bool leader, int barrier_id, uint64_t timeout_ns,
+                                              int* report, const Turns& turns = Turns{}) {
+  if (leader || Turns::kOn) {
     for (int kb = 0; kb < k_blocks; ++kb) {
-      const int stage = (it + kb) % kFp8Stages;
-      mbar_wait(&ring.full[stage], ((it + kb) / kFp8Stages) & 1, timeout_ns, kWaitMma, tile,
-                stage, report);
-      mbar_arrive(&ring.empty[stage]);
+      const int stage = (it + kb) % Ring::kStageCount;
+      if (leader) {
+        mbar_wait(&ring.full[stage], ((it + kb) / Ring::kStageCount) & 1, timeout_ns, kWaitMma,
+                  tile, stage, report);
+      }
+      turns.wait_mine();
+      turns.pass();
+      if (leader) mbar_arrive(&ring.empty[stage]);
     }
   }
   it += k_blocks;
@@ -165,21 +207,25 @@ __device__ __forceinline__ void promote_block_scaled(float (&acc)[kFp8AccRegs],
 // scale_a[row] * scale_w * (A_kb W_kb^T) for this warpgroup's 64 rows. The columns of chunks
 // j < kFp8BlockN / 16 belong to the first half (a gated tile's gate rows), the rest to the
 // second.
-template <bool kGatedWeights>
-__device__ __forceinline__ void consume_fp8_tile(Fp8StageRing<Fp8BlockScales>& ring, int& it,
+// `partial` holds the MMAs' fresh sums of a block; a caller whose other tiles' accumulators
+// stay live (the backward megakernel's BF16 n256 tiles) lends their registers for it.
+// `turns`: whether the two warpgroups take turns on the tensor cores (warpgroup_turns.cuh).
+template <bool kGatedWeights, class Ring, class Turns = NoTurns>
+__device__ __forceinline__ void consume_fp8_tile(Ring& ring, int& it,
                                                  int k_blocks, int tile, int consumer,
                                                  bool leader,
                                                  const WeightBlockScales<kGatedWeights>& ws,
                                                  int tile_row0, float (&acc)[kFp8AccRegs],
-                                                 uint64_t timeout_ns, int* report) {
+                                                 float (&partial)[kFp8AccRegs],
+                                                 uint64_t timeout_ns, int* report,
+                                                 const Turns& turns = Turns{}) {
   const int r = row_scale_index(tile_row0, consumer);
-  float partial[kFp8AccRegs];
 #pragma unroll
   for (int x = 0; x < kFp8AccRegs; ++x) acc[x] = 0.f;
   uint8_t w_next[2] = {__ldg(ws.half0), __ldg(ws.half1)};
   for (int kb = 0; kb < k_blocks; ++kb, ++it) {
-    const int stage = it % kFp8Stages;
-    mbar_wait(&ring.full[stage], (it / kFp8Stages) & 1, timeout_ns, kWaitMma, tile, stage,
+    const int stage = it % Ring::kStageCount;
+    mbar_wait(&ring.full[stage], (it / Ring::kStageCount) & 1, timeout_ns, kWaitMma, tile, stage,
               report);
     // The scales are read (and used) before this warp issues its MMAs, so they are in
     // registers before the stage can be released and overwritten.
@@ -191,6 +237,7 @@ __device__ __forceinline__ void consume_fp8_tile(Fp8StageRing<Fp8BlockScales>& r
 #pragma unroll
       for (int h = 0; h < 2; ++h) s[i][h] = a_scale * w_scale[h];
     }
+    turns.wait_mine();
     issue_stage_mmas(ring, stage, consumer, partial);
     if (kb + 1 < k_blocks) {  // the next block's weight scales, while the MMAs run
       w_next[0] = __ldg(ws.half0 + kb + 1);
@@ -198,9 +245,23 @@ __device__ __forceinline__ void consume_fp8_tile(Fp8StageRing<Fp8BlockScales>& r
     }
     wgmma_wait<0>();
     fence_accumulators(partial);
+    turns.pass();
     if (leader) mbar_arrive(&ring.empty[stage]);
     promote_block_scaled(acc, partial, s);
   }
+}
+
+template <bool kGatedWeights, class Ring, class Turns = NoTurns>
+__device__ __forceinline__ void consume_fp8_tile(Ring& ring, int& it,
+                                                 int k_blocks, int tile, int consumer,
+                                                 bool leader,
+                                                 const WeightBlockScales<kGatedWeights>& ws,
+                                                 int tile_row0, float (&acc)[kFp8AccRegs],
+                                                 uint64_t timeout_ns, int* report,
+                                                 const Turns& turns = Turns{}) {
+  float partial[kFp8AccRegs];
+  consume_fp8_tile<kGatedWeights>(ring, it, k_blocks, tile, consumer, leader, ws, tile_row0, acc,
+                                  partial, timeout_ns, report, turns);
 }
 
 }  // namespace mok::sm90

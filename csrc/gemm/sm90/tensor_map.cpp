@@ -140,4 +140,11 @@ CUtensorMap fp8_row_scales_map(const void* base, uint64_t k_blocks, uint64_t row
                    CU_TENSOR_MAP_SWIZZLE_NONE);
 }
 
+CUtensorMap fp8_staged_codes_map(const void* base, uint64_t rows, uint64_t k,
+                                 uint64_t row_stride) {
+  return encode_4d(CU_TENSOR_MAP_DATA_TYPE_UINT8, base, {k, rows, 1, 1},
+                   {row_stride, rows * row_stride, rows * row_stride},
+                   {kFp8ScaleBlock, kGemmWarpgroupRows, 1, 1}, CU_TENSOR_MAP_SWIZZLE_128B);
+}
+
 }  // namespace mok::sm90

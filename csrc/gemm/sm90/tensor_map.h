@@ -71,5 +71,10 @@ CUtensorMap fp8_expert_weight_map(const void* base, uint64_t experts, uint64_t r
                                   uint64_t expert_stride, uint64_t row_stride, int halves);
 CUtensorMap fp8_row_scales_map(const void* base, uint64_t k_blocks, uint64_t rows,
                                uint64_t row_stride, int blocks_per_stage);
+// The same A codes [rows, K] as a store target: one consumer warpgroup's staged 64 rows of
+// one 1 x kFp8ScaleBlock block per row, a 128-byte swizzled box (the forward megakernel's act
+// under the blockwise recipe, megakernel/epilogue_storer.cuh).
+CUtensorMap fp8_staged_codes_map(const void* base, uint64_t rows, uint64_t k,
+                                 uint64_t row_stride);
 
 }  // namespace mok::sm90

@@ -226,13 +226,16 @@ __device__ __forceinline__ void store_rows_staged(const float (&d)[kRegs], uint8
 }
 
 // FC2's rows in the megakernel, staged unswizzled (row r of the warpgroup's 64 at
-// r * kScatterRowBytes) so that each leaves as one 1-D bulk store to its own destination.
-__device__ __forceinline__ void write_scatter_staged(const float (&d)[kAccRegs], uint8_t* buf,
+// r * kScatterRowBytes) so that each leaves as one 1-D bulk store to its own destination:
+// kCols columns (the tile engine's kGemmBlockN, the FP8 engine's kFp8BlockN).
+template <int kCols = kGemmBlockN, int kRegs>
+__device__ __forceinline__ void write_scatter_staged(const float (&d)[kRegs], uint8_t* buf,
                                                      int t) {
+  static_assert(kRegs >= kCols / 2 && kCols <= kGemmBlockN, "a staged row holds the tile's");
   const int warp = t / 32, lane = t % 32;
   uint8_t* base = buf + (16 * warp + lane / 4) * kScatterRowBytes + (lane % 4) * 4;
 #pragma unroll
-  for (int j = 0; j < kGemmBlockN / 8; ++j) {
+  for (int j = 0; j < kCols / 8; ++j) {
 #pragma unroll
     for (int i = 0; i < 2; ++i) {
       *reinterpret_cast<__nv_bfloat162*>(base + j * 16 + i * 8 * kScatterRowBytes) =
