@@ -304,6 +304,16 @@ def check_backward_megakernel_settings(spec: ProblemSpec, **knobs) -> None:
         assert_same_bits(runs[0], run, f"({spec.name}) with {setting}")
 
 
+def check_backward_megakernel_emulated(world: int, knobs: dict, other: dict) -> None:
+    """The backward megakernel (knobs) in an emulated EP group of `world` ranks on one GPU: the
+    same bits as the whole problem on one rank, also with the `other` setting, and against the
+    reference within the recipe's tolerances on the first three EP specs."""
+    check_emulated_settings(ep_specs(world)[3], [knobs, other])
+    for spec in ep_specs(world)[:3]:
+        errors = check_emulated_against_reference(spec, **knobs)
+        print(f"EP={world}", spec.name, {k: f"{v:.2e}" for k, v in errors.items()})
+
+
 def check_against_bf16_reference(spec: ProblemSpec, **knobs) -> dict[str, float]:
     """What a quantized recipe (knobs: precision=...) costs in accuracy on one GPU: the issues'
     bounds against the BF16 reference, sum|d|/sum|ref| <= 0.1 for every output and gradient

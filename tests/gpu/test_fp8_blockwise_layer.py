@@ -179,12 +179,8 @@ def test_backward_megakernel_settings_and_graph_replay():
 def test_backward_megakernel_emulated_group(world):
     """EP=2/4 emulated on one GPU: the same bits as the whole problem on one rank, across
     settings; against the reference within the recipe's tolerances."""
-    gpu_checks.check_emulated_settings(gpu_checks.ep_specs(world)[3], [
-        BACKWARD_SETTINGS["megakernels"], BACKWARD_SETTINGS["ring_one_mblock"]])
-    for spec in gpu_checks.ep_specs(world)[:3]:
-        errors = gpu_checks.check_emulated_against_reference(spec,
-                                                             **BACKWARD_SETTINGS["megakernels"])
-        print(f"EP={world}", spec.name, {k: f"{v:.2e}" for k, v in errors.items()})
+    gpu_checks.check_backward_megakernel_emulated(world, BACKWARD_SETTINGS["megakernels"],
+                                                  BACKWARD_SETTINGS["ring_one_mblock"])
 
 
 def test_backward_megakernel_against_bf16_reference():
