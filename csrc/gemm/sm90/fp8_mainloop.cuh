@@ -18,7 +18,6 @@
 #include "config/kernel_config.cuh"
 #include "gemm/sm90/tile_engine.cuh"
 #include "gemm/sm90/tma.cuh"
-#include "gemm/sm90/warpgroup_turns.cuh"
 #include "gemm/sm90/wgmma.cuh"
 #include "quant/fp8_rows.h"
 #include "quant/mx_format.cuh"
@@ -36,9 +35,9 @@ constexpr int kFp8BTileBytes = kFp8BlockN * kFp8BlockK;
 constexpr int kFp8AccRegs = kFp8BlockN / 2;  // m64 x n128 fp32 over 128 threads
 static_assert(kFp8BlockK == 128, "a stage's rows are one 128-byte swizzle row of codes");
 
-// kStages: the grouped GEMM's kFp8Stages; the forward megakernel fits fewer beside its
-// epilogue staging (megakernel/moe_forward.cu).
-template <class Scales, int kStages = kFp8Stages>
+// kStages: the grouped GEMM takes the deepest ring that fits beside its staging and expert
+// tables (gemm/fp8_grouped_gemm.cu); the forward megakernel fits fewer (megakernel/moe_forward.cu).
+template <class Scales, int kStages>
 struct Fp8StageRing {
   static constexpr int kStageCount = kStages;
   static constexpr int kScaleBlocks = kFp8BlockK / Scales::kScaleK;  // per stage
@@ -138,22 +137,17 @@ __device__ __forceinline__ void issue_stage_mmas(Ring& ring, int stage, int cons
   wgmma_commit();
 }
 
-// A consumer warpgroup with none of its rows in the tile releases each stage (pass_tile),
-// taking its turn at each (warpgroup_turns.cuh) when turns are on.
-template <class Ring, class Turns = NoTurns>
+// A consumer warpgroup with none of its rows in the tile releases each stage (pass_tile).
+template <class Ring>
 __device__ __forceinline__ void pass_fp8_tile(Ring& ring, int& it, int k_blocks, int tile,
                                               bool leader, int barrier_id, uint64_t timeout_ns,
-                                              int* report, const Turns& turns = Turns{}) {
-  if (leader || Turns::kOn) {
+                                              int* report) {
+  if (leader) {
     for (int kb = 0; kb < k_blocks; ++kb) {
       const int stage = (it + kb) % Ring::kStageCount;
-      if (leader) {
-        mbar_wait(&ring.full[stage], ((it + kb) / Ring::kStageCount) & 1, timeout_ns, kWaitMma,
-                  tile, stage, report);
-      }
-      turns.wait_mine();
-      turns.pass();
-      if (leader) mbar_arrive(&ring.empty[stage]);
+      mbar_wait(&ring.full[stage], ((it + kb) / Ring::kStageCount) & 1, timeout_ns, kWaitMma,
+                tile, stage, report);
+      mbar_arrive(&ring.empty[stage]);
     }
   }
   it += k_blocks;
@@ -209,16 +203,14 @@ __device__ __forceinline__ void promote_block_scaled(float (&acc)[kFp8AccRegs],
 // second.
 // `partial` holds the MMAs' fresh sums of a block; a caller whose other tiles' accumulators
 // stay live (the backward megakernel's BF16 n256 tiles) lends their registers for it.
-// `turns`: whether the two warpgroups take turns on the tensor cores (warpgroup_turns.cuh).
-template <bool kGatedWeights, class Ring, class Turns = NoTurns>
+template <bool kGatedWeights, class Ring>
 __device__ __forceinline__ void consume_fp8_tile(Ring& ring, int& it,
                                                  int k_blocks, int tile, int consumer,
                                                  bool leader,
                                                  const WeightBlockScales<kGatedWeights>& ws,
                                                  int tile_row0, float (&acc)[kFp8AccRegs],
                                                  float (&partial)[kFp8AccRegs],
-                                                 uint64_t timeout_ns, int* report,
-                                                 const Turns& turns = Turns{}) {
+                                                 uint64_t timeout_ns, int* report) {
   const int r = row_scale_index(tile_row0, consumer);
 #pragma unroll
   for (int x = 0; x < kFp8AccRegs; ++x) acc[x] = 0.f;
@@ -237,7 +229,6 @@ __device__ __forceinline__ void consume_fp8_tile(Ring& ring, int& it,
 #pragma unroll
       for (int h = 0; h < 2; ++h) s[i][h] = a_scale * w_scale[h];
     }
-    turns.wait_mine();
     issue_stage_mmas(ring, stage, consumer, partial);
     if (kb + 1 < k_blocks) {  // the next block's weight scales, while the MMAs run
       w_next[0] = __ldg(ws.half0 + kb + 1);
@@ -245,23 +236,21 @@ __device__ __forceinline__ void consume_fp8_tile(Ring& ring, int& it,
     }
     wgmma_wait<0>();
     fence_accumulators(partial);
-    turns.pass();
     if (leader) mbar_arrive(&ring.empty[stage]);
     promote_block_scaled(acc, partial, s);
   }
 }
 
-template <bool kGatedWeights, class Ring, class Turns = NoTurns>
+template <bool kGatedWeights, class Ring>
 __device__ __forceinline__ void consume_fp8_tile(Ring& ring, int& it,
                                                  int k_blocks, int tile, int consumer,
                                                  bool leader,
                                                  const WeightBlockScales<kGatedWeights>& ws,
                                                  int tile_row0, float (&acc)[kFp8AccRegs],
-                                                 uint64_t timeout_ns, int* report,
-                                                 const Turns& turns = Turns{}) {
+                                                 uint64_t timeout_ns, int* report) {
   float partial[kFp8AccRegs];
   consume_fp8_tile<kGatedWeights>(ring, it, k_blocks, tile, consumer, leader, ws, tile_row0, acc,
-                                  partial, timeout_ns, report, turns);
+                                  partial, timeout_ns, report);
 }
 
 }  // namespace mok::sm90
