@@ -4,6 +4,11 @@ the same problem, with each kernel's GPU time (torch.profiler): the kernel names
 tile shape, cluster and schedule, what our engine's configuration is measured against.
 
     python benchmarks/diagnostics/cublas_kernels.py 32768 4096 7168
+
+With --ncu the calls run three times each without the profiler, for Nsight Compute:
+
+    ncu -k regex:"fp8_grouped_gemm|nvjet" --launch-skip 2 --launch-count 1 --section SpeedOfLight \
+        python benchmarks/diagnostics/cublas_kernels.py 32768 4096 7168 --ncu --only ours
 """
 
 import argparse
@@ -26,6 +31,8 @@ def main(argv=None):
     p.add_argument("n", type=int)
     p.add_argument("k", type=int)
     p.add_argument("--iters", type=int, default=5)
+    p.add_argument("--ncu", action="store_true", help="no profiler: three calls of each")
+    p.add_argument("--only", default=None, help="one of the calls (ours, scaled_mm, blockwise)")
     args = p.parse_args(argv)
     engine, cublas, agree = dense_blockwise(args.rows, args.n, args.k)
     a = torch.randn(args.rows, args.k, device="cuda").to(torch.float8_e4m3fn)
@@ -41,6 +48,13 @@ def main(argv=None):
         print(f"ours against cuBLAS blockwise: rel-L2 {agree:.1e}")
     flop = 2 * args.rows * args.n * args.k
     for name, fn in calls.items():
+        if args.only and args.only not in name:
+            continue
+        if args.ncu:
+            for _ in range(3):
+                fn()
+            torch.cuda.synchronize()
+            continue
         for _ in range(2):
             fn()
         torch.cuda.synchronize()

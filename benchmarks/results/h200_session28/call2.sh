@@ -1,9 +1,10 @@
 #!/bin/bash
-# Session 28, call 2 (one H200 or H100), branch fp8-ring-depth: what the FP8 engine's ring and
-# tile order touch besides the GEMM - both megakernels under the blockwise recipe (the shared
-# FP8 k-loop, the forward megakernel's tile groups), BF16's forward megakernel (its tile groups)
-# - then the layer under bf16 and fp8_blockwise at 4096 tokens, the issue's EP64-equivalents
-# (DeepSeek-V3, MoK's bench model) and, where memory allows, DeepSeek's full experts.
+# Session 28, call 2 (one H200), branch fp8-ring-depth: Nsight Compute on our FP8 engine and on
+# cuBLAS's blockwise kernel (nvjet 128x128x128, 6 stages, 2x1 cluster) for the same dense FC1
+# (32768 x 4096 x 7168), side by side: L2 and shared-memory traffic, tensor pipe, issue and
+# stall reasons - the ring depth made no difference (call 1), so which resource binds ours and
+# not cuBLAS's; then the regressions of the ring/tile-order change (the blockwise layer's
+# tests, both FP8 megakernels included; BF16's forward megakernel, whose tile groups moved).
 # $OUT/call2.tar.gz, rewritten after every step.
 #   bash benchmarks/results/h200_session28/call2.sh
 set -u
@@ -11,7 +12,21 @@ export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVL
 unset CUDA_DEVICE_MAX_CONNECTIONS
 R=/tmp/call2; mkdir -p $R
 save() { tar czf $OUT/call2.tar.gz -C /tmp call2; }
-nvidia-smi --query-gpu=name,clocks.sm,clocks.mem,power.draw --format=csv > $R/gpu.txt
+for who in ours blockwise; do
+  timeout 150 ncu --clock-control none -k regex:"fp8_grouped_gemm|nvjet" --launch-skip 2 \
+    --launch-count 1 --section SpeedOfLight --section MemoryWorkloadAnalysis \
+    --section MemoryWorkloadAnalysis_Chart --section ComputeWorkloadAnalysis \
+    --section WarpStateStats --section LaunchStats --section SchedulerStats \
+    -o $R/ncu_$who python3 benchmarks/diagnostics/cublas_kernels.py 32768 4096 7168 --ncu \
+    --only $who > $R/ncu_${who}_log.txt 2>&1
+  echo "$who: ncu rc $?"
+  ncu -i $R/ncu_$who.ncu-rep --page details --csv > $R/ncu_${who}_details.csv 2>&1
+  ncu -i $R/ncu_$who.ncu-rep --page raw --csv > $R/ncu_${who}_raw.csv 2>&1
+  rm -f $R/ncu_$who.ncu-rep
+  awk -F'","' '{print $13" | "$14" | "$15}' $R/ncu_${who}_details.csv | grep -E \
+    "Duration|SM Frequency|Memory Throughput|L2 Cache Throughput|L1/TEX Cache Throughput|DRAM Throughput|Compute \(SM\)|Issue Slots Busy|Executed Ipc A|L2 Hit Rate|Shared Memory|Mem Busy|Max Bandwidth|No Eligible|Eligible Warps|Warp Cycles Per Issued|Registers|Cluster|Grid Size|Block Size|Dynamic Shared" | head -40
+  save
+done
 run() {  # name, time limit, pytest arguments...
   local name=$1 limit=$2; shift 2
   timeout $limit python3 -m pytest -q -s -p no:cacheprovider "$@" > $R/pytest_$name.txt 2>&1
@@ -19,15 +34,5 @@ run() {  # name, time limit, pytest arguments...
   grep -E "^(FAILED|ERROR)" $R/pytest_$name.txt | head -8 | cut -c1-220
   save
 }
-run blockwise_layer 150 tests/gpu/test_fp8_blockwise_layer.py
-run bf16_forward_mk 60 tests/gpu/test_megakernel.py
-for case in "ep64 300 deepseek_v3_like mok_bench" "full 150 deepseek_v3_like"; do
-  set -- $case
-  variant=$1 limit=$2; shift 2
-  timeout $limit torchrun --nproc-per-node 1 scripts/bench_moe.py --fp8-blockwise \
-    --fp8-blockwise-megakernel --models "$@" --variants $variant \
-    --tokens 4096 --iters 5 --warmup 2 --out $R/bench_$variant > $R/bench_$variant.txt 2>&1
-  echo "bench $variant rc $?"
-  grep -A9 -E "^(deepseek|mok_bench)" $R/bench_$variant.txt | grep -v "kept from" | cut -c1-230
-  save
-done
+run blockwise_layer 200 tests/gpu/test_fp8_blockwise_layer.py
+run bf16_forward_mk 90 tests/gpu/test_megakernel.py
