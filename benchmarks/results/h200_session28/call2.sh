@@ -2,7 +2,8 @@
 # Session 28, call 2 (one H200), branch fp8-ring-depth: Nsight Compute on our FP8 engine and on
 # cuBLAS's blockwise kernel (nvjet 128x128x128, 6 stages, 2x1 cluster) for the same dense FC1
 # (32768 x 4096 x 7168), side by side: L2 and shared-memory traffic, tensor pipe, issue and
-# stall reasons - the ring depth made no difference (call 1), so which resource binds ours and
+# stall reasons and each kernel's SASS with its samples (cuBLAS's k-loop: how many instructions
+# per k-block, how it promotes) - the ring depth made no difference (call 1), so which resource binds ours and
 # not cuBLAS's; then the regressions of the ring/tile-order change (the blockwise layer's
 # tests, both FP8 megakernels included; BF16's forward megakernel, whose tile groups moved).
 # $OUT/call2.tar.gz, rewritten after every step.
@@ -17,11 +18,13 @@ for who in ours blockwise; do
     --launch-count 1 --section SpeedOfLight --section MemoryWorkloadAnalysis \
     --section MemoryWorkloadAnalysis_Chart --section ComputeWorkloadAnalysis \
     --section WarpStateStats --section LaunchStats --section SchedulerStats \
+    --section SourceCounters --section InstructionStats \
     -o $R/ncu_$who python3 benchmarks/diagnostics/cublas_kernels.py 32768 4096 7168 --ncu \
     --only $who > $R/ncu_${who}_log.txt 2>&1
   echo "$who: ncu rc $?"
   ncu -i $R/ncu_$who.ncu-rep --page details --csv > $R/ncu_${who}_details.csv 2>&1
   ncu -i $R/ncu_$who.ncu-rep --page raw --csv > $R/ncu_${who}_raw.csv 2>&1
+  ncu -i $R/ncu_$who.ncu-rep --page source --csv --print-source sass > $R/ncu_${who}_sass.csv 2>&1
   rm -f $R/ncu_$who.ncu-rep
   awk -F'","' '{print $13" | "$14" | "$15}' $R/ncu_${who}_details.csv | grep -E \
     "Duration|SM Frequency|Memory Throughput|L2 Cache Throughput|L1/TEX Cache Throughput|DRAM Throughput|Compute \(SM\)|Issue Slots Busy|Executed Ipc A|L2 Hit Rate|Shared Memory|Mem Busy|Max Bandwidth|No Eligible|Eligible Warps|Warp Cycles Per Issued|Registers|Cluster|Grid Size|Block Size|Dynamic Shared" | head -40
