@@ -5,7 +5,9 @@
 # stall reasons and each kernel's SASS with its samples (cuBLAS's k-loop: how many instructions
 # per k-block, how it promotes) - the ring depth made no difference (call 1), so which resource binds ours and
 # not cuBLAS's; then the regressions of the ring/tile-order change (the blockwise layer's
-# tests, both FP8 megakernels included; BF16's forward megakernel, whose tile groups moved).
+# tests, both FP8 megakernels included; BF16's forward megakernel, whose tile groups moved);
+# then the layer under bf16 and fp8_blockwise (separate and forward megakernel) at 4096 tokens,
+# the issue's EP64-equivalents (DeepSeek-V3, MoK's bench model).
 # $OUT/call2.tar.gz, rewritten after every step.
 #   bash benchmarks/results/h200_session28/call2.sh
 set -u
@@ -37,5 +39,11 @@ run() {  # name, time limit, pytest arguments...
   grep -E "^(FAILED|ERROR)" $R/pytest_$name.txt | head -8 | cut -c1-220
   save
 }
-run blockwise_layer 200 tests/gpu/test_fp8_blockwise_layer.py
-run bf16_forward_mk 90 tests/gpu/test_megakernel.py
+run blockwise_layer 150 tests/gpu/test_fp8_blockwise_layer.py
+run bf16_forward_mk 60 tests/gpu/test_megakernel.py
+timeout 240 torchrun --nproc-per-node 1 scripts/bench_moe.py --fp8-blockwise \
+  --fp8-blockwise-megakernel --models deepseek_v3_like mok_bench --variants ep64 \
+  --tokens 4096 --iters 5 --warmup 2 --out $R/bench_ep64 > $R/bench_ep64.txt 2>&1
+echo "bench ep64 rc $?"
+grep -A6 -E "^(deepseek|mok_bench)" $R/bench_ep64.txt | grep -v "kept from" | cut -c1-230
+save
