@@ -16,7 +16,7 @@ unset CUDA_DEVICE_MAX_CONNECTIONS
 R=/tmp/call2; mkdir -p $R
 save() { tar czf $OUT/call2.tar.gz -C /tmp call2; }
 for who in ours blockwise; do
-  timeout 150 ncu --clock-control none -k regex:"fp8_grouped_gemm|nvjet" --launch-skip 2 \
+  timeout 110 ncu --clock-control none -k regex:"fp8_grouped_gemm|nvjet" --launch-skip 2 \
     --launch-count 1 --section SpeedOfLight --section MemoryWorkloadAnalysis \
     --section MemoryWorkloadAnalysis_Chart --section ComputeWorkloadAnalysis \
     --section WarpStateStats --section LaunchStats --section SchedulerStats \
@@ -41,7 +41,7 @@ run() {  # name, time limit, pytest arguments...
 }
 run blockwise_layer 150 tests/gpu/test_fp8_blockwise_layer.py
 run bf16_forward_mk 60 tests/gpu/test_megakernel.py
-timeout 240 torchrun --nproc-per-node 1 scripts/bench_moe.py --fp8-blockwise \
+timeout 210 torchrun --nproc-per-node 1 scripts/bench_moe.py --fp8-blockwise \
   --fp8-blockwise-megakernel --models deepseek_v3_like mok_bench --variants ep64 \
   --tokens 4096 --iters 5 --warmup 2 --out $R/bench_ep64 > $R/bench_ep64.txt 2>&1
 echo "bench ep64 rc $?"
