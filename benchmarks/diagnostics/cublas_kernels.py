@@ -63,7 +63,7 @@ def main(argv=None):
                 fn()
             torch.cuda.synchronize()
         for e in prof.key_averages():
-            if e.device_type.name != "CUDA" or e.count == 0:
+            if e.device_type.name != "CUDA" or e.count == 0 or e.key.startswith("Memset"):
                 continue
             us = e.device_time_total / e.count
             print(f"{name:22s} {us:9.1f} us x{e.count:<3d} {flop / us / 1e6:6.0f} TF/s  {e.key}")
