@@ -175,9 +175,10 @@ def run_case(model, local: int, tokens: int, iters: int, warmup: int, seed: int,
     }
 
 
-# (stages, m_group) of the FP8 engine timed beside its defaults (ops.fp8_grouped_gemm; 0: the
-# default): the ring's depth in the plain tile order, then m-block groups at the default depth.
-RING_VARIANTS = [(4, 1), (5, 1), (6, 1), (0, 1), (0, 4), (0, 16)]
+# (stages, m_group, cluster_ctas) of the FP8 engine timed beside its defaults
+# (ops.fp8_grouped_gemm; 0: the default): the ring's depth in the plain tile order, m-block
+# groups at the default depth, then CTA pairs sharing weight tiles.
+RING_VARIANTS = [(5, 1, 1), (6, 1, 1), (0, 1, 1), (0, 16, 1), (0, 0, 2), (5, 0, 2), (0, 16, 2)]
 
 
 def run_fp8_blockwise(model, local: int, tokens: int, iters: int, warmup: int,
@@ -197,31 +198,32 @@ def run_fp8_blockwise(model, local: int, tokens: int, iters: int, warmup: int,
     x_q = ops.fp8_quantize_rows(x)
     w1_q, w2_q = ops.fp8_quantize_weight_blocks(w1), ops.fp8_quantize_weight_blocks(w2)
 
-    def fc1_fp8(stages=0, m_group=0):
+    def fc1_fp8(stages=0, m_group=0, ctas=1):
         ops.fp8_grouped_gemm(*x_q, *w1_q, offsets, act, activation="swiglu", row_prob=prob,
-                             h_out=h, stages=stages, m_group=m_group)
+                             h_out=h, stages=stages, m_group=m_group, cluster_ctas=ctas)
 
     fc1_fp8()
     act_q = ops.fp8_quantize_rows(act)
 
-    def fc2_fp8(stages=0, m_group=0):
-        ops.fp8_grouped_gemm(*act_q, *w2_q, offsets, y, stages=stages, m_group=m_group)
+    def fc2_fp8(stages=0, m_group=0, ctas=1):
+        ops.fp8_grouped_gemm(*act_q, *w2_q, offsets, y, stages=stages, m_group=m_group,
+                             cluster_ctas=ctas)
 
     fc2_fp8()
     # The ring's depth and the tile order's groups (RING_VARIANTS): the same bits as the
     # defaults; a depth that does not fit beside this launch's expert tables is left out.
     act_default, y_default = act.clone(), y.clone()
     variants, ring_same_bits = [], True
-    for stages, m_group in RING_VARIANTS:
+    for v in RING_VARIANTS:
         try:
-            fc1_fp8(stages, m_group)
+            fc1_fp8(*v)
         except RuntimeError as e:
             if "do not fit" not in str(e):
                 raise
             continue
-        fc2_fp8(stages, m_group)
+        fc2_fp8(*v)
         ring_same_bits &= torch.equal(act, act_default) and torch.equal(y, y_default)
-        variants.append((stages, m_group))
+        variants.append(v)
     act_ref, y_ref = torch.empty_like(act), torch.empty_like(y)
     bf16 = torch.bfloat16
     ops.grouped_gemm(engine_row_values(*x_q, bf16), engine_weight_values(*w1_q, bf16), offsets,
@@ -241,9 +243,10 @@ def run_fp8_blockwise(model, local: int, tokens: int, iters: int, warmup: int,
                                         out_dtype=torch.bfloat16)
 
     timed = [("fc1_fp8", fc1_fp8), ("fc2_fp8", fc2_fp8)]
-    for stages, m_group in variants:
-        timed += [(f"fc1_fp8_s{stages}_g{m_group}", lambda s=stages, g=m_group: fc1_fp8(s, g)),
-                  (f"fc2_fp8_s{stages}_g{m_group}", lambda s=stages, g=m_group: fc2_fp8(s, g))]
+    for v in variants:
+        name = "s{}_g{}_c{}".format(*v)
+        timed += [(f"fc1_fp8_{name}", lambda v=v: fc1_fp8(*v)),
+                  (f"fc2_fp8_{name}", lambda v=v: fc2_fp8(*v))]
     timed += [
              ("quantize_x", lambda: ops.fp8_quantize_rows(x)),
              ("quantize_act", lambda: ops.fp8_quantize_rows(act)),
@@ -271,10 +274,11 @@ def run_fp8_blockwise(model, local: int, tokens: int, iters: int, warmup: int,
             "ring_variants_same_bits": ring_same_bits}
 
 
-def dense_blockwise(rows: int, n: int, k: int):
+def dense_blockwise(rows: int, n: int, k: int, **engine_options):
     """-> (our FP8 engine on a dense rows x n x k problem with 1 x 128 / 128 x 128 scales,
     cuBLAS's blockwise GEMM on the same codes and scales or why it cannot run here, their
-    outputs' rel-L2). The scales are random powers of two, the same values for both."""
+    outputs' rel-L2). The scales are random powers of two, the same values for both.
+    ``engine_options``: ops.fp8_grouped_gemm's (stages, m_group, cluster_ctas)."""
     g = torch.Generator(device="cuda").manual_seed(7)
     a = torch.randn(rows, k, device="cuda", generator=g).to(torch.float8_e4m3fn)
     w = torch.randn(1, n, k, device="cuda", generator=g).to(torch.float8_e4m3fn)
@@ -288,7 +292,7 @@ def dense_blockwise(rows: int, n: int, k: int):
     out = torch.empty(rows, n, dtype=torch.bfloat16, device="cuda")
 
     def engine():
-        ops.fp8_grouped_gemm(a, a_scales, w, w_scales, offsets, out)
+        ops.fp8_grouped_gemm(a, a_scales, w, w_scales, offsets, out, **engine_options)
 
     try:
         from torch.nn.functional import ScalingType, SwizzleType, scaled_mm
@@ -381,12 +385,12 @@ def main(argv=None):
                         for g in ("fc1", "fc2"))
                     print(f"{'':31s} the same blockwise recipe, dense FC1 / FC2: {same}",
                           flush=True)
-                    ring = ", ".join(
-                        f"s{v[0]} g{v[1]} {tf[f'fc1_fp8_s{v[0]}_g{v[1]}']:5.0f}/"
-                        f"{tf[f'fc2_fp8_s{v[0]}_g{v[1]}']:.0f}" for v in RING_VARIANTS
-                        if f"fc1_fp8_s{v[0]}_g{v[1]}" in tf)
-                    print(f"{'':31s} ring depth s / m-block groups g (0: default), FC1/FC2 TF:"
-                          f" {ring} (same bits: {b['ring_variants_same_bits']})", flush=True)
+                    names = ["s{}_g{}_c{}".format(*v) for v in RING_VARIANTS]
+                    ring = ", ".join(f"{n} {tf[f'fc1_fp8_{n}']:5.0f}/{tf[f'fc2_fp8_{n}']:.0f}"
+                                     for n in names if f"fc1_fp8_{n}" in tf)
+                    print(f"{'':31s} ring depth s / m-block groups g / cluster CTAs c (0: "
+                          f"default), FC1/FC2 TF: {ring} (same bits: "
+                          f"{b['ring_variants_same_bits']})", flush=True)
                 torch.cuda.empty_cache()
                 if args.out:
                     args.out.parent.mkdir(parents=True, exist_ok=True)

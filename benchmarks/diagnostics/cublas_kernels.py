@@ -33,8 +33,10 @@ def main(argv=None):
     p.add_argument("--iters", type=int, default=5)
     p.add_argument("--ncu", action="store_true", help="no profiler: three calls of each")
     p.add_argument("--only", default=None, help="one of the calls (ours, scaled_mm, blockwise)")
+    p.add_argument("--cluster-ctas", type=int, default=1, help="our engine's CTA pairs (2)")
     args = p.parse_args(argv)
-    engine, cublas, agree = dense_blockwise(args.rows, args.n, args.k)
+    engine, cublas, agree = dense_blockwise(args.rows, args.n, args.k,
+                                            cluster_ctas=args.cluster_ctas)
     a = torch.randn(args.rows, args.k, device="cuda").to(torch.float8_e4m3fn)
     b = torch.randn(args.n, args.k, device="cuda").to(torch.float8_e4m3fn)
     one = torch.ones((), device="cuda")

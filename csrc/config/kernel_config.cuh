@@ -68,8 +68,9 @@ constexpr int kFp8ScaleBlock = 128;  // 1 x 128 activation blocks, 128 x 128 wei
 // each) that fits beside the epilogue's staging and the launch's expert tables - the bytes a
 // CTA has in flight bound the engine (perf-log session 28) - and its tiles in groups of
 // kFp8TileGroupMBlocks m-blocks (sm90::group_order), so one wave's CTAs share A and W in L2.
-// Both are options of the call (ops.fp8_grouped_gemm: stages, m_group; the same bits).
-constexpr int kFp8MinStages = 4;
+// Both are options of the call (ops.fp8_grouped_gemm: stages, m_group; the same bits), as are
+// CTA pairs sharing weight tiles (cluster_ctas; gemm/fp8_grouped_gemm.cu).
+constexpr int kFp8MinStages = 5;
 constexpr int kFp8MaxStages = 6;
 constexpr int kFp8TileGroupMBlocks = 8;
 // The forward megakernel under the blockwise recipe: 5 stages (160 KiB) do not fit beside the

@@ -9,8 +9,11 @@
 // Tiles, schedule and epilogue are the bf16 engine's (grouped_gemm.cu) with kFp8BlockN
 // columns: tiles expert-major from the device-side offsets, each output element computed by
 // one tile in a fixed K order (deterministic); FC1's activation x prob and h for backward in
-// the epilogue (gemm/sm90/tile_epilogue.cuh). Two options change when tiles and stages run,
-// never the bits: the ring's depth (kStages) and the tile order's m-block groups (m_group).
+// the epilogue (gemm/sm90/tile_epilogue.cuh). Three options change when and where tiles and
+// stages run, never the bits: the ring's depth (kStages), the tile order's m-block groups
+// (m_group) and CTA pairs (kCtas = 2: clusters of two CTAs whose tiles are adjacent m-blocks of
+// one n-block share the weight tile's L2 reads by TMA multicast, as cuBLAS's blockwise kernel's
+// 2 x 1 clusters do).
 #include <c10/cuda/CUDAGuard.h>
 #include <cuda_bf16.h>
 #include <torch/extension.h>
@@ -54,7 +57,34 @@ struct Fp8Weights {
   int row_blocks, half_rows;
 };
 
-template <int kAct, int kStages>
+// This CTA's tile of unit u of the walk: the tile u itself (kCtas = 1), or tile 2u + rank of
+// pair u - adjacent in the grouped order, so mostly the same n-block of one expert's adjacent
+// m-blocks; a rank 1 past the last tile shadows its peer's (loads for the multicast, computes
+// nothing) - and whether both CTAs' tiles read the same weight rows.
+struct OwnTile {
+  TileCoord tc;
+  int tile;
+  bool shadow, shared_b;
+};
+
+template <int kCtas>
+__device__ __forceinline__ OwnTile own_tile(const int32_t* mblock_begin, int num_experts,
+                                            int n_blocks, int num_tiles, int m_group, int u,
+                                            uint32_t rank) {
+  if constexpr (kCtas == 1) {
+    return {decode_grouped_tile(mblock_begin, num_experts, n_blocks, u, m_group), u, false,
+            false};
+  } else {
+    const int mine = 2 * u + static_cast<int>(rank), peer = 2 * u + static_cast<int>(rank ^ 1);
+    const int t = mine < num_tiles ? mine : 2 * u;
+    const TileCoord a = decode_grouped_tile(mblock_begin, num_experts, n_blocks, t, m_group);
+    const TileCoord b = decode_grouped_tile(mblock_begin, num_experts, n_blocks,
+                                            peer < num_tiles ? peer : 2 * u, m_group);
+    return {a, t, mine >= num_tiles, a.expert == b.expert && a.n_block == b.n_block};
+  }
+}
+
+template <int kAct, int kStages, int kCtas>
 __global__ void __launch_bounds__(kGemmThreads, 1)
     fp8_grouped_gemm_kernel(const __grid_constant__ CUtensorMap a_map,
                             const __grid_constant__ CUtensorMap a_scales_map,
@@ -77,10 +107,19 @@ __global__ void __launch_bounds__(kGemmThreads, 1)
   const int n_blocks = (n_out + kTileN - 1) / kTileN;
   const int k_blocks = (k_dim + kFp8BlockK - 1) / kFp8BlockK;
 
+  const uint32_t rank = kCtas == 1 ? 0 : cluster_ctarank();
+
   if (threadIdx.x < 32) build_mblock_table(offsets, num_experts, row_begin, mblock_begin);
-  if (threadIdx.x == 32) init_fp8_ring(s.ring);
-  __syncthreads();
+  if (threadIdx.x == 32) init_fp8_ring<kCtas>(s.ring);
+  // A pair's barriers are initialised in both CTAs before either multicasts or arrives there.
+  if constexpr (kCtas == 1) {
+    __syncthreads();
+  } else {
+    cluster_sync();
+  }
   const int num_tiles = mblock_begin[num_experts] * n_blocks;
+  const int units = (num_tiles + kCtas - 1) / kCtas;  // tiles, or tile pairs
+  const int first_unit = blockIdx.x / kCtas, unit_stride = gridDim.x / kCtas;
 
   if (warpgroup == 0) {
     // Producer: one thread streams A, its scales and W through the stage ring.
@@ -90,12 +129,20 @@ __global__ void __launch_bounds__(kGemmThreads, 1)
     prefetch_tensor_map(&a_scales_map);
     prefetch_tensor_map(&w_map);
     int it = 0;
-    for (int tile = blockIdx.x; tile < num_tiles; tile += gridDim.x) {
-      const TileCoord tc = decode_grouped_tile(mblock_begin, num_experts, n_blocks, tile, m_group);
-      const int row0 = row_begin[tc.expert] + tc.m_block * kGemmBlockM;
-      produce_fp8_tile<kGated>(s.ring, it, k_blocks, tile, &a_map, &a_scales_map, &w_map,
-                               row0, tc.n_block * kTileN, tc.expert, timeout_ns, report);
+    for (int u = first_unit; u < units; u += unit_stride) {
+      const OwnTile o =
+          own_tile<kCtas>(mblock_begin, num_experts, n_blocks, num_tiles, m_group, u, rank);
+      const int row0 = row_begin[o.tc.expert] + o.tc.m_block * kGemmBlockM;
+      if constexpr (kCtas == 1) {
+        produce_fp8_tile<kGated>(s.ring, it, k_blocks, o.tile, &a_map, &a_scales_map, &w_map,
+                                 row0, o.tc.n_block * kTileN, o.tc.expert, timeout_ns, report);
+      } else {
+        produce_fp8_tile_pair<kGated>(s.ring, it, k_blocks, o.tile, &a_map, &a_scales_map,
+                                      &w_map, row0, o.tc.n_block * kTileN, o.tc.expert, rank,
+                                      o.shared_b, timeout_ns, report);
+      }
     }
+    if constexpr (kCtas == 2) drain_fp8_ring(s.ring, it, timeout_ns, report);
     return;
   }
 
@@ -105,23 +152,34 @@ __global__ void __launch_bounds__(kGemmThreads, 1)
   const bool leader = threadIdx.x % 128 == 0;
   float acc[kFp8AccRegs];
   int it = 0;
-  for (int tile = blockIdx.x; tile < num_tiles; tile += gridDim.x) {
-    const TileCoord tc = decode_grouped_tile(mblock_begin, num_experts, n_blocks, tile, m_group);
+  const auto release = [&] {
+    if constexpr (kCtas == 1) {
+      return LocalRelease{};
+    } else {
+      return PairRelease{rank ^ 1};
+    }
+  }();
+  for (int u = first_unit; u < units; u += unit_stride) {
+    const OwnTile o =
+        own_tile<kCtas>(mblock_begin, num_experts, n_blocks, num_tiles, m_group, u, rank);
+    const TileCoord tc = o.tc;
+    const int tile = o.tile;
     const int m_row0 = tc.m_block * kGemmBlockM;
     const int rows_left = row_begin[tc.expert + 1] - row_begin[tc.expert] - m_row0;
-    const int rows_valid = max(0, min(kStagedRows, rows_left - kStagedRows * consumer));
+    const int rows_valid =
+        o.shadow ? 0 : max(0, min(kStagedRows, rows_left - kStagedRows * consumer));
     const int row0 = row_begin[tc.expert] + m_row0 + kStagedRows * consumer;
     float p[2];
     load_row_probs<kAct>(row_prob, row0, rows_valid, p);
     if (rows_valid == 0) {
       pass_fp8_tile(s.ring, it, k_blocks, tile, leader, kStagingBarrier + consumer, timeout_ns,
-                    report);
+                    report, release);
       continue;
     }
     const WeightBlockScales<kGated> ws(w.scales, tc.expert, w.row_blocks, k_blocks,
                                        w.half_rows, tc.n_block * kTileN);
     consume_fp8_tile<kGated>(s.ring, it, k_blocks, tile, consumer, leader, ws,
-                             row_begin[tc.expert] + m_row0, acc, timeout_ns, report);
+                             row_begin[tc.expert] + m_row0, acc, timeout_ns, report, release);
     store_rows_staged<kAct, kFp8BlockN>(acc, s.staged[consumer],
                                         EpilogueTensor{&out_map, out, out_stride},
                                         EpilogueTensor{&h_map, h_out, h_stride}, row0,
@@ -144,28 +202,36 @@ struct Fp8Launch {
 };
 
 template <int kAct, int kStages>
-void launch(const Fp8Launch& l) {
-  launch_persistent(fp8_grouped_gemm_kernel<kAct, kStages>, fp8_smem_bytes<kStages>(l.num_experts),
-                    l.a_map, l.a_scales_map, l.w_map, l.out_map, l.h_map, l.w, l.offsets,
-                    l.num_experts, l.m_group, l.n_out, l.k_dim, l.row_prob, l.out,
-                    l.out_stride, l.h_out, l.h_stride, static_cast<uint64_t>(l.timeout_ns),
-                    timeout_report_device(kReportGroupedGemm, l.rank, l.timeout_ns));
+void launch(const Fp8Launch& l, int ctas) {
+  int* report = timeout_report_device(kReportGroupedGemm, l.rank, l.timeout_ns);
+  const auto timeout = static_cast<uint64_t>(l.timeout_ns);
+  const size_t smem = fp8_smem_bytes<kStages>(l.num_experts);
+  if (ctas == 2) {
+    launch_persistent_clusters(fp8_grouped_gemm_kernel<kAct, kStages, 2>, smem, 2, l.a_map,
+                               l.a_scales_map, l.w_map, l.out_map, l.h_map, l.w, l.offsets,
+                               l.num_experts, l.m_group, l.n_out, l.k_dim, l.row_prob, l.out,
+                               l.out_stride, l.h_out, l.h_stride, timeout, report);
+  } else {
+    launch_persistent(fp8_grouped_gemm_kernel<kAct, kStages, 1>, smem, l.a_map, l.a_scales_map,
+                      l.w_map, l.out_map, l.h_map, l.w, l.offsets, l.num_experts, l.m_group,
+                      l.n_out, l.k_dim, l.row_prob, l.out, l.out_stride, l.h_out, l.h_stride,
+                      timeout, report);
+  }
 }
 
 template <int kStages>
-void launch_epilogue(const Fp8Launch& l, int64_t activation) {
+void launch_epilogue(const Fp8Launch& l, int64_t activation, int ctas) {
   if (activation == kPlain) {
-    launch<kPlain, kStages>(l);
+    launch<kPlain, kStages>(l, ctas);
   } else {
-    MOK_DISPATCH_ACTIVATION(activation, KACT, (launch<KACT, kStages>(l)));
+    MOK_DISPATCH_ACTIVATION(activation, KACT, (launch<KACT, kStages>(l, ctas)));
   }
 }
 
 // The requested ring depth (0: the deepest that fits beside this launch's expert tables).
 int ring_stages(int64_t requested, int64_t num_experts) {
-  const size_t smem[] = {fp8_smem_bytes<4>(num_experts), fp8_smem_bytes<5>(num_experts),
-                         fp8_smem_bytes<6>(num_experts)};
-  static_assert(kFp8MinStages == 4 && kFp8MaxStages == 6, "one entry per ring depth");
+  const size_t smem[] = {fp8_smem_bytes<5>(num_experts), fp8_smem_bytes<6>(num_experts)};
+  static_assert(kFp8MinStages == 5 && kFp8MaxStages == 6, "one entry per ring depth");
   if (requested == 0) {
     for (int stages = kFp8MaxStages; stages > kFp8MinStages; --stages) {
       if (smem[stages - kFp8MinStages] <= kMaxDynamicSmemBytes) return stages;
@@ -188,7 +254,8 @@ void fp8_grouped_gemm(const at::Tensor& a, const at::Tensor& a_scales, const at:
                       const at::Tensor& w_scales, const at::Tensor& offsets,
                       const c10::optional<at::Tensor>& row_prob, int64_t activation,
                       at::Tensor& out, const c10::optional<at::Tensor>& h_out,
-                      int64_t timeout_ns, int64_t rank, int64_t stages, int64_t m_group) {
+                      int64_t timeout_ns, int64_t rank, int64_t stages, int64_t m_group,
+                      int64_t cluster_ctas) {
   const char* what = "fp8_grouped_gemm";
   MOK_HOST_CHECK(a.is_cuda() && w.is_cuda() && offsets.is_cuda() && out.is_cuda() &&
                      a_scales.device() == a.device() && w_scales.device() == w.device(),
@@ -251,6 +318,9 @@ void fp8_grouped_gemm(const at::Tensor& a, const at::Tensor& a_scales, const at:
   }
   MOK_HOST_CHECK(m_group >= 0 && m_group <= 65536, what, ": m_group must be 0 (the default, ",
                  kFp8TileGroupMBlocks, ") or 1..65536 m-blocks, got ", m_group);
+  MOK_HOST_CHECK(cluster_ctas == 1 || cluster_ctas == 2, what,
+                 ": cluster_ctas must be 1 or 2 (CTA pairs sharing weight tiles), got ",
+                 cluster_ctas);
   const int64_t ring = ring_stages(stages, num_experts);  // checked before anything runs
   if (rows == 0) return;
   c10::cuda::CUDAGuard guard(a.device());
@@ -260,8 +330,11 @@ void fp8_grouped_gemm(const at::Tensor& a, const at::Tensor& a_scales, const at:
   l.a_scales_map = sm90::fp8_row_scales_map(a_scales.data_ptr(), k_blocks, rows,
                                             a_scales.stride(0),
                                             kFp8BlockK / Fp8BlockScales::kScaleK);
-  l.w_map = sm90::fp8_expert_weight_map(w.data_ptr(), num_experts, n_rows, k_dim, w.stride(0),
-                                        w.stride(1), halves);
+  l.w_map = cluster_ctas == 2
+                ? sm90::fp8_expert_weight_half_map(w.data_ptr(), num_experts, n_rows, k_dim,
+                                                   w.stride(0), w.stride(1), halves)
+                : sm90::fp8_expert_weight_map(w.data_ptr(), num_experts, n_rows, k_dim,
+                                              w.stride(0), w.stride(1), halves);
   l.out_map = sm90::staged_rows_map(out.data_ptr(), out.size(0), n_out, 1, out.stride(0));
   l.h_map = h_out ? sm90::staged_rows_map(h_ptr, h_out->size(0), n_out, halves, h_stride)
                   : CUtensorMap{};
@@ -279,10 +352,10 @@ void fp8_grouped_gemm(const at::Tensor& a, const at::Tensor& a_scales, const at:
   l.timeout_ns = timeout_ns;
   l.rank = rank;
   l.m_group = static_cast<int>(m_group == 0 ? kFp8TileGroupMBlocks : m_group);
-  switch (ring) {
-    case 4: launch_epilogue<4>(l, activation); break;
-    case 5: launch_epilogue<5>(l, activation); break;
-    default: launch_epilogue<6>(l, activation); break;
+  if (ring == 5) {
+    launch_epilogue<5>(l, activation, static_cast<int>(cluster_ctas));
+  } else {
+    launch_epilogue<6>(l, activation, static_cast<int>(cluster_ctas));
   }
 }
 

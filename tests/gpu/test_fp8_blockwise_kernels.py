@@ -136,14 +136,17 @@ def test_fp8_grouped_gemm_matches_reference(activation, case):
     gated = activation == "swiglu"
     n_out = n // 2 if gated else n
     results = []
-    # Three runs with the defaults, then other ring depths and tile orders: the same bits.
-    for stages, m_group in ((0, 0), (0, 0), (0, 0), (4, 1), (5, 3), (6, 1000)):
+    # Three runs with the defaults, then other ring depths, tile orders and CTA pairs sharing
+    # weight tiles (odd m-block groups: pairs across n-blocks, which share nothing): the same
+    # bits.
+    for stages, m_group, ctas in ((0, 0, 1), (0, 0, 1), (0, 0, 1), (5, 1, 1), (5, 3, 1),
+                                  (6, 1000, 1), (0, 0, 2), (5, 3, 2), (6, 1, 2)):
         out = torch.full((rows + 5, n_out), float("nan"), device="cuda", dtype=torch.bfloat16)
         h = (torch.full((rows + 5, n), float("nan"), device="cuda", dtype=torch.bfloat16)
              if activation else None)
         ops.fp8_grouped_gemm(a_codes, a_scales, w_codes, w_scales, offsets, out,
                              activation=activation, row_prob=prob if activation else None,
-                             h_out=h, stages=stages, m_group=m_group)
+                             h_out=h, stages=stages, m_group=m_group, cluster_ctas=ctas)
         results.append((out, h))
     bits = lambda t: t.view(torch.int16)  # noqa: E731 - the poison rows are NaN
     for out, h in results[1:]:  # bit-identical runs, whatever the ring and tile order
@@ -196,7 +199,9 @@ def test_fp8_grouped_gemm_rejects_bad_input():
         ops.fp8_grouped_gemm(a_codes, a_scales, c96, s96, offsets,
                              torch.empty(10, 96, device="cuda", dtype=torch.bfloat16),
                              activation="swiglu", row_prob=torch.ones(10, device="cuda"))
-    for stages in (3, 7):
+    with pytest.raises(RuntimeError, match="cluster_ctas"):
+        ops.fp8_grouped_gemm(a_codes, a_scales, w_codes, w_scales, offsets, out, cluster_ctas=4)
+    for stages in (4, 7):
         with pytest.raises(RuntimeError, match="stages must be"):
             ops.fp8_grouped_gemm(a_codes, a_scales, w_codes, w_scales, offsets, out,
                                  stages=stages)
