@@ -21,6 +21,9 @@ MX_BLOCK = 32  # csrc/config/kernel_config.cuh kMxBlock (mxfp8.BLOCK)
 FP8_BLOCK = 128  # kFp8ScaleBlock (fp8_blockwise.BLOCK)
 NUM_BARRIER_CHANNELS = 4
 MAX_LOCAL_EXPERTS = 1024  # kGemmMaxExperts: local experts one launch can schedule
+# The blockwise FP8 grouped GEMM's CTAs per cluster unless a call says otherwise: 2 = pairs
+# sharing weight tiles (csrc/gemm/fp8_grouped_gemm.cu; docs/perf-log.md session 28).
+FP8_CLUSTER_CTAS = 1
 
 
 class Stage(enum.IntEnum):
@@ -391,7 +394,7 @@ def fp8_grouped_gemm(a: torch.Tensor, a_scales: torch.Tensor, w: torch.Tensor,
                      activation: Optional[str] = None, row_prob: Optional[torch.Tensor] = None,
                      h_out: Optional[torch.Tensor] = None, timeout_ns: int = 10**10,
                      rank: int = 0, stages: int = 0, m_group: int = 0,
-                     cluster_ctas: int = 1) -> None:
+                     cluster_ctas: int = FP8_CLUSTER_CTAS) -> None:
     """The blockwise FP8 grouped GEMM (csrc/gemm/fp8_grouped_gemm.cu): ``grouped_gemm``'s
     contract with ``a`` and ``w`` as E4M3 codes and their E8M0 scales, 1 x 128 per row of a
     (``fp8_quantize_rows``) and 128 x 128 per block of w (``fp8_quantize_weight_blocks``).
