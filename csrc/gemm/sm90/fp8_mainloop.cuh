@@ -111,9 +111,28 @@ struct PairRelease {
   }
 };
 
-// Producer side of one tile (tile_engine.cuh: produce_tile, over the FP8 ring): A codes at
-// (k0, row0), the A rows' scale codes of the stage's blocks and the weight rows' codes of
-// expert e (the weight-block scales are read by the consumers from global memory).
+// The producer's start of k-block kb (ring counter it): waits until the stage is free, arms its
+// full barrier for the stage's bytes and loads the A codes at (k0, row0) and the A rows' scale
+// codes of the stage's blocks; returns the stage.
+template <class Ring>
+__device__ __forceinline__ int start_fp8_stage(Ring& ring, int it, int kb, int tile,
+                                               const CUtensorMap* a_map,
+                                               const CUtensorMap* a_scales_map, int row0,
+                                               uint64_t timeout_ns, int* report) {
+  const int stage = it % Ring::kStageCount;
+  mbar_wait(&ring.empty[stage], ((it / Ring::kStageCount) & 1) ^ 1, timeout_ns, kWaitProducer,
+            tile, stage, report);
+  uint64_t* full = &ring.full[stage];
+  mbar_arrive_expect_tx(full, Ring::kTxBytes);
+  tma_load_4d(ring.a[stage], a_map, full, kb * kFp8BlockK, row0, 0, 0);
+  tma_load_4d(ring.a_scales[stage], a_scales_map, full,
+              row0 / kFp8RowScaleAlign * kFp8RowScaleAlign, kb * Ring::kScaleBlocks, 0, 0);
+  return stage;
+}
+
+// Producer side of one tile (tile_engine.cuh: produce_tile, over the FP8 ring): per k-block the
+// A codes and row scales (start_fp8_stage) and the weight rows' codes of expert e (the
+// weight-block scales are read by the consumers from global memory).
 template <bool kGatedWeights, class Ring>
 __device__ __forceinline__ void produce_fp8_tile(Ring& ring, int& it, int k_blocks, int tile,
                                                  const CUtensorMap* a_map,
@@ -121,15 +140,10 @@ __device__ __forceinline__ void produce_fp8_tile(Ring& ring, int& it, int k_bloc
                                                  const CUtensorMap* w_map, int row0, int n0,
                                                  int expert, uint64_t timeout_ns, int* report) {
   for (int kb = 0; kb < k_blocks; ++kb, ++it) {
-    const int stage = it % Ring::kStageCount;
-    mbar_wait(&ring.empty[stage], ((it / Ring::kStageCount) & 1) ^ 1, timeout_ns, kWaitProducer,
-              tile, stage, report);
+    const int stage =
+        start_fp8_stage(ring, it, kb, tile, a_map, a_scales_map, row0, timeout_ns, report);
     uint64_t* full = &ring.full[stage];
-    mbar_arrive_expect_tx(full, Ring::kTxBytes);
     const int k0 = kb * kFp8BlockK;
-    tma_load_4d(ring.a[stage], a_map, full, k0, row0, 0, 0);
-    tma_load_4d(ring.a_scales[stage], a_scales_map, full,
-                row0 / kFp8RowScaleAlign * kFp8RowScaleAlign, kb * Ring::kScaleBlocks, 0, 0);
     tma_load_4d(ring.b[stage], w_map, full, k0, n0, 0, expert);
     if constexpr (kGatedWeights) {
       tma_load_4d(ring.b[stage] + kFp8BTileBytes / 2, w_map, full, k0, n0, 1, expert);
@@ -152,15 +166,10 @@ __device__ __forceinline__ void produce_fp8_tile_pair(Ring& ring, int& it, int k
                                                       int* report) {
   constexpr int kBoxBytes = kFp8BTileBytes / 2;
   for (int kb = 0; kb < k_blocks; ++kb, ++it) {
-    const int stage = it % Ring::kStageCount;
-    mbar_wait(&ring.empty[stage], ((it / Ring::kStageCount) & 1) ^ 1, timeout_ns, kWaitProducer,
-              tile, stage, report);
+    const int stage =
+        start_fp8_stage(ring, it, kb, tile, a_map, a_scales_map, row0, timeout_ns, report);
     uint64_t* full = &ring.full[stage];
-    mbar_arrive_expect_tx(full, Ring::kTxBytes);
     const int k0 = kb * kFp8BlockK;
-    tma_load_4d(ring.a[stage], a_map, full, k0, row0, 0, 0);
-    tma_load_4d(ring.a_scales[stage], a_scales_map, full,
-                row0 / kFp8RowScaleAlign * kFp8RowScaleAlign, kb * Ring::kScaleBlocks, 0, 0);
 #pragma unroll
     for (int box = 0; box < 2; ++box) {
       const int c1 = kGatedWeights ? n0 : n0 + box * (kFp8BlockN / 2);
