@@ -108,13 +108,15 @@ void fp8_quantize_weight_blocks(const at::Tensor& w, at::Tensor& codes, at::Tens
 
 // gemm/fp8_grouped_gemm.cu (FP8 engine, blockwise recipe): A codes [rows, K] with E8M0 scale
 // codes [ceil(K / 128), >= rows] per 1 x 128, W codes [E, N, K] with E8M0 codes per 128 x 128
-// block; epilogue and arguments as grouped_gemm's; warpgroup_turns: the consumer warpgroups
-// take turns on the tensor cores (gemm/sm90/warpgroup_turns.cuh; the same bits).
+// block; epilogue and arguments as grouped_gemm's. stages: the ring's depth (0: the deepest
+// that fits); m_group: m-blocks per group of the tile order (0: the config's); cluster_ctas:
+// 1, or 2 for CTA pairs sharing weight tiles by multicast; the same bits.
 void fp8_grouped_gemm(const at::Tensor& a, const at::Tensor& a_scales, const at::Tensor& w,
                       const at::Tensor& w_scales, const at::Tensor& offsets,
                       const c10::optional<at::Tensor>& row_prob, int64_t activation,
                       at::Tensor& out, const c10::optional<at::Tensor>& h_out,
-                      int64_t timeout_ns, int64_t rank, bool warpgroup_turns);
+                      int64_t timeout_ns, int64_t rank, int64_t stages, int64_t m_group,
+                      int64_t cluster_ctas);
 
 // gemm/grouped_gemm.cu (sm90 tile engine). activation: -1 = plain store, else ActivationId
 // with row_prob folded in; h_out (optional) receives the bf16 pre-activation. rank: the EP

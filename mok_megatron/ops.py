@@ -21,6 +21,9 @@ MX_BLOCK = 32  # csrc/config/kernel_config.cuh kMxBlock (mxfp8.BLOCK)
 FP8_BLOCK = 128  # kFp8ScaleBlock (fp8_blockwise.BLOCK)
 NUM_BARRIER_CHANNELS = 4
 MAX_LOCAL_EXPERTS = 1024  # kGemmMaxExperts: local experts one launch can schedule
+# The blockwise FP8 grouped GEMM's CTAs per cluster unless a call says otherwise: 2 = pairs
+# sharing weight tiles (csrc/gemm/fp8_grouped_gemm.cu; docs/perf-log.md session 28).
+FP8_CLUSTER_CTAS = 1
 
 
 class Stage(enum.IntEnum):
@@ -390,14 +393,17 @@ def fp8_grouped_gemm(a: torch.Tensor, a_scales: torch.Tensor, w: torch.Tensor,
                      w_scales: torch.Tensor, offsets: torch.Tensor, out: torch.Tensor, *,
                      activation: Optional[str] = None, row_prob: Optional[torch.Tensor] = None,
                      h_out: Optional[torch.Tensor] = None, timeout_ns: int = 10**10,
-                     rank: int = 0, warpgroup_turns: bool = False) -> None:
+                     rank: int = 0, stages: int = 0, m_group: int = 0,
+                     cluster_ctas: int = FP8_CLUSTER_CTAS) -> None:
     """The blockwise FP8 grouped GEMM (csrc/gemm/fp8_grouped_gemm.cu): ``grouped_gemm``'s
     contract with ``a`` and ``w`` as E4M3 codes and their E8M0 scales, 1 x 128 per row of a
     (``fp8_quantize_rows``) and 128 x 128 per block of w (``fp8_quantize_weight_blocks``).
     The products of the dequantized values are summed in fp32, promoted once per 128 of K.
-    ``warpgroup_turns``: the two consumer warpgroups take turns on the tensor cores
-    (csrc/gemm/sm90/warpgroup_turns.cuh), the same bits - an option timed by
-    scripts/bench_gemm.py, not yet the default. (MXFP8 GEMMs run on ``grouped_gemm`` with
+    ``stages``: the stage ring's depth, 4..6 (0: the deepest that fits beside the launch's
+    expert tables); ``m_group``: m-blocks per group of the tile order (0: the config's
+    kFp8TileGroupMBlocks); ``cluster_ctas``: 1, or 2 for clusters of two CTAs whose tiles
+    share a weight tile, read from L2 once per pair (TMA multicast). They change only when and
+    where tiles and stages run, never the bits; they are timed by scripts/bench_gemm.py. (MXFP8 GEMMs run on ``grouped_gemm`` with
     ``w_scales``.)"""
     for name, t in (("a", a), ("w", w)):
         _check(t.is_cuda and t.dtype == torch.float8_e4m3fn,
@@ -408,7 +414,7 @@ def fp8_grouped_gemm(a: torch.Tensor, a_scales: torch.Tensor, w: torch.Tensor,
     _cuda("offsets", offsets, torch.int32)
     act_id = _epilogue_id(activation, row_prob, rank)
     extension().fp8_grouped_gemm(a, a_scales, w, w_scales, offsets, row_prob, act_id, out,
-                                 h_out, timeout_ns, rank, warpgroup_turns)
+                                 h_out, timeout_ns, rank, stages, m_group, cluster_ctas)
 
 
 def mx_quantize_rows_transposed(w: torch.Tensor, codes: torch.Tensor,

@@ -11,7 +11,8 @@ same operands' result bit for bit as on the rounded bf16 weights, which is check
 recipe's dgrads on it (the weights in their transposed orientation, against torch._grouped_mm
 on the rounded operands and next to the BF16 recipe's torch dgrads), the 1 x 32 rounding of an
 activation operand and the once-per-step weight quantization. With --fp8-blockwise, the
-blockwise FP8 engine (run_fp8_blockwise) next to torch._scaled_mm. JSON to --out.
+blockwise FP8 engine (run_fp8_blockwise) next to torch._scaled_mm and cuBLAS's blockwise GEMM,
+with its ring depths and tile orders (RING_VARIANTS). JSON to --out.
 
     python scripts/bench_gemm.py --out benchmarks/results/h200_gemm/gemm_engine.json
 """
@@ -174,6 +175,12 @@ def run_case(model, local: int, tokens: int, iters: int, warmup: int, seed: int,
     }
 
 
+# (stages, m_group, cluster_ctas) of the FP8 engine timed beside its defaults
+# (ops.fp8_grouped_gemm; 0: the default): the ring's depth in the plain tile order, m-block
+# groups at the default depth, then CTA pairs sharing weight tiles.
+RING_VARIANTS = [(5, 1, 1), (6, 1, 1), (0, 1, 1), (0, 16, 1), (0, 0, 2), (5, 0, 2), (0, 16, 2)]
+
+
 def run_fp8_blockwise(model, local: int, tokens: int, iters: int, warmup: int,
                       seed: int) -> dict:
     """The blockwise FP8 engine on one GPU's expert work: FC1 (SwiGLU x prob, h written) and
@@ -191,22 +198,32 @@ def run_fp8_blockwise(model, local: int, tokens: int, iters: int, warmup: int,
     x_q = ops.fp8_quantize_rows(x)
     w1_q, w2_q = ops.fp8_quantize_weight_blocks(w1), ops.fp8_quantize_weight_blocks(w2)
 
-    def fc1_fp8(turns=False):
+    def fc1_fp8(stages=0, m_group=0, ctas=1):
         ops.fp8_grouped_gemm(*x_q, *w1_q, offsets, act, activation="swiglu", row_prob=prob,
-                             h_out=h, warpgroup_turns=turns)
+                             h_out=h, stages=stages, m_group=m_group, cluster_ctas=ctas)
 
     fc1_fp8()
     act_q = ops.fp8_quantize_rows(act)
 
-    def fc2_fp8(turns=False):
-        ops.fp8_grouped_gemm(*act_q, *w2_q, offsets, y, warpgroup_turns=turns)
+    def fc2_fp8(stages=0, m_group=0, ctas=1):
+        ops.fp8_grouped_gemm(*act_q, *w2_q, offsets, y, stages=stages, m_group=m_group,
+                             cluster_ctas=ctas)
 
     fc2_fp8()
-    # The warpgroups taking turns on the tensor cores (warpgroup_turns.cuh): the same bits.
+    # The ring's depth and the tile order's groups (RING_VARIANTS): the same bits as the
+    # defaults; a depth that does not fit beside this launch's expert tables is left out.
     act_default, y_default = act.clone(), y.clone()
-    fc1_fp8(True)
-    fc2_fp8(True)
-    turns_same_bits = torch.equal(act, act_default) and torch.equal(y, y_default)
+    variants, ring_same_bits = [], True
+    for v in RING_VARIANTS:
+        try:
+            fc1_fp8(*v)
+        except RuntimeError as e:
+            if "do not fit" not in str(e):
+                raise
+            continue
+        fc2_fp8(*v)
+        ring_same_bits &= torch.equal(act, act_default) and torch.equal(y, y_default)
+        variants.append(v)
     act_ref, y_ref = torch.empty_like(act), torch.empty_like(y)
     bf16 = torch.bfloat16
     ops.grouped_gemm(engine_row_values(*x_q, bf16), engine_weight_values(*w1_q, bf16), offsets,
@@ -225,8 +242,12 @@ def run_fp8_blockwise(model, local: int, tokens: int, iters: int, warmup: int,
         return lambda: torch._scaled_mm(a, b.t(), scale_a=sa, scale_b=sb,
                                         out_dtype=torch.bfloat16)
 
-    timed = [("fc1_fp8", fc1_fp8), ("fc2_fp8", fc2_fp8),
-             ("fc1_fp8_turns", lambda: fc1_fp8(True)), ("fc2_fp8_turns", lambda: fc2_fp8(True)),
+    timed = [("fc1_fp8", fc1_fp8), ("fc2_fp8", fc2_fp8)]
+    for v in variants:
+        name = "s{}_g{}_c{}".format(*v)
+        timed += [(f"fc1_fp8_{name}", lambda v=v: fc1_fp8(*v)),
+                  (f"fc2_fp8_{name}", lambda v=v: fc2_fp8(*v))]
+    timed += [
              ("quantize_x", lambda: ops.fp8_quantize_rows(x)),
              ("quantize_act", lambda: ops.fp8_quantize_rows(act)),
              ("scaled_mm_fc1", dense_fp8(2 * F, H)), ("scaled_mm_fc2", dense_fp8(H, F)),
@@ -250,13 +271,14 @@ def run_fp8_blockwise(model, local: int, tokens: int, iters: int, warmup: int,
     tflops = {name: flops[gemm] / ms / 1e9 for name, ms in t.items() for gemm in flops
               if gemm in name}
     return {"errors": errors, "ms": t, "tflops": tflops, "blockwise_mm_unavailable": blockwise,
-            "turns_same_bits": turns_same_bits}
+            "ring_variants_same_bits": ring_same_bits}
 
 
-def dense_blockwise(rows: int, n: int, k: int):
+def dense_blockwise(rows: int, n: int, k: int, **engine_options):
     """-> (our FP8 engine on a dense rows x n x k problem with 1 x 128 / 128 x 128 scales,
     cuBLAS's blockwise GEMM on the same codes and scales or why it cannot run here, their
-    outputs' rel-L2). The scales are random powers of two, the same values for both."""
+    outputs' rel-L2). The scales are random powers of two, the same values for both.
+    ``engine_options``: ops.fp8_grouped_gemm's (stages, m_group, cluster_ctas)."""
     g = torch.Generator(device="cuda").manual_seed(7)
     a = torch.randn(rows, k, device="cuda", generator=g).to(torch.float8_e4m3fn)
     w = torch.randn(1, n, k, device="cuda", generator=g).to(torch.float8_e4m3fn)
@@ -270,7 +292,7 @@ def dense_blockwise(rows: int, n: int, k: int):
     out = torch.empty(rows, n, dtype=torch.bfloat16, device="cuda")
 
     def engine():
-        ops.fp8_grouped_gemm(a, a_scales, w, w_scales, offsets, out)
+        ops.fp8_grouped_gemm(a, a_scales, w, w_scales, offsets, out, **engine_options)
 
     try:
         from torch.nn.functional import ScalingType, SwizzleType, scaled_mm
@@ -363,9 +385,12 @@ def main(argv=None):
                         for g in ("fc1", "fc2"))
                     print(f"{'':31s} the same blockwise recipe, dense FC1 / FC2: {same}",
                           flush=True)
-                    print(f"{'':31s} warpgroups taking turns: FC1 {tf['fc1_fp8_turns']:5.0f} TF"
-                          f", FC2 {tf['fc2_fp8_turns']:5.0f} TF (same bits: "
-                          f"{b['turns_same_bits']})", flush=True)
+                    names = ["s{}_g{}_c{}".format(*v) for v in RING_VARIANTS]
+                    ring = ", ".join(f"{n} {tf[f'fc1_fp8_{n}']:5.0f}/{tf[f'fc2_fp8_{n}']:.0f}"
+                                     for n in names if f"fc1_fp8_{n}" in tf)
+                    print(f"{'':31s} ring depth s / m-block groups g / cluster CTAs c (0: "
+                          f"default), FC1/FC2 TF: {ring} (same bits: "
+                          f"{b['ring_variants_same_bits']})", flush=True)
                 torch.cuda.empty_cache()
                 if args.out:
                     args.out.parent.mkdir(parents=True, exist_ok=True)

@@ -64,7 +64,15 @@ constexpr int kMaxDynamicSmemBytes = 227 * 1024;  // sm_90: per block, opted in
 constexpr int kFp8BlockN = 128;
 constexpr int kFp8BlockK = 128;
 constexpr int kFp8ScaleBlock = 128;  // 1 x 128 activation blocks, 128 x 128 weight blocks
-constexpr int kFp8Stages = 5;
+// The FP8 grouped GEMM's stage ring: the deepest of kFp8MinStages..kFp8MaxStages (32 KiB
+// each) that fits beside the epilogue's staging and the launch's expert tables - the bytes a
+// CTA has in flight bound the engine (perf-log session 28) - and its tiles in groups of
+// kFp8TileGroupMBlocks m-blocks (sm90::group_order), so one wave's CTAs share A and W in L2.
+// Both are options of the call (ops.fp8_grouped_gemm: stages, m_group; the same bits), as are
+// CTA pairs sharing weight tiles (cluster_ctas; gemm/fp8_grouped_gemm.cu).
+constexpr int kFp8MinStages = 5;
+constexpr int kFp8MaxStages = 6;
+constexpr int kFp8TileGroupMBlocks = 8;
 // The forward megakernel under the blockwise recipe: 5 stages (160 KiB) do not fit beside the
 // megakernel's two 33 KiB staging buffers and its expert tables; 4 do (~211 KiB in all).
 constexpr int kFp8MegakernelStages = 4;

@@ -9,13 +9,14 @@
 // Tiles, schedule and epilogue are the bf16 engine's (grouped_gemm.cu) with kFp8BlockN
 // columns: tiles expert-major from the device-side offsets, each output element computed by
 // one tile in a fixed K order (deterministic); FC1's activation x prob and h for backward in
-// the epilogue (gemm/sm90/tile_epilogue.cuh). `warpgroup_turns` (kTurns): the consumer
-// warpgroups take turns on the tensor cores (gemm/sm90/warpgroup_turns.cuh), the same bits.
+// the epilogue (gemm/sm90/tile_epilogue.cuh). Three options change when and where tiles and
+// stages run, never the bits: the ring's depth (kStages), the tile order's m-block groups
+// (m_group) and CTA pairs (kCtas = 2: clusters of two CTAs whose tiles are adjacent m-blocks of
+// one n-block share the weight tile's L2 reads by TMA multicast, as cuBLAS's blockwise kernel's
+// 2 x 1 clusters do).
 #include <c10/cuda/CUDAGuard.h>
 #include <cuda_bf16.h>
 #include <torch/extension.h>
-
-#include <type_traits>
 
 #include "common/error.cuh"
 #include "gemm/persistent_launch.cuh"
@@ -34,45 +35,91 @@ using namespace sm90;
 // A consumer's staging buffer holds kFp8BlockN bf16 columns of its 64 rows (swizzled boxes).
 constexpr int kFp8StagedBytes = (kFp8BlockN / 64) * kStagedBoxBytes;
 
+// Followed by the launch's expert tables, row_begin and mblock_begin [E + 1] each, sized at
+// launch (fp8_smem_bytes) so that the deepest ring fits at small expert counts.
+template <int kStages>
 struct Fp8SharedStorage {
   uint8_t staged[kGemmConsumers][kFp8StagedBytes];  // first: 1024-aligned for TMA
-  Fp8StageRing<Fp8BlockScales> ring;
-  int32_t row_begin[kGemmMaxExperts + 1];
-  int32_t mblock_begin[kGemmMaxExperts + 1];
+  Fp8StageRing<Fp8BlockScales, kStages> ring;
 };
-constexpr size_t kFp8SharedBytes = aligned_smem_bytes<Fp8SharedStorage>();
-static_assert(kFp8SharedBytes <= kMaxDynamicSmemBytes, "shared memory of one block per SM");
+
+template <int kStages>
+constexpr size_t fp8_smem_bytes(int64_t num_experts) {
+  return aligned_smem_bytes<Fp8SharedStorage<kStages>>() + 2 * (num_experts + 1) * sizeof(int32_t);
+}
+static_assert(fp8_smem_bytes<kFp8MinStages>(kGemmMaxExperts) <= kMaxDynamicSmemBytes,
+              "the shallowest ring fits with every expert count a launch takes");
+static_assert(fp8_smem_bytes<kFp8MaxStages>(32) <= kMaxDynamicSmemBytes,
+              "the deepest ring fits at the expert counts of an EP group's ranks (up to 32)");
 
 struct Fp8Weights {
   const uint8_t* scales;  // block scales: [E, row_blocks, k_blocks] E8M0
   int row_blocks, half_rows;
 };
 
-template <int kAct, bool kTurns>
+// This CTA's tile of unit u of the walk: the tile u itself (kCtas = 1), or tile 2u + rank of
+// pair u - adjacent in the grouped order, so mostly the same n-block of one expert's adjacent
+// m-blocks; a rank 1 past the last tile shadows its peer's (loads for the multicast, computes
+// nothing) - and whether both CTAs' tiles read the same weight rows.
+struct OwnTile {
+  TileCoord tc;
+  int tile;
+  bool shadow, shared_b;
+};
+
+template <int kCtas>
+__device__ __forceinline__ OwnTile own_tile(const int32_t* mblock_begin, int num_experts,
+                                            int n_blocks, int num_tiles, int m_group, int u,
+                                            uint32_t rank) {
+  if constexpr (kCtas == 1) {
+    return {decode_grouped_tile(mblock_begin, num_experts, n_blocks, u, m_group), u, false,
+            false};
+  } else {
+    const int mine = 2 * u + static_cast<int>(rank), peer = 2 * u + static_cast<int>(rank ^ 1);
+    const int t = mine < num_tiles ? mine : 2 * u;
+    const TileCoord a = decode_grouped_tile(mblock_begin, num_experts, n_blocks, t, m_group);
+    const TileCoord b = decode_grouped_tile(mblock_begin, num_experts, n_blocks,
+                                            peer < num_tiles ? peer : 2 * u, m_group);
+    return {a, t, mine >= num_tiles, a.expert == b.expert && a.n_block == b.n_block};
+  }
+}
+
+template <int kAct, int kStages, int kCtas>
 __global__ void __launch_bounds__(kGemmThreads, 1)
     fp8_grouped_gemm_kernel(const __grid_constant__ CUtensorMap a_map,
                             const __grid_constant__ CUtensorMap a_scales_map,
                             const __grid_constant__ CUtensorMap w_map,
                             const __grid_constant__ CUtensorMap out_map,
                             const __grid_constant__ CUtensorMap h_map, Fp8Weights w,
-                            const int32_t* __restrict__ offsets, int num_experts, int n_out,
-                            int k_dim, const float* __restrict__ row_prob,
+                            const int32_t* __restrict__ offsets, int num_experts, int m_group,
+                            int n_out, int k_dim, const float* __restrict__ row_prob,
                             __nv_bfloat16* __restrict__ out, int64_t out_stride,
                             __nv_bfloat16* __restrict__ h_out, int64_t h_stride,
                             uint64_t timeout_ns, int* report) {
   constexpr bool kGated = gated_epilogue<kAct>();
   constexpr int kTileN = tile_cols<kAct, kFp8BlockN>();
   extern __shared__ uint8_t smem_raw[];
-  Fp8SharedStorage& s = aligned_smem<Fp8SharedStorage>(smem_raw);
+  Fp8SharedStorage<kStages>& s = aligned_smem<Fp8SharedStorage<kStages>>(smem_raw);
+  int32_t* row_begin = reinterpret_cast<int32_t*>(&s + 1);
+  int32_t* mblock_begin = row_begin + num_experts + 1;
 
   const int warpgroup = threadIdx.x / 128;
   const int n_blocks = (n_out + kTileN - 1) / kTileN;
   const int k_blocks = (k_dim + kFp8BlockK - 1) / kFp8BlockK;
 
-  if (threadIdx.x < 32) build_mblock_table(offsets, num_experts, s.row_begin, s.mblock_begin);
-  if (threadIdx.x == 32) init_fp8_ring(s.ring);
-  __syncthreads();
-  const int num_tiles = s.mblock_begin[num_experts] * n_blocks;
+  const uint32_t rank = kCtas == 1 ? 0 : cluster_ctarank();
+
+  if (threadIdx.x < 32) build_mblock_table(offsets, num_experts, row_begin, mblock_begin);
+  if (threadIdx.x == 32) init_fp8_ring<kCtas>(s.ring);
+  // A pair's barriers are initialised in both CTAs before either multicasts or arrives there.
+  if constexpr (kCtas == 1) {
+    __syncthreads();
+  } else {
+    cluster_sync();
+  }
+  const int num_tiles = mblock_begin[num_experts] * n_blocks;
+  const int units = (num_tiles + kCtas - 1) / kCtas;  // tiles, or tile pairs
+  const int first_unit = blockIdx.x / kCtas, unit_stride = gridDim.x / kCtas;
 
   if (warpgroup == 0) {
     // Producer: one thread streams A, its scales and W through the stage ring.
@@ -82,12 +129,20 @@ __global__ void __launch_bounds__(kGemmThreads, 1)
     prefetch_tensor_map(&a_scales_map);
     prefetch_tensor_map(&w_map);
     int it = 0;
-    for (int tile = blockIdx.x; tile < num_tiles; tile += gridDim.x) {
-      const TileCoord tc = decode_tile(s.mblock_begin, num_experts, n_blocks, tile);
-      const int row0 = s.row_begin[tc.expert] + tc.m_block * kGemmBlockM;
-      produce_fp8_tile<kGated>(s.ring, it, k_blocks, tile, &a_map, &a_scales_map, &w_map,
-                               row0, tc.n_block * kTileN, tc.expert, timeout_ns, report);
+    for (int u = first_unit; u < units; u += unit_stride) {
+      const OwnTile o =
+          own_tile<kCtas>(mblock_begin, num_experts, n_blocks, num_tiles, m_group, u, rank);
+      const int row0 = row_begin[o.tc.expert] + o.tc.m_block * kGemmBlockM;
+      if constexpr (kCtas == 1) {
+        produce_fp8_tile<kGated>(s.ring, it, k_blocks, o.tile, &a_map, &a_scales_map, &w_map,
+                                 row0, o.tc.n_block * kTileN, o.tc.expert, timeout_ns, report);
+      } else {
+        produce_fp8_tile_pair<kGated>(s.ring, it, k_blocks, o.tile, &a_map, &a_scales_map,
+                                      &w_map, row0, o.tc.n_block * kTileN, o.tc.expert, rank,
+                                      o.shared_b, timeout_ns, report);
+      }
     }
+    if constexpr (kCtas == 2) drain_fp8_ring(s.ring, it, timeout_ns, report);
     return;
   }
 
@@ -97,32 +152,40 @@ __global__ void __launch_bounds__(kGemmThreads, 1)
   const bool leader = threadIdx.x % 128 == 0;
   float acc[kFp8AccRegs];
   int it = 0;
-  const std::conditional_t<kTurns, WarpgroupTurns, NoTurns> turns{consumer};
-  turns.start();
-  for (int tile = blockIdx.x; tile < num_tiles; tile += gridDim.x) {
-    const TileCoord tc = decode_tile(s.mblock_begin, num_experts, n_blocks, tile);
+  const auto release = [&] {
+    if constexpr (kCtas == 1) {
+      return LocalRelease{};
+    } else {
+      return PairRelease{rank ^ 1};
+    }
+  }();
+  for (int u = first_unit; u < units; u += unit_stride) {
+    const OwnTile o =
+        own_tile<kCtas>(mblock_begin, num_experts, n_blocks, num_tiles, m_group, u, rank);
+    const TileCoord tc = o.tc;
+    const int tile = o.tile;
     const int m_row0 = tc.m_block * kGemmBlockM;
-    const int rows_left = s.row_begin[tc.expert + 1] - s.row_begin[tc.expert] - m_row0;
-    const int rows_valid = max(0, min(kStagedRows, rows_left - kStagedRows * consumer));
-    const int row0 = s.row_begin[tc.expert] + m_row0 + kStagedRows * consumer;
+    const int rows_left = row_begin[tc.expert + 1] - row_begin[tc.expert] - m_row0;
+    const int rows_valid =
+        o.shadow ? 0 : max(0, min(kStagedRows, rows_left - kStagedRows * consumer));
+    const int row0 = row_begin[tc.expert] + m_row0 + kStagedRows * consumer;
     float p[2];
     load_row_probs<kAct>(row_prob, row0, rows_valid, p);
     if (rows_valid == 0) {
       pass_fp8_tile(s.ring, it, k_blocks, tile, leader, kStagingBarrier + consumer, timeout_ns,
-                    report, turns);
+                    report, release);
       continue;
     }
     const WeightBlockScales<kGated> ws(w.scales, tc.expert, w.row_blocks, k_blocks,
                                        w.half_rows, tc.n_block * kTileN);
     consume_fp8_tile<kGated>(s.ring, it, k_blocks, tile, consumer, leader, ws,
-                             s.row_begin[tc.expert] + m_row0, acc, timeout_ns, report, turns);
+                             row_begin[tc.expert] + m_row0, acc, timeout_ns, report, release);
     store_rows_staged<kAct, kFp8BlockN>(acc, s.staged[consumer],
                                         EpilogueTensor{&out_map, out, out_stride},
                                         EpilogueTensor{&h_map, h_out, h_stride}, row0,
                                         rows_left >= kStagedRows * (consumer + 1), rows_valid,
                                         tc.n_block * kTileN, n_out, p, consumer, leader);
   }
-  turns.finish();
   if (leader) bulk_wait_read<0>();  // the last stores have read shared memory before exit
 }
 
@@ -130,7 +193,7 @@ struct Fp8Launch {
   CUtensorMap a_map, a_scales_map, w_map, out_map, h_map;
   Fp8Weights w;
   const int32_t* offsets;
-  int num_experts, n_out, k_dim;
+  int num_experts, m_group, n_out, k_dim;
   const float* row_prob;
   __nv_bfloat16* out;
   int64_t out_stride;
@@ -138,22 +201,51 @@ struct Fp8Launch {
   int64_t h_stride, timeout_ns, rank;
 };
 
-template <int kAct, bool kTurns>
-void launch(const Fp8Launch& l) {
-  launch_persistent(fp8_grouped_gemm_kernel<kAct, kTurns>, kFp8SharedBytes, l.a_map, l.a_scales_map,
-                    l.w_map, l.out_map, l.h_map, l.w,
-                    l.offsets, l.num_experts, l.n_out, l.k_dim, l.row_prob, l.out,
-                    l.out_stride, l.h_out, l.h_stride, static_cast<uint64_t>(l.timeout_ns),
-                    timeout_report_device(kReportGroupedGemm, l.rank, l.timeout_ns));
+template <int kAct, int kStages>
+void launch(const Fp8Launch& l, int ctas) {
+  int* report = timeout_report_device(kReportGroupedGemm, l.rank, l.timeout_ns);
+  const auto timeout = static_cast<uint64_t>(l.timeout_ns);
+  const size_t smem = fp8_smem_bytes<kStages>(l.num_experts);
+  if (ctas == 2) {
+    launch_persistent_clusters(fp8_grouped_gemm_kernel<kAct, kStages, 2>, smem, 2, l.a_map,
+                               l.a_scales_map, l.w_map, l.out_map, l.h_map, l.w, l.offsets,
+                               l.num_experts, l.m_group, l.n_out, l.k_dim, l.row_prob, l.out,
+                               l.out_stride, l.h_out, l.h_stride, timeout, report);
+  } else {
+    launch_persistent(fp8_grouped_gemm_kernel<kAct, kStages, 1>, smem, l.a_map, l.a_scales_map,
+                      l.w_map, l.out_map, l.h_map, l.w, l.offsets, l.num_experts, l.m_group,
+                      l.n_out, l.k_dim, l.row_prob, l.out, l.out_stride, l.h_out, l.h_stride,
+                      timeout, report);
+  }
 }
 
-template <bool kTurns>
-void launch_epilogue(const Fp8Launch& l, int64_t activation) {
+template <int kStages>
+void launch_epilogue(const Fp8Launch& l, int64_t activation, int ctas) {
   if (activation == kPlain) {
-    launch<kPlain, kTurns>(l);
+    launch<kPlain, kStages>(l, ctas);
   } else {
-    MOK_DISPATCH_ACTIVATION(activation, KACT, (launch<KACT, kTurns>(l)));
+    MOK_DISPATCH_ACTIVATION(activation, KACT, (launch<KACT, kStages>(l, ctas)));
   }
+}
+
+// The requested ring depth (0: the deepest that fits beside this launch's expert tables).
+int ring_stages(int64_t requested, int64_t num_experts) {
+  const size_t smem[] = {fp8_smem_bytes<5>(num_experts), fp8_smem_bytes<6>(num_experts)};
+  static_assert(kFp8MinStages == 5 && kFp8MaxStages == 6, "one entry per ring depth");
+  if (requested == 0) {
+    for (int stages = kFp8MaxStages; stages > kFp8MinStages; --stages) {
+      if (smem[stages - kFp8MinStages] <= kMaxDynamicSmemBytes) return stages;
+    }
+    return kFp8MinStages;
+  }
+  MOK_HOST_CHECK(requested >= kFp8MinStages && requested <= kFp8MaxStages,
+                 "fp8_grouped_gemm: stages must be 0 (the deepest that fits) or ", kFp8MinStages,
+                 "..", kFp8MaxStages, ", got ", requested);
+  MOK_HOST_CHECK(smem[requested - kFp8MinStages] <= kMaxDynamicSmemBytes,
+                 "fp8_grouped_gemm: ", requested, " stages do not fit shared memory beside ",
+                 num_experts, " experts' tables (", smem[requested - kFp8MinStages], " > ",
+                 kMaxDynamicSmemBytes, " bytes)");
+  return static_cast<int>(requested);
 }
 
 }  // namespace
@@ -162,7 +254,8 @@ void fp8_grouped_gemm(const at::Tensor& a, const at::Tensor& a_scales, const at:
                       const at::Tensor& w_scales, const at::Tensor& offsets,
                       const c10::optional<at::Tensor>& row_prob, int64_t activation,
                       at::Tensor& out, const c10::optional<at::Tensor>& h_out,
-                      int64_t timeout_ns, int64_t rank, bool warpgroup_turns) {
+                      int64_t timeout_ns, int64_t rank, int64_t stages, int64_t m_group,
+                      int64_t cluster_ctas) {
   const char* what = "fp8_grouped_gemm";
   MOK_HOST_CHECK(a.is_cuda() && w.is_cuda() && offsets.is_cuda() && out.is_cuda() &&
                      a_scales.device() == a.device() && w_scales.device() == w.device(),
@@ -223,6 +316,12 @@ void fp8_grouped_gemm(const at::Tensor& a, const at::Tensor& a_scales, const at:
     h_ptr = reinterpret_cast<__nv_bfloat16*>(h_out->data_ptr());
     h_stride = h_out->stride(0);
   }
+  MOK_HOST_CHECK(m_group >= 0 && m_group <= 65536, what, ": m_group must be 0 (the default, ",
+                 kFp8TileGroupMBlocks, ") or 1..65536 m-blocks, got ", m_group);
+  MOK_HOST_CHECK(cluster_ctas == 1 || cluster_ctas == 2, what,
+                 ": cluster_ctas must be 1 or 2 (CTA pairs sharing weight tiles), got ",
+                 cluster_ctas);
+  const int64_t ring = ring_stages(stages, num_experts);  // checked before anything runs
   if (rows == 0) return;
   c10::cuda::CUDAGuard guard(a.device());
 
@@ -230,9 +329,12 @@ void fp8_grouped_gemm(const at::Tensor& a, const at::Tensor& a_scales, const at:
   l.a_map = sm90::fp8_row_tile_map(a.data_ptr(), rows, k_dim, a.stride(0));
   l.a_scales_map = sm90::fp8_row_scales_map(a_scales.data_ptr(), k_blocks, rows,
                                             a_scales.stride(0),
-                                            Fp8StageRing<Fp8BlockScales>::kScaleBlocks);
-  l.w_map = sm90::fp8_expert_weight_map(w.data_ptr(), num_experts, n_rows, k_dim, w.stride(0),
-                                        w.stride(1), halves);
+                                            kFp8BlockK / Fp8BlockScales::kScaleK);
+  l.w_map = cluster_ctas == 2
+                ? sm90::fp8_expert_weight_half_map(w.data_ptr(), num_experts, n_rows, k_dim,
+                                                   w.stride(0), w.stride(1), halves)
+                : sm90::fp8_expert_weight_map(w.data_ptr(), num_experts, n_rows, k_dim,
+                                              w.stride(0), w.stride(1), halves);
   l.out_map = sm90::staged_rows_map(out.data_ptr(), out.size(0), n_out, 1, out.stride(0));
   l.h_map = h_out ? sm90::staged_rows_map(h_ptr, h_out->size(0), n_out, halves, h_stride)
                   : CUtensorMap{};
@@ -249,10 +351,11 @@ void fp8_grouped_gemm(const at::Tensor& a, const at::Tensor& a_scales, const at:
   l.h_stride = h_stride;
   l.timeout_ns = timeout_ns;
   l.rank = rank;
-  if (warpgroup_turns) {
-    launch_epilogue<true>(l, activation);
+  l.m_group = static_cast<int>(m_group == 0 ? kFp8TileGroupMBlocks : m_group);
+  if (ring == 5) {
+    launch_epilogue<5>(l, activation, static_cast<int>(cluster_ctas));
   } else {
-    launch_epilogue<false>(l, activation);
+    launch_epilogue<6>(l, activation, static_cast<int>(cluster_ctas));
   }
 }
 

@@ -68,20 +68,16 @@ struct PhaseTile {
 
 // Tile `local` of one phase over m-blocks [m0, m1), nb tiles per m-block. An expert's tiles
 // fill the same index range as in plain (m-block, n-block) order, so the m-block that plain
-// order would give names the expert; inside it, group g holds m-blocks g * G .. of the
-// expert's part of the phase, ordered (n-block, m-block).
+// order would give names the expert; inside it, the expert's part of the phase in groups of
+// kTileGroupMBlocks m-blocks (sm90::group_order).
 __device__ __forceinline__ PhaseTile grouped_tile(const sm90::MBlockTable& table, bool fc1,
                                                   int m0, int m1, int nb, int local) {
-  constexpr int G = kTileGroupMBlocks;
   const int e = table.expert_of_mblock(m0 + local / nb);
   const int s0 = max(table.mblock_begin[e], m0);
   const int s1 = min(table.mblock_begin[e + 1], m1);
-  const int in_expert = local - (s0 - m0) * nb;
-  const int group = in_expert / (G * nb);
-  const int g0 = s0 + group * G;
-  const int size = min(G, s1 - g0);
-  const int in_group = in_expert - group * G * nb;
-  return PhaseTile{fc1, g0 + in_group % size, in_group / size, e};
+  const sm90::GroupedTile g =
+      sm90::group_order(s0, s1, nb, local - (s0 - m0) * nb, kTileGroupMBlocks);
+  return PhaseTile{fc1, g.mblock, g.n_block, e};
 }
 
 // The run of same-phase tiles (FC1 or FC2 of one macrobatch) that holds index t in the tile

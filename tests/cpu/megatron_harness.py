@@ -256,9 +256,10 @@ _FRAME = re.compile(r'File "([^"]+)", line \d+ in ')
 
 
 def crashed_in_c10d(dump: str) -> bool:
-    """A rank's fault dump (faulthandler's) is a segfault whose first listed thread was inside
-    torch.distributed's c10d module."""
-    if "Segmentation fault" not in dump:
+    """A rank's fault dump (faulthandler's) is a segfault or an abort whose first listed thread
+    was inside torch.distributed's c10d module (gloo's CPU collectives fail both ways, rarely:
+    session 28's CI saw an abort in a DDP parameter all-gather's wait)."""
+    if "Segmentation fault" not in dump and "Fatal Python error: Aborted" not in dump:
         return False
     frame = _FRAME.search(dump)
     return frame is not None and frame.group(1).endswith(C10D_MODULE)

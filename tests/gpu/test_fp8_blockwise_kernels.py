@@ -136,17 +136,20 @@ def test_fp8_grouped_gemm_matches_reference(activation, case):
     gated = activation == "swiglu"
     n_out = n // 2 if gated else n
     results = []
-    # Three runs, then one with the warpgroups taking turns on the tensor cores: the same bits.
-    for turns in (False, False, False, True):
+    # Three runs with the defaults, then other ring depths, tile orders and CTA pairs sharing
+    # weight tiles (odd m-block groups: pairs across n-blocks, which share nothing): the same
+    # bits.
+    for stages, m_group, ctas in ((0, 0, 1), (0, 0, 1), (0, 0, 1), (5, 1, 1), (5, 3, 1),
+                                  (6, 1000, 1), (0, 0, 2), (5, 3, 2), (6, 1, 2)):
         out = torch.full((rows + 5, n_out), float("nan"), device="cuda", dtype=torch.bfloat16)
         h = (torch.full((rows + 5, n), float("nan"), device="cuda", dtype=torch.bfloat16)
              if activation else None)
         ops.fp8_grouped_gemm(a_codes, a_scales, w_codes, w_scales, offsets, out,
                              activation=activation, row_prob=prob if activation else None,
-                             h_out=h, warpgroup_turns=turns)
+                             h_out=h, stages=stages, m_group=m_group, cluster_ctas=ctas)
         results.append((out, h))
     bits = lambda t: t.view(torch.int16)  # noqa: E731 - the poison rows are NaN
-    for out, h in results[1:]:  # bit-identical runs, with turns or without
+    for out, h in results[1:]:  # bit-identical runs, whatever the ring and tile order
         assert torch.equal(bits(out), bits(results[0][0]))
         if h is not None:
             assert torch.equal(bits(h), bits(results[0][1]))
@@ -196,3 +199,18 @@ def test_fp8_grouped_gemm_rejects_bad_input():
         ops.fp8_grouped_gemm(a_codes, a_scales, c96, s96, offsets,
                              torch.empty(10, 96, device="cuda", dtype=torch.bfloat16),
                              activation="swiglu", row_prob=torch.ones(10, device="cuda"))
+    with pytest.raises(RuntimeError, match="cluster_ctas"):
+        ops.fp8_grouped_gemm(a_codes, a_scales, w_codes, w_scales, offsets, out, cluster_ctas=4)
+    for stages in (4, 7):
+        with pytest.raises(RuntimeError, match="stages must be"):
+            ops.fp8_grouped_gemm(a_codes, a_scales, w_codes, w_scales, offsets, out,
+                                 stages=stages)
+    with pytest.raises(RuntimeError, match="m_group"):
+        ops.fp8_grouped_gemm(a_codes, a_scales, w_codes, w_scales, offsets, out, m_group=-1)
+    # 6 stages fit beside at most 47 experts' tables; 256 experts get 5 by default.
+    many = torch.zeros(257, dtype=torch.int32, device="cuda")
+    many[1:] = 10
+    w256 = torch.zeros(256, 256, 256, device="cuda").to(torch.float8_e4m3fn)
+    s256 = torch.full((256, 2, 2), 127, dtype=torch.uint8, device="cuda")
+    with pytest.raises(RuntimeError, match="do not fit"):
+        ops.fp8_grouped_gemm(a_codes, a_scales, w256, s256, many, out, stages=6)

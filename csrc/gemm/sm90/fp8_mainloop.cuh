@@ -16,9 +16,9 @@
 #include <cstdint>
 
 #include "config/kernel_config.cuh"
+#include "gemm/sm90/cluster.cuh"
 #include "gemm/sm90/tile_engine.cuh"
 #include "gemm/sm90/tma.cuh"
-#include "gemm/sm90/warpgroup_turns.cuh"
 #include "gemm/sm90/wgmma.cuh"
 #include "quant/fp8_rows.h"
 #include "quant/mx_format.cuh"
@@ -36,9 +36,9 @@ constexpr int kFp8BTileBytes = kFp8BlockN * kFp8BlockK;
 constexpr int kFp8AccRegs = kFp8BlockN / 2;  // m64 x n128 fp32 over 128 threads
 static_assert(kFp8BlockK == 128, "a stage's rows are one 128-byte swizzle row of codes");
 
-// kStages: the grouped GEMM's kFp8Stages; the forward megakernel fits fewer beside its
-// epilogue staging (megakernel/moe_forward.cu).
-template <class Scales, int kStages = kFp8Stages>
+// kStages: the grouped GEMM takes the deepest ring that fits beside its staging and expert
+// tables (gemm/fp8_grouped_gemm.cu); the forward megakernel fits fewer (megakernel/moe_forward.cu).
+template <class Scales, int kStages>
 struct Fp8StageRing {
   static constexpr int kStageCount = kStages;
   static constexpr int kScaleBlocks = kFp8BlockK / Scales::kScaleK;  // per stage
@@ -86,18 +86,53 @@ static_assert(kFp8ATileBytes <= kATileBytes && kFp8BTileBytes + kFp8RowScaleBox 
               "an FP8 stage fits a tile-engine stage, its B tile swizzle-atom aligned and the "
               "row scales 128-byte aligned after it");
 
-template <class Ring>
+// kCtas: the CTAs whose consumers release each stage (2 when a pair's producers both write it:
+// gemm/sm90/cluster.cuh).
+template <int kCtas = 1, class Ring>
 __device__ __forceinline__ void init_fp8_ring(Ring& ring) {
   for (int i = 0; i < Ring::kStageCount; ++i) {
     mbar_init(&ring.full[i], 1);
-    mbar_init(&ring.empty[i], kGemmConsumers);  // each consumer's leader, after its MMAs
+    // Each consumer's leader of each CTA that reads it, after its MMAs.
+    mbar_init(&ring.empty[i], kGemmConsumers * kCtas);
   }
   fence_barrier_init();
 }
 
-// Producer side of one tile (tile_engine.cuh: produce_tile, over the FP8 ring): A codes at
-// (k0, row0), the A rows' scale codes of the stage's blocks and the weight rows' codes of
-// expert e (the weight-block scales are read by the consumers from global memory).
+// How a consumer's leader gives a stage back: to this CTA's producer, or (PairRelease) to both
+// producers of a pair, whose multicasts both land in each CTA's stage.
+struct LocalRelease {
+  __device__ void operator()(uint64_t* empty) const { mbar_arrive(empty); }
+};
+struct PairRelease {
+  uint32_t peer;
+  __device__ void operator()(uint64_t* empty) const {
+    mbar_arrive(empty);
+    mbar_arrive_remote(empty, peer);
+  }
+};
+
+// The producer's start of k-block kb (ring counter it): waits until the stage is free, arms its
+// full barrier for the stage's bytes and loads the A codes at (k0, row0) and the A rows' scale
+// codes of the stage's blocks; returns the stage.
+template <class Ring>
+__device__ __forceinline__ int start_fp8_stage(Ring& ring, int it, int kb, int tile,
+                                               const CUtensorMap* a_map,
+                                               const CUtensorMap* a_scales_map, int row0,
+                                               uint64_t timeout_ns, int* report) {
+  const int stage = it % Ring::kStageCount;
+  mbar_wait(&ring.empty[stage], ((it / Ring::kStageCount) & 1) ^ 1, timeout_ns, kWaitProducer,
+            tile, stage, report);
+  uint64_t* full = &ring.full[stage];
+  mbar_arrive_expect_tx(full, Ring::kTxBytes);
+  tma_load_4d(ring.a[stage], a_map, full, kb * kFp8BlockK, row0, 0, 0);
+  tma_load_4d(ring.a_scales[stage], a_scales_map, full,
+              row0 / kFp8RowScaleAlign * kFp8RowScaleAlign, kb * Ring::kScaleBlocks, 0, 0);
+  return stage;
+}
+
+// Producer side of one tile (tile_engine.cuh: produce_tile, over the FP8 ring): per k-block the
+// A codes and row scales (start_fp8_stage) and the weight rows' codes of expert e (the
+// weight-block scales are read by the consumers from global memory).
 template <bool kGatedWeights, class Ring>
 __device__ __forceinline__ void produce_fp8_tile(Ring& ring, int& it, int k_blocks, int tile,
                                                  const CUtensorMap* a_map,
@@ -105,19 +140,60 @@ __device__ __forceinline__ void produce_fp8_tile(Ring& ring, int& it, int k_bloc
                                                  const CUtensorMap* w_map, int row0, int n0,
                                                  int expert, uint64_t timeout_ns, int* report) {
   for (int kb = 0; kb < k_blocks; ++kb, ++it) {
-    const int stage = it % Ring::kStageCount;
-    mbar_wait(&ring.empty[stage], ((it / Ring::kStageCount) & 1) ^ 1, timeout_ns, kWaitProducer,
-              tile, stage, report);
+    const int stage =
+        start_fp8_stage(ring, it, kb, tile, a_map, a_scales_map, row0, timeout_ns, report);
     uint64_t* full = &ring.full[stage];
-    mbar_arrive_expect_tx(full, Ring::kTxBytes);
     const int k0 = kb * kFp8BlockK;
-    tma_load_4d(ring.a[stage], a_map, full, k0, row0, 0, 0);
-    tma_load_4d(ring.a_scales[stage], a_scales_map, full,
-                row0 / kFp8RowScaleAlign * kFp8RowScaleAlign, kb * Ring::kScaleBlocks, 0, 0);
     tma_load_4d(ring.b[stage], w_map, full, k0, n0, 0, expert);
     if constexpr (kGatedWeights) {
       tma_load_4d(ring.b[stage] + kFp8BTileBytes / 2, w_map, full, k0, n0, 1, expert);
     }
+  }
+}
+
+// produce_fp8_tile for a CTA of a pair (rank 0 or 1): its own A rows and row scales, and the B
+// tile as two 64-row boxes (w_half_map) - with `shared_b` (both CTAs' tiles read the same
+// weight rows) box `rank` into both CTAs' stages (multicast), so L2 serves the tile once per
+// pair; otherwise both boxes into this CTA's stage alone. Either way 32 KB land in each CTA's
+// stage. Gated weights: box 0 the gate rows, box 1 the up rows.
+template <bool kGatedWeights, class Ring>
+__device__ __forceinline__ void produce_fp8_tile_pair(Ring& ring, int& it, int k_blocks, int tile,
+                                                      const CUtensorMap* a_map,
+                                                      const CUtensorMap* a_scales_map,
+                                                      const CUtensorMap* w_half_map, int row0,
+                                                      int n0, int expert, uint32_t rank,
+                                                      bool shared_b, uint64_t timeout_ns,
+                                                      int* report) {
+  constexpr int kBoxBytes = kFp8BTileBytes / 2;
+  for (int kb = 0; kb < k_blocks; ++kb, ++it) {
+    const int stage =
+        start_fp8_stage(ring, it, kb, tile, a_map, a_scales_map, row0, timeout_ns, report);
+    uint64_t* full = &ring.full[stage];
+    const int k0 = kb * kFp8BlockK;
+#pragma unroll
+    for (int box = 0; box < 2; ++box) {
+      const int c1 = kGatedWeights ? n0 : n0 + box * (kFp8BlockN / 2);
+      const int c2 = kGatedWeights ? box : 0;
+      if (!shared_b) {
+        tma_load_4d(ring.b[stage] + box * kBoxBytes, w_half_map, full, k0, c1, c2, expert);
+      } else if (box == static_cast<int>(rank)) {
+        tma_load_4d_multicast(ring.b[stage] + box * kBoxBytes, w_half_map, full, k0, c1, c2,
+                              expert, 0b11);
+      }
+    }
+  }
+}
+
+// After its last tile a producer of a pair waits until both CTAs' consumers have released every
+// stage: no arrive of the peer's is then still on its way into this CTA's barriers when it
+// exits, and the peer has read every box this CTA multicast.
+template <class Ring>
+__device__ __forceinline__ void drain_fp8_ring(Ring& ring, int it, uint64_t timeout_ns,
+                                               int* report) {
+  for (int i = it; i < it + Ring::kStageCount; ++i) {
+    const int stage = i % Ring::kStageCount;
+    mbar_wait(&ring.empty[stage], ((i / Ring::kStageCount) & 1) ^ 1, timeout_ns, kWaitProducer,
+              -1, stage, report);
   }
 }
 
@@ -138,22 +214,17 @@ __device__ __forceinline__ void issue_stage_mmas(Ring& ring, int stage, int cons
   wgmma_commit();
 }
 
-// A consumer warpgroup with none of its rows in the tile releases each stage (pass_tile),
-// taking its turn at each (warpgroup_turns.cuh) when turns are on.
-template <class Ring, class Turns = NoTurns>
+// A consumer warpgroup with none of its rows in the tile releases each stage (pass_tile).
+template <class Ring, class Release = LocalRelease>
 __device__ __forceinline__ void pass_fp8_tile(Ring& ring, int& it, int k_blocks, int tile,
                                               bool leader, int barrier_id, uint64_t timeout_ns,
-                                              int* report, const Turns& turns = Turns{}) {
-  if (leader || Turns::kOn) {
+                                              int* report, const Release& release = Release{}) {
+  if (leader) {
     for (int kb = 0; kb < k_blocks; ++kb) {
       const int stage = (it + kb) % Ring::kStageCount;
-      if (leader) {
-        mbar_wait(&ring.full[stage], ((it + kb) / Ring::kStageCount) & 1, timeout_ns, kWaitMma,
-                  tile, stage, report);
-      }
-      turns.wait_mine();
-      turns.pass();
-      if (leader) mbar_arrive(&ring.empty[stage]);
+      mbar_wait(&ring.full[stage], ((it + kb) / Ring::kStageCount) & 1, timeout_ns, kWaitMma,
+                tile, stage, report);
+      release(&ring.empty[stage]);
     }
   }
   it += k_blocks;
@@ -209,8 +280,7 @@ __device__ __forceinline__ void promote_block_scaled(float (&acc)[kFp8AccRegs],
 // second.
 // `partial` holds the MMAs' fresh sums of a block; a caller whose other tiles' accumulators
 // stay live (the backward megakernel's BF16 n256 tiles) lends their registers for it.
-// `turns`: whether the two warpgroups take turns on the tensor cores (warpgroup_turns.cuh).
-template <bool kGatedWeights, class Ring, class Turns = NoTurns>
+template <bool kGatedWeights, class Ring, class Release = LocalRelease>
 __device__ __forceinline__ void consume_fp8_tile(Ring& ring, int& it,
                                                  int k_blocks, int tile, int consumer,
                                                  bool leader,
@@ -218,7 +288,7 @@ __device__ __forceinline__ void consume_fp8_tile(Ring& ring, int& it,
                                                  int tile_row0, float (&acc)[kFp8AccRegs],
                                                  float (&partial)[kFp8AccRegs],
                                                  uint64_t timeout_ns, int* report,
-                                                 const Turns& turns = Turns{}) {
+                                                 const Release& release = Release{}) {
   const int r = row_scale_index(tile_row0, consumer);
 #pragma unroll
   for (int x = 0; x < kFp8AccRegs; ++x) acc[x] = 0.f;
@@ -237,7 +307,6 @@ __device__ __forceinline__ void consume_fp8_tile(Ring& ring, int& it,
 #pragma unroll
       for (int h = 0; h < 2; ++h) s[i][h] = a_scale * w_scale[h];
     }
-    turns.wait_mine();
     issue_stage_mmas(ring, stage, consumer, partial);
     if (kb + 1 < k_blocks) {  // the next block's weight scales, while the MMAs run
       w_next[0] = __ldg(ws.half0 + kb + 1);
@@ -245,23 +314,22 @@ __device__ __forceinline__ void consume_fp8_tile(Ring& ring, int& it,
     }
     wgmma_wait<0>();
     fence_accumulators(partial);
-    turns.pass();
-    if (leader) mbar_arrive(&ring.empty[stage]);
+    if (leader) release(&ring.empty[stage]);
     promote_block_scaled(acc, partial, s);
   }
 }
 
-template <bool kGatedWeights, class Ring, class Turns = NoTurns>
+template <bool kGatedWeights, class Ring, class Release = LocalRelease>
 __device__ __forceinline__ void consume_fp8_tile(Ring& ring, int& it,
                                                  int k_blocks, int tile, int consumer,
                                                  bool leader,
                                                  const WeightBlockScales<kGatedWeights>& ws,
                                                  int tile_row0, float (&acc)[kFp8AccRegs],
                                                  uint64_t timeout_ns, int* report,
-                                                 const Turns& turns = Turns{}) {
+                                                 const Release& release = Release{}) {
   float partial[kFp8AccRegs];
   consume_fp8_tile<kGatedWeights>(ring, it, k_blocks, tile, consumer, leader, ws, tile_row0, acc,
-                                  partial, timeout_ns, report, turns);
+                                  partial, timeout_ns, report, release);
 }
 
 }  // namespace mok::sm90

@@ -69,6 +69,11 @@ CUtensorMap expert_weight_scales_map(const void* base, uint64_t experts, uint64_
 CUtensorMap fp8_row_tile_map(const void* base, uint64_t rows, uint64_t k, uint64_t row_stride);
 CUtensorMap fp8_expert_weight_map(const void* base, uint64_t experts, uint64_t rows, uint64_t k,
                                   uint64_t expert_stride, uint64_t row_stride, int halves);
+// The same weights in boxes of 64 rows: a B tile as two boxes, one per CTA of a pair
+// (fp8_mainloop.cuh: produce_fp8_tile_pair).
+CUtensorMap fp8_expert_weight_half_map(const void* base, uint64_t experts, uint64_t rows,
+                                       uint64_t k, uint64_t expert_stride, uint64_t row_stride,
+                                       int halves);
 CUtensorMap fp8_row_scales_map(const void* base, uint64_t k_blocks, uint64_t rows,
                                uint64_t row_stride, int blocks_per_stage);
 // The same A codes [rows, K] as a store target: one consumer warpgroup's staged 64 rows of

@@ -87,6 +87,33 @@ __device__ __forceinline__ TileCoord decode_tile(const int32_t* mblock_begin, in
   return {e, mblock - mblock_begin[e], tile - mblock * n_blocks};
 }
 
+// Tile `in_span` of a span of one expert's m-blocks [s0, s1) with nb tiles each, taken in
+// groups of `group` m-blocks and n-block by n-block inside a group: the tiles that read one
+// weight slab run together, and each A slab is read by the group's nb tiles near in time, so
+// the CTAs of one wave share both operands in L2. group = 1 is the plain order.
+struct GroupedTile {
+  int mblock, n_block;
+};
+__device__ __forceinline__ GroupedTile group_order(int s0, int s1, int nb, int in_span,
+                                                   int group) {
+  const int g = in_span / (group * nb);
+  const int g0 = s0 + g * group;
+  const int size = min(group, s1 - g0);
+  const int in_group = in_span - g * group * nb;
+  return {g0 + in_group % size, in_group / size};
+}
+
+// decode_tile's tiles in group_order within each expert: the same index range per expert.
+__device__ __forceinline__ TileCoord decode_grouped_tile(const int32_t* mblock_begin,
+                                                         int num_experts, int n_blocks,
+                                                         int tile, int group) {
+  const int e = expert_at(mblock_begin, num_experts, tile / n_blocks);
+  const int s0 = mblock_begin[e];
+  const GroupedTile g = group_order(s0, mblock_begin[e + 1], n_blocks, tile - s0 * n_blocks,
+                                    group);
+  return {e, g.mblock - s0, g.n_block};
+}
+
 // Issues the B-operand TMA loads of one stage (see expert_weight_map): a gated FC1 tile gets
 // its gate rows in the first half and the matching up rows in the second half.
 template <bool kGatedWeights>
