@@ -61,8 +61,9 @@ def test_other_crashes_fail(tmp_path, fn):
 def test_the_dumps_ci_saw_are_recognised():
     """Dumps shaped as the CI crashes' match: the parameter all-gather's innermost frame as
     session 24's CI printed it (c10d line 2696, `wait`), the reduce-scatter's by its function
-    name (those dumps were not kept; the line number here is made up and not matched on); a
-    segfault with another frame innermost, or another fatal error inside c10d, does not."""
+    name (those dumps were not kept; the line number here is made up and not matched on), the
+    abort in the same all-gather's wait that session 28's CI printed; a segfault with another
+    frame innermost, or another fatal error inside c10d, does not."""
     site = "/tmp/ci/.venv/lib/python3.12/site-packages"
 
     def dump(error, *frames):
@@ -77,4 +78,6 @@ def test_the_dumps_ci_saw_are_recognised():
                                 (buffer, 420, "start_grad_sync")))
     assert not crashed_in_c10d(dump("Segmentation fault", (buffer, 555, "finish_param_sync"),
                                     (c10d, 2696, "wait")))
-    assert not crashed_in_c10d(dump("Aborted", (c10d, 2696, "wait")))
+    assert crashed_in_c10d(dump("Aborted", (c10d, 2696, "wait"),
+                                (buffer, 555, "finish_param_sync")))
+    assert not crashed_in_c10d(dump("Floating point exception", (c10d, 2696, "wait")))
