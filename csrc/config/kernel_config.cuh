@@ -65,11 +65,12 @@ constexpr int kFp8BlockN = 128;
 constexpr int kFp8BlockK = 128;
 constexpr int kFp8ScaleBlock = 128;  // 1 x 128 activation blocks, 128 x 128 weight blocks
 // The FP8 grouped GEMM's stage ring: the deepest of kFp8MinStages..kFp8MaxStages (32 KiB
-// each) that fits beside the epilogue's staging and the launch's expert tables - the bytes a
-// CTA has in flight bound the engine (perf-log session 28) - and its tiles in groups of
-// kFp8TileGroupMBlocks m-blocks (sm90::group_order), so one wave's CTAs share A and W in L2.
-// Both are options of the call (ops.fp8_grouped_gemm: stages, m_group; the same bits), as are
-// CTA pairs sharing weight tiles (cluster_ctas; gemm/fp8_grouped_gemm.cu).
+// each) that fits beside the epilogue's staging and the launch's expert tables, and its tiles
+// in groups of kFp8TileGroupMBlocks m-blocks (sm90::group_order), so one wave's CTAs share A
+// and W in L2. Both are options of the call (ops.fp8_grouped_gemm: stages, m_group; the same
+// bits), as are CTA pairs sharing weight tiles (cluster_ctas; gemm/fp8_grouped_gemm.cu). None
+// changed the engine's rate (4-6 stages, groups of 1-16, pairs: perf-log session 28): it is
+// bound by its consumers' instructions per k-block.
 constexpr int kFp8MinStages = 5;
 constexpr int kFp8MaxStages = 6;
 constexpr int kFp8TileGroupMBlocks = 8;
