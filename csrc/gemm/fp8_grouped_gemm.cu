@@ -228,23 +228,19 @@ void launch_epilogue(const Fp8Launch& l, int64_t activation, int ctas) {
   }
 }
 
-// The requested ring depth (0: the deepest that fits beside this launch's expert tables).
+// The requested ring depth (0: the deepest that fits beside this launch's expert tables; the
+// shallowest fits with every expert count, static_assert above).
 int ring_stages(int64_t requested, int64_t num_experts) {
-  const size_t smem[] = {fp8_smem_bytes<5>(num_experts), fp8_smem_bytes<6>(num_experts)};
-  static_assert(kFp8MinStages == 5 && kFp8MaxStages == 6, "one entry per ring depth");
-  if (requested == 0) {
-    for (int stages = kFp8MaxStages; stages > kFp8MinStages; --stages) {
-      if (smem[stages - kFp8MinStages] <= kMaxDynamicSmemBytes) return stages;
-    }
-    return kFp8MinStages;
-  }
+  static_assert(kFp8MinStages == 5 && kFp8MaxStages == 6, "the launch instantiates 5 and 6");
+  const bool deepest_fits = fp8_smem_bytes<kFp8MaxStages>(num_experts) <= kMaxDynamicSmemBytes;
+  if (requested == 0) return deepest_fits ? kFp8MaxStages : kFp8MinStages;
   MOK_HOST_CHECK(requested >= kFp8MinStages && requested <= kFp8MaxStages,
                  "fp8_grouped_gemm: stages must be 0 (the deepest that fits) or ", kFp8MinStages,
                  "..", kFp8MaxStages, ", got ", requested);
-  MOK_HOST_CHECK(smem[requested - kFp8MinStages] <= kMaxDynamicSmemBytes,
-                 "fp8_grouped_gemm: ", requested, " stages do not fit shared memory beside ",
-                 num_experts, " experts' tables (", smem[requested - kFp8MinStages], " > ",
-                 kMaxDynamicSmemBytes, " bytes)");
+  MOK_HOST_CHECK(requested == kFp8MinStages || deepest_fits, "fp8_grouped_gemm: ", requested,
+                 " stages do not fit shared memory beside ", num_experts, " experts' tables (",
+                 fp8_smem_bytes<kFp8MaxStages>(num_experts), " > ", kMaxDynamicSmemBytes,
+                 " bytes)");
   return static_cast<int>(requested);
 }
 
