@@ -148,7 +148,9 @@ __global__ void __launch_bounds__(kGemmThreads, 1)
 
   // Consumers: warpgroup c owns rows 64(c-1) .. 64c of every tile.
   warpgroup_reg_alloc<kGemmConsumerRegs>();
-  const int consumer = warpgroup - 1;
+  // Broadcast from lane 0: ptxas then knows it is warp-uniform and keeps the MMAs' shared-memory
+  // descriptors in uniform registers.
+  const int consumer = __shfl_sync(0xffffffffu, warpgroup - 1, 0);
   const bool leader = threadIdx.x % 128 == 0;
   float acc[kFp8AccRegs];
   int it = 0;
@@ -270,6 +272,7 @@ void fp8_grouped_gemm(const at::Tensor& a, const at::Tensor& a_scales, const at:
   MOK_HOST_CHECK(num_experts >= 1 && num_experts <= kGemmMaxExperts,
                  what, ": 1..", kGemmMaxExperts, " experts per launch, got ", num_experts);
   MOK_HOST_CHECK(w.size(2) == k_dim, what, ": W's K (", w.size(2), ") != A's K (", k_dim, ")");
+  MOK_HOST_CHECK(k_dim > 0, what, ": K must be positive");
   MOK_HOST_CHECK(a.stride(1) == 1 && w.stride(2) == 1 && out.stride(1) == 1 &&
                      a.stride(0) % 16 == 0 && w.stride(1) % 16 == 0 && w.stride(0) % 16 == 0 &&
                      reinterpret_cast<uintptr_t>(a.data_ptr()) % 16 == 0 &&

@@ -197,19 +197,36 @@ __device__ __forceinline__ void drain_fp8_ring(Ring& ring, int it, uint64_t time
   }
 }
 
-// This warpgroup's 64 rows of `stage` times the whole B tile into fresh partial sums: four
-// m64n128k32 MMAs over the stage's 128 of K, committed and not waited for.
+// The low word of a 128-byte-swizzled K-major descriptor (smem_desc_k_major_sw128) of a tile at
+// `smem_ptr`; the high word is the same for every such tile (kSw128DescHigh). A k32 step adds 2
+// to the low word alone: a shared address >> 4 stays below 2^14, so the add never carries.
+__device__ __forceinline__ uint32_t sw128_desc_low(const void* smem_ptr) {
+  return static_cast<uint32_t>(smem_desc_k_major_sw128(smem_ptr));
+}
+constexpr uint32_t kSw128DescHigh = 0x40000040u;
+
+__device__ __forceinline__ uint64_t sw128_desc(uint32_t low) {
+  return (static_cast<uint64_t>(kSw128DescHigh) << 32) | low;
+}
+
+// The descriptors' low words of this warpgroup's 64 A rows and of the B tile in `stage`.
+struct StageDescs {
+  uint32_t a, b;
+};
+
 template <class Ring>
-__device__ __forceinline__ void issue_stage_mmas(Ring& ring, int stage, int consumer,
-                                                 float (&partial)[kFp8AccRegs]) {
-  const uint64_t desc_a =
-      smem_desc_k_major_sw128(ring.a[stage] + consumer * (kFp8ATileBytes / kGemmConsumers));
-  const uint64_t desc_b = smem_desc_k_major_sw128(ring.b[stage]);
+__device__ __forceinline__ StageDescs stage_descs(Ring& ring, int stage, int consumer) {
+  return {sw128_desc_low(ring.a[stage] + consumer * (kFp8ATileBytes / kGemmConsumers)),
+          sw128_desc_low(ring.b[stage])};
+}
+
+// This warpgroup's 64 rows of a stage times its whole B tile into fresh partial sums: four
+// m64n128k32 MMAs over the stage's 128 of K, committed and not waited for.
+__device__ __forceinline__ void issue_stage_mmas(StageDescs d, float (&partial)[kFp8AccRegs]) {
   wgmma_fence();
 #pragma unroll
   for (int k = 0; k < kFp8BlockK / 32; ++k) {
-    wgmma_m64n128k32_e4m3(partial, desc_advance_k16(desc_a, k), desc_advance_k16(desc_b, k),
-                          k > 0);
+    wgmma_m64n128k32_e4m3(partial, sw128_desc(d.a + 2 * k), sw128_desc(d.b + 2 * k), k > 0);
   }
   wgmma_commit();
 }
@@ -274,10 +291,30 @@ __device__ __forceinline__ void promote_block_scaled(float (&acc)[kFp8AccRegs],
   }
 }
 
+// The scales of k-block kb's stage for this thread's rows r, r + 8 and the two halves:
+// s[i][h] = row scale x weight scale (the weight codes w, read from global memory earlier).
+template <class Ring>
+__device__ __forceinline__ void stage_scales(const Ring& ring, int stage, int r,
+                                             const uint8_t (&w)[2], float (&s)[2][2]) {
+  const float w_scale[2] = {e8m0_factor(w[0]), e8m0_factor(w[1])};
+#pragma unroll
+  for (int i = 0; i < 2; ++i) {
+    const float a_scale = e8m0_factor(ld_shared_u8(ring.a_scales[stage] + r + 8 * i));
+#pragma unroll
+    for (int h = 0; h < 2; ++h) s[i][h] = a_scale * w_scale[h];
+  }
+}
+
 // Blockwise consumer side of one tile (first row tile_row0): acc = sum over k-blocks of
 // scale_a[row] * scale_w * (A_kb W_kb^T) for this warpgroup's 64 rows. The columns of chunks
 // j < kFp8BlockN / 16 belong to the first half (a gated tile's gate rows), the rest to the
 // second.
+// The promotion of block kb waits for its MMAs, and the MMAs of kb + 1 reuse its partial sums,
+// so what lies between one block's MMAs and the next's is this warpgroup's critical path (the
+// other consumer's MMAs fill the tensor cores meanwhile): only the promotion's FFMAs stay on it.
+// The wait for kb + 1's stage, its descriptors and scales and the weight codes of kb + 2 run
+// while kb's MMAs do (perf-log session 29); the last block, with nothing to prefetch, is peeled
+// so that the loop has no branch but its own.
 // `partial` holds the MMAs' fresh sums of a block; a caller whose other tiles' accumulators
 // stay live (the backward megakernel's BF16 n256 tiles) lends their registers for it.
 template <bool kGatedWeights, class Ring, class Release = LocalRelease>
@@ -292,31 +329,44 @@ __device__ __forceinline__ void consume_fp8_tile(Ring& ring, int& it,
   const int r = row_scale_index(tile_row0, consumer);
 #pragma unroll
   for (int x = 0; x < kFp8AccRegs; ++x) acc[x] = 0.f;
-  uint8_t w_next[2] = {__ldg(ws.half0), __ldg(ws.half1)};
-  for (int kb = 0; kb < k_blocks; ++kb, ++it) {
-    const int stage = it % Ring::kStageCount;
-    mbar_wait(&ring.full[stage], (it / Ring::kStageCount) & 1, timeout_ns, kWaitMma, tile, stage,
-              report);
-    // The scales are read (and used) before this warp issues its MMAs, so they are in
-    // registers before the stage can be released and overwritten.
-    const float w_scale[2] = {e8m0_factor(w_next[0]), e8m0_factor(w_next[1])};
-    float s[2][2];
-#pragma unroll
-    for (int i = 0; i < 2; ++i) {
-      const float a_scale = e8m0_factor(ring.a_scales[stage][r + 8 * i]);
-#pragma unroll
-      for (int h = 0; h < 2; ++h) s[i][h] = a_scale * w_scale[h];
-    }
-    issue_stage_mmas(ring, stage, consumer, partial);
-    if (kb + 1 < k_blocks) {  // the next block's weight scales, while the MMAs run
-      w_next[0] = __ldg(ws.half0 + kb + 1);
-      w_next[1] = __ldg(ws.half1 + kb + 1);
-    }
+  int stage = it % Ring::kStageCount;
+  uint32_t phase = (it / Ring::kStageCount) & 1;
+  uint8_t w_codes[2] = {__ldg(ws.half0), __ldg(ws.half1)};
+  mbar_wait(&ring.full[stage], phase, timeout_ns, kWaitMma, tile, stage, report);
+  float s[2][2];
+  stage_scales(ring, stage, r, w_codes, s);
+  StageDescs d = stage_descs(ring, stage, consumer);
+  const int last = k_blocks - 1;
+  w_codes[0] = __ldg(ws.half0 + min(1, last));  // the weight codes one block ahead of their use
+  w_codes[1] = __ldg(ws.half1 + min(1, last));
+  const auto finish_block = [&](const float (&block_scales)[2][2]) {
     wgmma_wait<0>();
     fence_accumulators(partial);
     if (leader) release(&ring.empty[stage]);
-    promote_block_scaled(acc, partial, s);
+    promote_block_scaled(acc, partial, block_scales);
+  };
+  for (int kb = 0; kb < last; ++kb) {
+    issue_stage_mmas(d, partial);
+    const int next = stage + 1 == Ring::kStageCount ? 0 : stage + 1;
+    phase = next == 0 ? phase ^ 1 : phase;
+    d = stage_descs(ring, next, consumer);
+    mbar_wait(&ring.full[next], phase, timeout_ns, kWaitMma, tile, next, report);
+    // Read before this warp's next MMAs, so in registers before the stage can be released.
+    float s_next[2][2];
+    stage_scales(ring, next, r, w_codes, s_next);
+    w_codes[0] = __ldg(ws.half0 + min(kb + 2, last));
+    w_codes[1] = __ldg(ws.half1 + min(kb + 2, last));
+    finish_block(s);
+#pragma unroll
+    for (int i = 0; i < 2; ++i) {
+#pragma unroll
+      for (int h = 0; h < 2; ++h) s[i][h] = s_next[i][h];
+    }
+    stage = next;
   }
+  issue_stage_mmas(d, partial);
+  finish_block(s);
+  it += k_blocks;
 }
 
 template <bool kGatedWeights, class Ring, class Release = LocalRelease>

@@ -18,7 +18,7 @@ __device__ __forceinline__ uint32_t smem_addr(const void* p) {
   return static_cast<uint32_t>(__cvta_generic_to_shared(p));
 }
 
-// 16 bytes from shared memory as a shared-space load (a generic pointer into dynamic shared
+// 16 bytes (one byte) from shared memory as a shared-space load (a generic pointer into dynamic shared
 // memory otherwise compiles to a generic load). Volatile: it stays after the barrier wait
 // that made the bytes visible.
 __device__ __forceinline__ uint4 ld_shared_16(const void* p) {
@@ -27,6 +27,12 @@ __device__ __forceinline__ uint4 ld_shared_16(const void* p) {
                : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
                : "r"(smem_addr(p)));
   return v;
+}
+
+__device__ __forceinline__ uint8_t ld_shared_u8(const void* p) {
+  uint16_t v;
+  asm volatile("ld.shared.u8 %0, [%1];" : "=h"(v) : "r"(smem_addr(p)));
+  return static_cast<uint8_t>(v);
 }
 
 __device__ __forceinline__ void mbar_init(uint64_t* bar, uint32_t count) {
