@@ -148,8 +148,8 @@ __global__ void __launch_bounds__(kGemmThreads, 1)
 
   // Consumers: warpgroup c owns rows 64(c-1) .. 64c of every tile.
   warpgroup_reg_alloc<kGemmConsumerRegs>();
-  // Broadcast from lane 0: ptxas then knows it is warp-uniform and keeps the MMAs' shared-memory
-  // descriptors in uniform registers.
+  // Broadcast from lane 0: ptxas then knows it is warp-uniform and builds part of the MMAs'
+  // shared-memory descriptors with uniform-datapath instructions.
   const int consumer = __shfl_sync(0xffffffffu, warpgroup - 1, 0);
   const bool leader = threadIdx.x % 128 == 0;
   float acc[kFp8AccRegs];

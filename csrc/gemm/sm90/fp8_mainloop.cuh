@@ -311,10 +311,11 @@ __device__ __forceinline__ void stage_scales(const Ring& ring, int stage, int r,
 // second.
 // The promotion of block kb waits for its MMAs, and the MMAs of kb + 1 reuse its partial sums,
 // so what lies between one block's MMAs and the next's is this warpgroup's critical path (the
-// other consumer's MMAs fill the tensor cores meanwhile): only the promotion's FFMAs stay on it.
-// The wait for kb + 1's stage, its descriptors and scales and the weight codes of kb + 2 run
-// while kb's MMAs do (perf-log session 29); the last block, with nothing to prefetch, is peeled
-// so that the loop has no branch but its own.
+// other consumer's MMAs fill the tensor cores meanwhile): the promotion's FFMAs and the next
+// MMAs' descriptors. Everything else runs while kb's MMAs do (perf-log session 29): kb's
+// scales (read before the stage is released), the weight codes of kb + 1, and a probe of kb +
+// 1's stage whose outcome is branched on only after the promotion, so the branch does not wait
+// for the probe.
 // `partial` holds the MMAs' fresh sums of a block; a caller whose other tiles' accumulators
 // stay live (the backward megakernel's BF16 n256 tiles) lends their registers for it.
 template <bool kGatedWeights, class Ring, class Release = LocalRelease>
@@ -333,39 +334,26 @@ __device__ __forceinline__ void consume_fp8_tile(Ring& ring, int& it,
   uint32_t phase = (it / Ring::kStageCount) & 1;
   uint8_t w_codes[2] = {__ldg(ws.half0), __ldg(ws.half1)};
   mbar_wait(&ring.full[stage], phase, timeout_ns, kWaitMma, tile, stage, report);
-  float s[2][2];
-  stage_scales(ring, stage, r, w_codes, s);
-  StageDescs d = stage_descs(ring, stage, consumer);
   const int last = k_blocks - 1;
-  w_codes[0] = __ldg(ws.half0 + min(1, last));  // the weight codes one block ahead of their use
-  w_codes[1] = __ldg(ws.half1 + min(1, last));
-  const auto finish_block = [&](const float (&block_scales)[2][2]) {
+  for (int kb = 0; kb < k_blocks; ++kb) {
+    issue_stage_mmas(stage_descs(ring, stage, consumer), partial);
+    float s[2][2];
+    stage_scales(ring, stage, r, w_codes, s);
+    w_codes[0] = __ldg(ws.half0 + min(kb + 1, last));
+    w_codes[1] = __ldg(ws.half1 + min(kb + 1, last));
+    const int next = stage + 1 == Ring::kStageCount ? 0 : stage + 1;
+    const uint32_t next_phase = next == 0 ? phase ^ 1 : phase;
+    const bool next_ready = kb == last || mbar_test_wait(&ring.full[next], next_phase);
     wgmma_wait<0>();
     fence_accumulators(partial);
     if (leader) release(&ring.empty[stage]);
-    promote_block_scaled(acc, partial, block_scales);
-  };
-  for (int kb = 0; kb < last; ++kb) {
-    issue_stage_mmas(d, partial);
-    const int next = stage + 1 == Ring::kStageCount ? 0 : stage + 1;
-    phase = next == 0 ? phase ^ 1 : phase;
-    d = stage_descs(ring, next, consumer);
-    mbar_wait(&ring.full[next], phase, timeout_ns, kWaitMma, tile, next, report);
-    // Read before this warp's next MMAs, so in registers before the stage can be released.
-    float s_next[2][2];
-    stage_scales(ring, next, r, w_codes, s_next);
-    w_codes[0] = __ldg(ws.half0 + min(kb + 2, last));
-    w_codes[1] = __ldg(ws.half1 + min(kb + 2, last));
-    finish_block(s);
-#pragma unroll
-    for (int i = 0; i < 2; ++i) {
-#pragma unroll
-      for (int h = 0; h < 2; ++h) s[i][h] = s_next[i][h];
+    promote_block_scaled(acc, partial, s);
+    if (!next_ready) {
+      mbar_wait(&ring.full[next], next_phase, timeout_ns, kWaitMma, tile, next, report);
     }
     stage = next;
+    phase = next_phase;
   }
-  issue_stage_mmas(d, partial);
-  finish_block(s);
   it += k_blocks;
 }
 

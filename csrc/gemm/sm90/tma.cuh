@@ -18,9 +18,9 @@ __device__ __forceinline__ uint32_t smem_addr(const void* p) {
   return static_cast<uint32_t>(__cvta_generic_to_shared(p));
 }
 
-// 16 bytes (one byte) from shared memory as a shared-space load (a generic pointer into dynamic shared
-// memory otherwise compiles to a generic load). Volatile: it stays after the barrier wait
-// that made the bytes visible.
+// Shared-space loads of 16 bytes and of one byte (a generic pointer into dynamic shared memory
+// otherwise compiles to a generic load). Volatile: each stays after the barrier wait that made
+// the bytes visible.
 __device__ __forceinline__ uint4 ld_shared_16(const void* p) {
   uint4 v;
   asm volatile("ld.shared.v4.u32 {%0, %1, %2, %3}, [%4];"
@@ -61,6 +61,22 @@ __device__ __forceinline__ bool mbar_try_wait(uint64_t* bar, uint32_t parity) {
       "{\n"
       ".reg .pred p;\n"
       "mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n"
+      "selp.u32 %0, 1, 0, p;\n"
+      "}\n"
+      : "=r"(done)
+      : "r"(smem_addr(bar)), "r"(parity)
+      : "memory");
+  return done != 0;
+}
+
+// Whether the phase with `parity` has completed, without waiting (try_wait may suspend the
+// thread for a while first).
+__device__ __forceinline__ bool mbar_test_wait(uint64_t* bar, uint32_t parity) {
+  uint32_t done;
+  asm volatile(
+      "{\n"
+      ".reg .pred p;\n"
+      "mbarrier.test_wait.parity.shared::cta.b64 p, [%1], %2;\n"
       "selp.u32 %0, 1, 0, p;\n"
       "}\n"
       : "=r"(done)
