@@ -152,8 +152,6 @@ __global__ void __launch_bounds__(kGemmThreads, 1)
   // shared-memory descriptors with uniform-datapath instructions.
   const int consumer = __shfl_sync(0xffffffffu, warpgroup - 1, 0);
   const bool leader = threadIdx.x % 128 == 0;
-  const AlternateMmaOrder order{consumer};
-  order.start();
   float acc[kFp8AccRegs];
   int it = 0;
   const auto release = [&] {
@@ -177,21 +175,19 @@ __global__ void __launch_bounds__(kGemmThreads, 1)
     load_row_probs<kAct>(row_prob, row0, rows_valid, p);
     if (rows_valid == 0) {
       pass_fp8_tile(s.ring, it, k_blocks, tile, leader, kStagingBarrier + consumer, timeout_ns,
-                    report, release, order);
+                    report, release);
       continue;
     }
     const WeightBlockScales<kGated> ws(w.scales, tc.expert, w.row_blocks, k_blocks,
                                        w.half_rows, tc.n_block * kTileN);
     consume_fp8_tile<kGated>(s.ring, it, k_blocks, tile, consumer, leader, ws,
-                             row_begin[tc.expert] + m_row0, acc, timeout_ns, report, release,
-                             order);
+                             row_begin[tc.expert] + m_row0, acc, timeout_ns, report, release);
     store_rows_staged<kAct, kFp8BlockN>(acc, s.staged[consumer],
                                         EpilogueTensor{&out_map, out, out_stride},
                                         EpilogueTensor{&h_map, h_out, h_stride}, row0,
                                         rows_left >= kStagedRows * (consumer + 1), rows_valid,
                                         tc.n_block * kTileN, n_out, p, consumer, leader);
   }
-  order.finish();
   if (leader) bulk_wait_read<0>();  // the last stores have read shared memory before exit
 }
 

@@ -18,7 +18,6 @@
 #include "config/kernel_config.cuh"
 #include "gemm/sm90/cluster.cuh"
 #include "gemm/sm90/tile_engine.cuh"
-#include "gemm/sm90/tile_epilogue.cuh"
 #include "gemm/sm90/tma.cuh"
 #include "gemm/sm90/wgmma.cuh"
 #include "quant/fp8_rows.h"
@@ -232,53 +231,18 @@ __device__ __forceinline__ void issue_stage_mmas(StageDescs d, float (&partial)[
   wgmma_commit();
 }
 
-// The order in which a tile's two consumer warpgroups issue their MMAs. Left free, both wait on
-// the same stages and issue together, the tensor cores interleave their MMAs, both finish
-// together and both promote while the tensor cores idle. Taking turns (AlternateMmaOrder)
-// queues one warpgroup's block of MMAs behind the other's, so that each promotes while the
-// other's MMAs run - cuBLAS's blockwise kernel orders its warpgroups so (perf-log session 29).
-struct FreeMmaOrder {
-  __device__ void before_mmas() const {}
-  __device__ void after_mmas() const {}
-};
-
-// Consumer c waits at named barrier kMmaTurnBarrier + c for the other's issue, then lets the
-// other go. Both consumers take a turn per k-block of every tile, computing or passing it, so
-// the turns pair up; consumer 1 gives consumer 0 the first turn (start) and consumer 0 takes
-// the last one's release (finish), leaving both barriers balanced when the block exits.
-constexpr int kMmaTurnBarrier = kStagingBarrier + kGemmConsumers;  // + consumer
-static_assert(kGemmConsumers == 2, "turns alternate between two consumer warpgroups");
-
-struct AlternateMmaOrder {
-  int consumer;
-  __device__ void before_mmas() const { named_barrier_sync(kMmaTurnBarrier + consumer, 256); }
-  __device__ void after_mmas() const {
-    named_barrier_arrive(kMmaTurnBarrier + (consumer ^ 1), 256);
-  }
-  __device__ void start() const {
-    if (consumer == 1) named_barrier_arrive(kMmaTurnBarrier, 256);
-  }
-  __device__ void finish() const {
-    if (consumer == 0) named_barrier_sync(kMmaTurnBarrier, 256);
-  }
-};
-
-// A consumer warpgroup with none of its rows in the tile releases each stage (pass_tile), and
-// takes its turns.
-template <class Ring, class Release = LocalRelease, class Order = FreeMmaOrder>
+// A consumer warpgroup with none of its rows in the tile releases each stage (pass_tile).
+template <class Ring, class Release = LocalRelease>
 __device__ __forceinline__ void pass_fp8_tile(Ring& ring, int& it, int k_blocks, int tile,
                                               bool leader, int barrier_id, uint64_t timeout_ns,
-                                              int* report, const Release& release = Release{},
-                                              const Order& order = Order{}) {
-  for (int kb = 0; kb < k_blocks; ++kb) {
-    order.before_mmas();
-    if (leader) {
+                                              int* report, const Release& release = Release{}) {
+  if (leader) {
+    for (int kb = 0; kb < k_blocks; ++kb) {
       const int stage = (it + kb) % Ring::kStageCount;
       mbar_wait(&ring.full[stage], ((it + kb) / Ring::kStageCount) & 1, timeout_ns, kWaitMma,
                 tile, stage, report);
       release(&ring.empty[stage]);
     }
-    order.after_mmas();
   }
   it += k_blocks;
   named_barrier_sync(barrier_id, 128);
@@ -354,8 +318,7 @@ __device__ __forceinline__ void stage_scales(const Ring& ring, int stage, int r,
 // for the probe.
 // `partial` holds the MMAs' fresh sums of a block; a caller whose other tiles' accumulators
 // stay live (the backward megakernel's BF16 n256 tiles) lends their registers for it.
-template <bool kGatedWeights, class Ring, class Release = LocalRelease,
-          class Order = FreeMmaOrder>
+template <bool kGatedWeights, class Ring, class Release = LocalRelease>
 __device__ __forceinline__ void consume_fp8_tile(Ring& ring, int& it,
                                                  int k_blocks, int tile, int consumer,
                                                  bool leader,
@@ -363,8 +326,7 @@ __device__ __forceinline__ void consume_fp8_tile(Ring& ring, int& it,
                                                  int tile_row0, float (&acc)[kFp8AccRegs],
                                                  float (&partial)[kFp8AccRegs],
                                                  uint64_t timeout_ns, int* report,
-                                                 const Release& release = Release{},
-                                                 const Order& order = Order{}) {
+                                                 const Release& release = Release{}) {
   const int r = row_scale_index(tile_row0, consumer);
 #pragma unroll
   for (int x = 0; x < kFp8AccRegs; ++x) acc[x] = 0.f;
@@ -374,9 +336,7 @@ __device__ __forceinline__ void consume_fp8_tile(Ring& ring, int& it,
   mbar_wait(&ring.full[stage], phase, timeout_ns, kWaitMma, tile, stage, report);
   const int last = k_blocks - 1;
   for (int kb = 0; kb < k_blocks; ++kb) {
-    order.before_mmas();
     issue_stage_mmas(stage_descs(ring, stage, consumer), partial);
-    order.after_mmas();
     float s[2][2];
     stage_scales(ring, stage, r, w_codes, s);
     w_codes[0] = __ldg(ws.half0 + min(kb + 1, last));
@@ -397,19 +357,17 @@ __device__ __forceinline__ void consume_fp8_tile(Ring& ring, int& it,
   it += k_blocks;
 }
 
-template <bool kGatedWeights, class Ring, class Release = LocalRelease,
-          class Order = FreeMmaOrder>
+template <bool kGatedWeights, class Ring, class Release = LocalRelease>
 __device__ __forceinline__ void consume_fp8_tile(Ring& ring, int& it,
                                                  int k_blocks, int tile, int consumer,
                                                  bool leader,
                                                  const WeightBlockScales<kGatedWeights>& ws,
                                                  int tile_row0, float (&acc)[kFp8AccRegs],
                                                  uint64_t timeout_ns, int* report,
-                                                 const Release& release = Release{},
-                                                 const Order& order = Order{}) {
+                                                 const Release& release = Release{}) {
   float partial[kFp8AccRegs];
   consume_fp8_tile<kGatedWeights>(ring, it, k_blocks, tile, consumer, leader, ws, tile_row0, acc,
-                                  partial, timeout_ns, report, release, order);
+                                  partial, timeout_ns, report, release);
 }
 
 }  // namespace mok::sm90
