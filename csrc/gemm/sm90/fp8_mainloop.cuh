@@ -198,8 +198,9 @@ __device__ __forceinline__ void drain_fp8_ring(Ring& ring, int it, uint64_t time
 }
 
 // The low word of a 128-byte-swizzled K-major descriptor (smem_desc_k_major_sw128) of a tile at
-// `smem_ptr`; the high word is the same for every such tile (kSw128DescHigh). A k32 step adds 2
-// to the low word alone: a shared address >> 4 stays below 2^14, so the add never carries.
+// `smem_ptr`; the high word is the same for every such tile (kSw128DescHigh: that function's
+// stride-byte offset 1024 >> 4 and its swizzle mode, bit 62). A k32 step (32 bytes) adds 2 to
+// the low word alone: a shared address >> 4 stays below 2^14, so the add never carries.
 __device__ __forceinline__ uint32_t sw128_desc_low(const void* smem_ptr) {
   return static_cast<uint32_t>(smem_desc_k_major_sw128(smem_ptr));
 }
