@@ -197,28 +197,16 @@ __device__ __forceinline__ void drain_fp8_ring(Ring& ring, int it, uint64_t time
   }
 }
 
-// The low word of a 128-byte-swizzled K-major descriptor (smem_desc_k_major_sw128) of a tile at
-// `smem_ptr`; the high word is the same for every such tile (kSw128DescHigh: that function's
-// stride-byte offset 1024 >> 4 and its swizzle mode, bit 62). A k32 step (32 bytes) adds 2 to
-// the low word alone: a shared address >> 4 stays below 2^14, so the add never carries.
-__device__ __forceinline__ uint32_t sw128_desc_low(const void* smem_ptr) {
-  return static_cast<uint32_t>(smem_desc_k_major_sw128(smem_ptr));
-}
-constexpr uint32_t kSw128DescHigh = 0x40000040u;
-
-__device__ __forceinline__ uint64_t sw128_desc(uint32_t low) {
-  return (static_cast<uint64_t>(kSw128DescHigh) << 32) | low;
-}
-
-// The descriptors' low words of this warpgroup's 64 A rows and of the B tile in `stage`.
+// The descriptors' low words (k_major_sw128_low) of this warpgroup's 64 A rows and of the B
+// tile in `stage`; a k32 step (32 bytes) adds 2 to each.
 struct StageDescs {
   uint32_t a, b;
 };
 
 template <class Ring>
 __device__ __forceinline__ StageDescs stage_descs(Ring& ring, int stage, int consumer) {
-  return {sw128_desc_low(ring.a[stage] + consumer * (kFp8ATileBytes / kGemmConsumers)),
-          sw128_desc_low(ring.b[stage])};
+  return {k_major_sw128_low(ring.a[stage] + consumer * (kFp8ATileBytes / kGemmConsumers)),
+          k_major_sw128_low(ring.b[stage])};
 }
 
 // This warpgroup's 64 rows of a stage times its whole B tile into fresh partial sums: four
@@ -227,7 +215,8 @@ __device__ __forceinline__ void issue_stage_mmas(StageDescs d, float (&partial)[
   wgmma_fence();
 #pragma unroll
   for (int k = 0; k < kFp8BlockK / 32; ++k) {
-    wgmma_m64n128k32_e4m3(partial, sw128_desc(d.a + 2 * k), sw128_desc(d.b + 2 * k), k > 0);
+    wgmma_m64n128k32_e4m3(partial, k_major_sw128_desc(d.a + 2 * k),
+                          k_major_sw128_desc(d.b + 2 * k), k > 0);
   }
   wgmma_commit();
 }

@@ -11,14 +11,22 @@ namespace mok::sm90 {
 // Shared-memory matrix descriptor for a K-major tile whose rows are 128 bytes (64 bf16) and
 // swizzled in 8-row (1024-byte) atoms. Leading-byte offset is unused for swizzled K-major
 // layouts (set to 1); stride-byte offset is one atom (1024 B). The tile must be 1024-aligned.
-__device__ __forceinline__ uint64_t smem_desc_k_major_sw128(const void* smem_ptr) {
+// The high word is the same for every such tile (stride-byte offset, bit 62: layout type 1,
+// 128-byte swizzle), so a caller may keep the low word alone (k_major_sw128_low) and advance it
+// in 32 bits: the start address >> 4 stays below 2^14, so a K step never carries out of it.
+constexpr uint32_t kKMajorSw128DescHigh = (1024 >> 4) | (1u << (62 - 32));
+
+__device__ __forceinline__ uint32_t k_major_sw128_low(const void* smem_ptr) {
   const uint32_t addr = static_cast<uint32_t>(__cvta_generic_to_shared(smem_ptr));
-  uint64_t desc = 0;
-  desc |= static_cast<uint64_t>((addr & 0x3FFFF) >> 4);
-  desc |= static_cast<uint64_t>(1) << 16;
-  desc |= static_cast<uint64_t>(1024 >> 4) << 32;
-  desc |= static_cast<uint64_t>(1) << 62;  // layout type 1: 128-byte swizzle
-  return desc;
+  return ((addr & 0x3FFFF) >> 4) | (1u << 16);
+}
+
+__device__ __forceinline__ uint64_t k_major_sw128_desc(uint32_t low) {
+  return (static_cast<uint64_t>(kKMajorSw128DescHigh) << 32) | low;
+}
+
+__device__ __forceinline__ uint64_t smem_desc_k_major_sw128(const void* smem_ptr) {
+  return k_major_sw128_desc(k_major_sw128_low(smem_ptr));
 }
 
 // Shared-memory matrix descriptor for an MN-major tile as TMA writes it with 128-byte swizzle
