@@ -1,6 +1,6 @@
 """One MoE layer's no-grad forward on one GPU (EP=1, CUDA backend) for the single-GPU tracing
 and profiling scripts: x, top-k ids over `experts` experts, probs and stacked FC1/FC2 weights
-of a model shape, and a recipe with the given forward kernel."""
+of a model shape, and a recipe with the given precision and forward kernel."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from mok_megatron.functional import moe_experts
 
 
 def one_gpu_forward(model, experts: int, tokens: int, forward_kernel: str, comm_sms: int,
-                    seed: int = 0) -> Callable[[], torch.Tensor]:
+                    seed: int = 0, precision: str = "bf16") -> Callable[[], torch.Tensor]:
     H, F, K = model.hidden_size, model.moe_ffn_hidden_size, model.topk
     g = torch.Generator(device="cuda").manual_seed(seed)
     x = torch.randn(tokens, H, device="cuda", generator=g).bfloat16()
@@ -21,9 +21,12 @@ def one_gpu_forward(model, experts: int, tokens: int, forward_kernel: str, comm_
     probs = torch.rand(tokens, K, device="cuda", generator=g)
     w1 = (torch.randn(experts, 2 * F, H, device="cuda", generator=g) * H**-0.5).bfloat16()
     w2 = (torch.randn(experts, H, F, device="cuda", generator=g) * F**-0.5).bfloat16()
-    recipe = Recipe(name="one_gpu", backend="cuda",
+    # The FP8 recipes' forward megakernel takes recomputed backward inputs only.
+    inputs = ("recomputed" if precision != "bf16" and forward_kernel == "megakernel"
+              else KernelKnobs.backward_inputs)
+    recipe = Recipe(name="one_gpu", backend="cuda", precision=precision,
                     kernel=KernelKnobs(max_tokens_per_rank=tokens, forward_kernel=forward_kernel,
-                                       comm_sms_forward=comm_sms))
+                                       comm_sms_forward=comm_sms, backward_inputs=inputs))
 
     def forward() -> torch.Tensor:
         with torch.no_grad():

@@ -4,6 +4,8 @@ host runs ahead), a call synchronized alone (what bench_moe times), and where th
 goes (cProfile, top functions by own time).
 
     python benchmarks/diagnostics/profile_host.py --model qwen3_30b_a3b_like --experts 8 --tokens 2048
+    python benchmarks/diagnostics/profile_host.py --tokens 4096 --precision fp8_blockwise \
+        --forward-kernels separate
 """
 
 from __future__ import annotations
@@ -33,13 +35,16 @@ def main(argv=None) -> None:
     ap.add_argument("--tokens", type=int, default=2048)
     ap.add_argument("--comm-sms", type=int, default=12)
     ap.add_argument("--calls", type=int, default=200)
+    ap.add_argument("--precision", default="bf16", choices=["bf16", "mxfp8", "fp8_blockwise"])
+    ap.add_argument("--forward-kernels", nargs="+", default=["megakernel", "separate"],
+                    choices=["megakernel", "separate"])
     ap.add_argument("--top", type=int, default=18, help="functions listed by cProfile")
     args = ap.parse_args(argv)
 
     model = load_model(args.model)
-    for forward_kernel in ("megakernel", "separate"):
+    for forward_kernel in args.forward_kernels:
         forward = one_gpu_forward(model, args.experts, args.tokens, forward_kernel,
-                                  args.comm_sms)
+                                  args.comm_sms, precision=args.precision)
         for _ in range(10):
             forward()
         torch.cuda.synchronize()
@@ -56,7 +61,7 @@ def main(argv=None) -> None:
             forward()
             torch.cuda.synchronize()
             alone.append(time.perf_counter() - start)
-        print(f"{forward_kernel}: host issue {issued * 1e3:.3f} ms/call, stream "
+        print(f"{args.precision} {forward_kernel}: host issue {issued * 1e3:.3f} ms/call, stream "
               f"{streamed * 1e3:.3f} ms/call, synchronized alone (median) "
               f"{statistics.median(alone) * 1e3:.3f} ms")
         profiler = cProfile.Profile()

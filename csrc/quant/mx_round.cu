@@ -33,6 +33,7 @@
 #include "ops.h"
 #include "quant/column_block.cuh"
 #include "quant/mx_format.cuh"
+#include "quant/round_segments.h"
 
 namespace mok {
 namespace {
@@ -159,10 +160,11 @@ __global__ void mx_round_columns_kernel(const __nv_bfloat16* __restrict__ x, int
 }
 
 // Segment e: rows [offsets[e], offsets[e+1]), or [e * segment_rows, (e+1) * segment_rows)
-// when offsets is null. Row blocks are numbered segment by segment; a CTA keeps the first
-// row block of every segment in shared memory and walks the blocks given to it. A thread
-// owns one 16-byte vector of columns: a first pass over the block's rows takes their amax,
-// a second (from L2) rounds and stores them.
+// when offsets is null; MXFP8's 32-row blocks (the blockwise recipe's 128-row ones run on the
+// both-forms pass's units: quant/round_segments.h). Row blocks are numbered segment by
+// segment; a CTA keeps the first row block of every segment in shared memory and walks the
+// blocks given to it. A thread owns one 16-byte vector of columns: a first pass over the
+// block's rows takes their amax, a second (from L2) rounds and stores them.
 template <int kBlock>
 __global__ void mx_round_segments_kernel(const __nv_bfloat16* __restrict__ x, int cols,
                                          const int32_t* __restrict__ offsets, int segments,
@@ -269,6 +271,11 @@ void mx_round_segments(const at::Tensor& x, const c10::optional<at::Tensor>& off
   MOK_HOST_CHECK(segments <= kGemmMaxExperts, "mx_round_segments: ", segments,
                  " segments exceed ", kGemmMaxExperts);
   if (x.numel() == 0) return;
+  if (block == kFp8ScaleBlock) {
+    fp8_round_segments(x, offsets.has_value() ? offsets->data_ptr<int32_t>() : nullptr, segments,
+                       segment_rows, out);
+    return;
+  }
   // Row blocks: at most one per `block` rows plus one short one per segment.
   const int64_t worst = x.size(0) / block + segments;
   const int col_blocks =
@@ -278,9 +285,8 @@ void mx_round_segments(const at::Tensor& x, const c10::optional<at::Tensor>& off
   const dim3 grid(col_blocks, static_cast<unsigned>(
       std::max<int64_t>(1, std::min<int64_t>({worst, (wanted + col_blocks - 1) / col_blocks,
                                               65535}))));
-  auto kernel = block == kMxBlock ? mx_round_segments_kernel<kMxBlock>
-                                  : mx_round_segments_kernel<kFp8ScaleBlock>;
-  kernel<<<grid, kMxRoundThreads, 0, at::cuda::getCurrentCUDAStream()>>>(
+  mx_round_segments_kernel<kMxBlock><<<grid, kMxRoundThreads, 0,
+                                       at::cuda::getCurrentCUDAStream()>>>(
       reinterpret_cast<const __nv_bfloat16*>(x.data_ptr()), static_cast<int>(x.size(1)),
       offsets.has_value() ? offsets->data_ptr<int32_t>() : nullptr, static_cast<int>(segments),
       segment_rows, reinterpret_cast<__nv_bfloat16*>(out.data_ptr()));

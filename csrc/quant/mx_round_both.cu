@@ -12,12 +12,14 @@
 // mx_round_columns and mx_round_segments write them. A warp takes one block of rows (<= 32
 // rows of one segment) x 64 columns (quant/mx_round_span.cuh).
 //
-// Blockwise FP8 (fp8_quantize_round_both_kernel, blocks of 128 both ways): along K the FP8
+// Blockwise FP8 (fp8_round_blocks_kernel, blocks of 128 both ways): along K the FP8
 // engine's A operand as mx_quantize_columns writes it (E4M3 codes, E8M0 scale codes
 // transposed: ops.fp8_quantize_rows' layout), along the rows bf16 values as
 // mx_round_segments<128> writes them. A CTA takes one block of rows (<= 128 rows of one
 // segment) x 128 columns (quant/fp8_round_both_block.cuh, shared with the backward
-// megakernel's rounding tiles).
+// megakernel's rounding tiles). The same units along the rows alone are mx_round_segments with
+// 128-row blocks (fp8_round_segments): its own kernel walks a block's rows one at a time per
+// thread, twice (quant/mx_round.cu), and ran at ~0.8 TB/s on act (perf-log session 30).
 #include <ATen/cuda/CUDAContext.h>
 #include <cuda_bf16.h>
 #include <torch/extension.h>
@@ -32,6 +34,7 @@
 #include "quant/mx_block_scale.cuh"
 #include "quant/mx_format.cuh"
 #include "quant/mx_round_span.cuh"
+#include "quant/round_segments.h"
 
 namespace mok {
 namespace {
@@ -78,13 +81,16 @@ __global__ void __launch_bounds__(kMxRoundThreads, kCtasPerSm)
   }
 }
 
-template <class Rows>
+// Segment s is rows [offsets[s], offsets[s + 1]), or [s * segment_rows, (s + 1) * segment_rows)
+// when offsets is null.
+template <bool kAlongK, class Rows>
 __global__ void __launch_bounds__(kWideThreads, kCtasPerSm)
-    fp8_quantize_round_both_kernel(Rows src, int cols, const int32_t* __restrict__ offsets,
-                                   int segments, Fp8Rows out, int4* __restrict__ along_n) {
+    fp8_round_blocks_kernel(Rows src, int cols, const int32_t* __restrict__ offsets,
+                            int segments, int64_t segment_rows, Fp8Rows out,
+                            int4* __restrict__ along_n) {
   __shared__ int64_t first_block[kGemmMaxExperts + 1];
   __shared__ WideColumnMaxima warp_col_max;
-  if (threadIdx.x == 0) number_row_blocks<kWideBlock>(offsets, segments, 0, first_block);
+  if (threadIdx.x == 0) number_row_blocks<kWideBlock>(offsets, segments, segment_rows, first_block);
   __syncthreads();
   const int vecs = cols / 8;
   const int spans = (cols + kWideBlock - 1) / kWideBlock;
@@ -92,10 +98,12 @@ __global__ void __launch_bounds__(kWideThreads, kCtasPerSm)
   for (int64_t w = blockIdx.x; w < work; w += gridDim.x) {
     const int64_t b = w / spans;
     const int s = segment_of_block(first_block, segments, b);
-    const int64_t r0 = offsets[s] + (b - first_block[s]) * kWideBlock;
-    const int len = static_cast<int>(min(static_cast<int64_t>(kWideBlock), offsets[s + 1] - r0));
-    fp8_round_both_block<true>(src, r0, len, static_cast<int>(w % spans), vecs, out, along_n,
-                               warp_col_max, threadIdx.x, [] { __syncthreads(); });
+    const int64_t begin = offsets != nullptr ? offsets[s] : s * segment_rows;
+    const int64_t end = offsets != nullptr ? offsets[s + 1] : (s + 1) * segment_rows;
+    const int64_t r0 = begin + (b - first_block[s]) * kWideBlock;
+    const int len = static_cast<int>(min(static_cast<int64_t>(kWideBlock), end - r0));
+    fp8_round_both_block<kAlongK>(src, r0, len, static_cast<int>(w % spans), vecs, out, along_n,
+                                  warp_col_max, threadIdx.x, [] { __syncthreads(); });
   }
 }
 
@@ -181,6 +189,19 @@ void mx_both(const Source& src, const at::Tensor& offsets, at::Tensor& along_k,
   });
 }
 
+// A CTA per (row block, span): at most one block per 128 rows plus a short one per segment.
+template <bool kAlongK, class Rows>
+void launch_round_blocks(const Rows& rows_of, int64_t rows, int64_t cols, const int32_t* offsets,
+                         int64_t segments, int64_t segment_rows, const Fp8Rows& out,
+                         at::Tensor& along_n) {
+  const int64_t units = (rows / kWideBlock + segments) * ((cols + kWideBlock - 1) / kWideBlock);
+  fp8_round_blocks_kernel<kAlongK><<<grid_for(units, 1), kWideThreads, 0,
+                                     at::cuda::getCurrentCUDAStream()>>>(
+      rows_of, static_cast<int>(cols), offsets, static_cast<int>(segments), segment_rows, out,
+      reinterpret_cast<int4*>(along_n.data_ptr()));
+  MOK_LAUNCH_CHECK();
+}
+
 void fp8_both(const Source& src, const at::Tensor& offsets, at::Tensor& codes,
               at::Tensor& scales, at::Tensor& along_n, const char* what) {
   MOK_HOST_CHECK(along_n.dim() == 2, what, ": along_n must be [rows, cols]");
@@ -200,20 +221,22 @@ void fp8_both(const Source& src, const at::Tensor& offsets, at::Tensor& codes,
                  ", >= ", rows, "], got ", scales.sizes());
   src.visit(rows, cols, what, [&](auto rows_of) {
     if (rows == 0 || cols == 0) return;
-    // A CTA per (row block, span).
-    const int64_t units =
-        (rows / kWideBlock + segments) * ((cols + kWideBlock - 1) / kWideBlock);
-    fp8_quantize_round_both_kernel<<<grid_for(units, 1), kWideThreads, 0,
-                                     at::cuda::getCurrentCUDAStream()>>>(
-        rows_of, static_cast<int>(cols), offsets.data_ptr<int32_t>(), static_cast<int>(segments),
-        Fp8Rows{static_cast<uint8_t*>(codes.data_ptr()), codes.stride(0),
-                  scales.data_ptr<uint8_t>(), scales.stride(0)},
-        reinterpret_cast<int4*>(along_n.data_ptr()));
-    MOK_LAUNCH_CHECK();
+    launch_round_blocks<true>(rows_of, rows, cols, offsets.data_ptr<int32_t>(), segments, 0,
+                              Fp8Rows{static_cast<uint8_t*>(codes.data_ptr()), codes.stride(0),
+                                      scales.data_ptr<uint8_t>(), scales.stride(0)},
+                              along_n);
   });
 }
 
 }  // namespace
+
+void fp8_round_segments(const at::Tensor& x, const int32_t* offsets, int64_t segments,
+                        int64_t segment_rows, at::Tensor& out) {
+  if (x.numel() == 0) return;
+  launch_round_blocks<false>(
+      MatrixRows{reinterpret_cast<const int4*>(x.data_ptr()), static_cast<int>(x.size(1) / 8)},
+      x.size(0), x.size(1), offsets, segments, segment_rows, Fp8Rows{}, out);
+}
 
 void mx_round_both(const at::Tensor& x, const at::Tensor& offsets, at::Tensor& along_k,
                    at::Tensor& along_n) {

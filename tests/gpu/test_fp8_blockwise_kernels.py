@@ -120,6 +120,8 @@ CASES = [  # (rows per expert, K, N)
     ([128, 256], 7168, 256),              # DeepSeek's H: 56 blocks
     ([77, 500, 3], 208, 136),             # K and N not multiples of 128
     ([1000], 2048, 1536),
+    ([64, 200], 128, 256),                # one k-block
+    ([129, 70, 300], 640, 384),           # an odd number of k-blocks
 ]
 
 

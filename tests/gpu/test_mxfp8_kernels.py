@@ -13,7 +13,7 @@ import pytest
 import torch
 
 import gpu_checks
-from mok_megatron import mxfp8, ops
+from mok_megatron import fp8_blockwise, mxfp8, ops
 from mok_megatron.activations import get_activation
 from mok_megatron.functional import moe_experts
 from test_backward_megakernel import ODD_SPECS
@@ -73,31 +73,45 @@ def test_columns_bit_exact(cols):
     _assert_same(part[:7], want[:7], "columns, first 7 rows")
 
 
-def test_segments_bit_exact_per_segment():
-    """Blocks from each segment's first row, short last blocks, empty and hot segments."""
+def _rounded_along_rows(x: torch.Tensor, block: int) -> torch.Tensor:
+    """The reference's rounding along dim 0: MXFP8's 32-row blocks or the blockwise recipe's
+    128 (fp8_blockwise, the same scale rule), as bf16."""
+    if block == ops.MX_BLOCK:
+        return mxfp8.fake_quantize(x, dim=0).to(torch.bfloat16)
+    return fp8_blockwise.fake_quantize_rows(x, dim=0).to(torch.bfloat16)
+
+
+@pytest.mark.parametrize("block", [32, 128])
+def test_segments_bit_exact_per_segment(block):
+    """Blocks from each segment's first row, short last blocks, empty and hot segments, a last
+    column block that is not whole (136 columns)."""
     g = torch.Generator().manual_seed(3)
-    counts = [0, 33, 1, 64, 0, 200, 31, 5000, 0]
+    counts = [0, 33, 1, 64, 0, 200, 31, 5000, 0, 300, 128]
     cols = 136
     edges = _edge_rows(cols, g)
     x = (torch.randn(sum(counts), cols, generator=g) * 2).to(torch.bfloat16)
     x[40:40 + edges.shape[0]] = edges  # the edge cases inside segment 3 and 5
     offsets = torch.tensor([0] + torch.tensor(counts).cumsum(0).tolist(), dtype=torch.int32)
-    got = ops.mx_round_segments(x.cuda(), offsets.cuda()).cpu()
+    poisoned = torch.full((x.shape[0] + 7, cols), float("nan"), dtype=torch.bfloat16,
+                          device="cuda")
+    ops.extension().mx_round_segments(x.cuda(), offsets.cuda(), 0, block, poisoned[:-7])
+    got = poisoned.cpu()
     for s in range(len(counts)):
         a, b = int(offsets[s]), int(offsets[s + 1])
-        want = mxfp8.fake_quantize(x[a:b], dim=0).to(torch.bfloat16)
-        _assert_same(got[a:b], want, f"segment {s} ({b - a} rows)")
+        _assert_same(got[a:b], _rounded_along_rows(x[a:b], block), f"segment {s} ({b - a} rows)")
+    assert bool(got[-7:].isnan().all()), "rows past the last segment were written"
 
 
-def test_segments_uniform_is_a_weight_per_expert():
+@pytest.mark.parametrize("block", [32, 128])
+def test_segments_uniform_is_a_weight_per_expert(block):
     """segment_rows: a stacked weight [E, r, c] rounded along each expert's r (its other
     orientation), as the reference rounds W [r, c] along dim 0."""
     g = torch.Generator().manual_seed(4)
     w = (torch.randn(5, 264, 72, generator=g) * 0.02).to(torch.bfloat16)
-    got = ops.mx_round_segments(w.reshape(-1, 72).cuda(), segment_rows=264).view(5, 264, 72)
+    got = ops.mx_round_segments(w.reshape(-1, 72).cuda(), segment_rows=264,
+                                block=block).view(5, 264, 72)
     for e in range(5):
-        want = mxfp8.fake_quantize(w[e], dim=0).to(torch.bfloat16)
-        _assert_same(got[e].cpu(), want, f"expert {e}")
+        _assert_same(got[e].cpu(), _rounded_along_rows(w[e], block), f"expert {e}")
 
 
 def _segmented(counts: list, cols: int, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
