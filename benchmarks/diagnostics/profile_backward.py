@@ -62,6 +62,20 @@ def profile_kernels(prepare, run, iters: int) -> tuple[float, dict[str, float]]:
     return wall / iters, {k: v / iters for k, v in sorted(totals.items(), key=lambda kv: -kv[1])}
 
 
+def print_kernels(kernels: dict[str, float], top: int) -> None:
+    """The `top` slowest kernels of profile_kernels' table, a line each."""
+    for k, v in list(kernels.items())[:top]:
+        print(f"    {v:9.1f} us  {k}")
+
+
+def write_runs(args, runs: dict) -> None:
+    """The runs as JSON with the command's arguments, to args.out when it is given."""
+    if args.out is not None:
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        args.out.write_text(json.dumps({"args": vars(args) | {"out": str(args.out)},
+                                        "runs": runs}, indent=1))
+
+
 def backward_kernels(inputs, dy, recipe, iters: int) -> dict:
     """Mean GPU microseconds per backward of each kernel (by name), and of the whole
     backward between two events."""
@@ -107,12 +121,8 @@ def main():
         print(f"{args.model} {args.variant} E={spec.num_experts} T={args.tokens} "
               f"{args.precision} {name}: "
               f"backward {r['backward_us']:.0f} us")
-        for k, v in list(r["kernels_us"].items())[:12]:
-            print(f"    {v:9.1f} us  {k}")
-    if args.out is not None:
-        args.out.parent.mkdir(parents=True, exist_ok=True)
-        args.out.write_text(json.dumps({"args": vars(args) | {"out": str(args.out)},
-                                        "runs": runs}, indent=1))
+        print_kernels(r["kernels_us"], 12)
+    write_runs(args, runs)
 
 
 if __name__ == "__main__":

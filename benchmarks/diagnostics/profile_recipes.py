@@ -10,10 +10,10 @@ the forward megakernel - which kernels the recipe adds, and what its GEMMs save.
 from __future__ import annotations
 
 import argparse
-import json
 from pathlib import Path
 
-from profile_backward import problem, profile_kernels  # also puts the repository on the path
+from profile_backward import (  # also puts the repository on the path
+    print_kernels, problem, profile_kernels, write_runs)
 
 from mok_megatron.config import KernelKnobs, Recipe, load_model
 from mok_megatron.functional import moe_experts
@@ -66,12 +66,8 @@ def main():
             kernels = r[f"{phase}_kernels_us"]
             print(f"{args.model} {args.variant} E={spec.num_experts} T={args.tokens} {name}: "
                   f"{phase} {r[f'{phase}_us']:.0f} us, kernels {sum(kernels.values()):.0f} us")
-            for k, v in list(kernels.items())[:args.top]:
-                print(f"    {v:9.1f} us  {k}")
-    if args.out is not None:
-        args.out.parent.mkdir(parents=True, exist_ok=True)
-        args.out.write_text(json.dumps({"args": vars(args) | {"out": str(args.out)},
-                                        "runs": runs}, indent=1))
+            print_kernels(kernels, args.top)
+    write_runs(args, runs)
 
 
 if __name__ == "__main__":
