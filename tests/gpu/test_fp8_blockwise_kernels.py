@@ -209,6 +209,12 @@ def test_fp8_grouped_gemm_rejects_bad_input():
                                  stages=stages)
     with pytest.raises(RuntimeError, match="m_group"):
         ops.fp8_grouped_gemm(a_codes, a_scales, w_codes, w_scales, offsets, out, m_group=-1)
+    # The consumer's k-loop runs at least one block: K = 0 is refused, not run.
+    with pytest.raises(RuntimeError, match="K must be positive"):
+        ops.fp8_grouped_gemm(torch.empty(10, 0, device="cuda", dtype=torch.float8_e4m3fn),
+                             torch.empty(0, 16, device="cuda", dtype=torch.uint8),
+                             torch.empty(1, 256, 0, device="cuda", dtype=torch.float8_e4m3fn),
+                             torch.empty(1, 2, 0, device="cuda", dtype=torch.uint8), offsets, out)
     # 6 stages fit beside at most 47 experts' tables; 256 experts get 5 by default.
     many = torch.zeros(257, dtype=torch.int32, device="cuda")
     many[1:] = 10
