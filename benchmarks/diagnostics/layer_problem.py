@@ -21,12 +21,9 @@ def one_gpu_forward(model, experts: int, tokens: int, forward_kernel: str, comm_
     probs = torch.rand(tokens, K, device="cuda", generator=g)
     w1 = (torch.randn(experts, 2 * F, H, device="cuda", generator=g) * H**-0.5).bfloat16()
     w2 = (torch.randn(experts, H, F, device="cuda", generator=g) * F**-0.5).bfloat16()
-    # The FP8 recipes' forward megakernel takes recomputed backward inputs only.
-    inputs = ("recomputed" if precision != "bf16" and forward_kernel == "megakernel"
-              else KernelKnobs.backward_inputs)
     recipe = Recipe(name="one_gpu", backend="cuda", precision=precision,
                     kernel=KernelKnobs(max_tokens_per_rank=tokens, forward_kernel=forward_kernel,
-                                       comm_sms_forward=comm_sms, backward_inputs=inputs))
+                                       comm_sms_forward=comm_sms))
 
     def forward() -> torch.Tensor:
         with torch.no_grad():

@@ -26,11 +26,9 @@ SETTINGS = {"bf16 separate": ("bf16", "separate"),
 
 def profile_setting(inputs, dy, precision: str, forward_kernel: str, tokens: int,
                     iters: int) -> dict:
+    # backward_inputs keeps its default, recomputed: the FP8 recipes' megakernel takes no other.
     recipe = Recipe(name="profile", precision=precision, backend="cuda",
-                    kernel=KernelKnobs(max_tokens_per_rank=tokens, forward_kernel=forward_kernel,
-                                       backward_inputs=("recomputed" if forward_kernel ==
-                                                        "megakernel" else
-                                                        KernelKnobs.backward_inputs)))
+                    kernel=KernelKnobs(max_tokens_per_rank=tokens, forward_kernel=forward_kernel))
     leaves = [t for t in inputs if t.requires_grad]
 
     def forward(_=None):

@@ -60,9 +60,15 @@ struct ColumnBlock {
   }
 };
 
-// Numbers the row blocks of every segment, segment by segment: first_block[s] is segment s's
-// first block, first_block[segments] the total. Segment s is rows [offsets[s], offsets[s+1]),
-// or [s * segment_rows, (s+1) * segment_rows) when offsets is null; its last block may be
+// Segment s: rows [offsets[s], offsets[s+1]), or [s * segment_rows, (s+1) * segment_rows)
+// when offsets is null.
+__device__ __forceinline__ int64_t segment_begin(const int32_t* __restrict__ offsets,
+                                                 int64_t segment_rows, int s) {
+  return offsets != nullptr ? offsets[s] : s * segment_rows;
+}
+
+// Numbers the row blocks of every segment (segment_begin), segment by segment: first_block[s]
+// is segment s's first block, first_block[segments] the total; a segment's last block may be
 // short. One thread of the CTA calls it (into shared memory), before a barrier.
 template <int kBlock>
 __device__ void number_row_blocks(const int32_t* __restrict__ offsets, int segments,

@@ -159,12 +159,12 @@ __global__ void mx_round_columns_kernel(const __nv_bfloat16* __restrict__ x, int
   }
 }
 
-// Segment e: rows [offsets[e], offsets[e+1]), or [e * segment_rows, (e+1) * segment_rows)
-// when offsets is null; MXFP8's 32-row blocks (the blockwise recipe's 128-row ones run on the
-// both-forms pass's units: quant/round_segments.h). Row blocks are numbered segment by
-// segment; a CTA keeps the first row block of every segment in shared memory and walks the
-// blocks given to it. A thread owns one 16-byte vector of columns: a first pass over the
-// block's rows takes their amax, a second (from L2) rounds and stores them.
+// Segments as quant/column_block.cuh's segment_begin gives them; MXFP8's 32-row blocks (the
+// blockwise recipe's 128-row ones run on the both-forms pass's units: quant/round_segments.h).
+// Row blocks are numbered segment by segment; a CTA keeps the first row block of every segment
+// in shared memory and walks the blocks given to it. A thread owns one 16-byte vector of
+// columns: a first pass over the block's rows takes their amax, a second (from L2) rounds and
+// stores them.
 template <int kBlock>
 __global__ void mx_round_segments_kernel(const __nv_bfloat16* __restrict__ x, int cols,
                                          const int32_t* __restrict__ offsets, int segments,
@@ -181,8 +181,8 @@ __global__ void mx_round_segments_kernel(const __nv_bfloat16* __restrict__ x, in
   int4* o = reinterpret_cast<int4*>(out);
   for (int64_t b = blockIdx.y; b < total; b += gridDim.y) {
     const int lo = segment_of_block(first_block, segments, b);
-    const int64_t seg_begin = offsets != nullptr ? offsets[lo] : lo * segment_rows;
-    const int64_t seg_end = offsets != nullptr ? offsets[lo + 1] : (lo + 1) * segment_rows;
+    const int64_t seg_begin = segment_begin(offsets, segment_rows, lo);
+    const int64_t seg_end = segment_begin(offsets, segment_rows, lo + 1);
     const int64_t r0 = seg_begin + (b - first_block[lo]) * kBlock;
     const int len = static_cast<int>(min(static_cast<int64_t>(kBlock), seg_end - r0));
     const ColumnBlock block(in + r0 * vecs + v, vecs, len);

@@ -81,8 +81,7 @@ __global__ void __launch_bounds__(kMxRoundThreads, kCtasPerSm)
   }
 }
 
-// Segment s is rows [offsets[s], offsets[s + 1]), or [s * segment_rows, (s + 1) * segment_rows)
-// when offsets is null.
+// Segments as quant/column_block.cuh's segment_begin gives them.
 template <bool kAlongK, class Rows>
 __global__ void __launch_bounds__(kWideThreads, kCtasPerSm)
     fp8_round_blocks_kernel(Rows src, int cols, const int32_t* __restrict__ offsets,
@@ -98,9 +97,8 @@ __global__ void __launch_bounds__(kWideThreads, kCtasPerSm)
   for (int64_t w = blockIdx.x; w < work; w += gridDim.x) {
     const int64_t b = w / spans;
     const int s = segment_of_block(first_block, segments, b);
-    const int64_t begin = offsets != nullptr ? offsets[s] : s * segment_rows;
-    const int64_t end = offsets != nullptr ? offsets[s + 1] : (s + 1) * segment_rows;
-    const int64_t r0 = begin + (b - first_block[s]) * kWideBlock;
+    const int64_t r0 = segment_begin(offsets, segment_rows, s) + (b - first_block[s]) * kWideBlock;
+    const int64_t end = segment_begin(offsets, segment_rows, s + 1);
     const int len = static_cast<int>(min(static_cast<int64_t>(kWideBlock), end - r0));
     fp8_round_both_block<kAlongK>(src, r0, len, static_cast<int>(w % spans), vecs, out, along_n,
                                   warp_col_max, threadIdx.x, [] { __syncthreads(); });

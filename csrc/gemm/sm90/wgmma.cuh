@@ -175,8 +175,8 @@ __device__ __forceinline__ void wgmma_m64n128k16_bf16_ra(float (&d)[64],
 }
 
 // D[64x128] (+)= A[64x32] * B[128x32]^T, E4M3 in, fp32 accumulate; both operands K-major
-// (fp8 wgmma has no transpose), 128-byte rows of 128 codes (smem_desc_k_major_sw128, advanced
-// 32 codes = 32 bytes per k32 step with desc_advance_k16). Fragment as the bf16 forms.
+// (fp8 wgmma has no transpose), 128-byte rows of 128 codes (k_major_sw128_low, advanced by 2
+// - 32 codes = 32 bytes - per k32 step). Fragment as the bf16 forms.
 __device__ __forceinline__ void wgmma_m64n128k32_e4m3(float (&d)[64], uint64_t desc_a,
                                                       uint64_t desc_b, int scale_d) {
   asm volatile(
