@@ -41,6 +41,14 @@ def problem(model, experts: int, tokens: int):
     return (x, ids, probs, w1, w2), dy
 
 
+def variant_problem(args):
+    """(the layer's expert spec, inputs, dy) for args.model at args.variant (full, or its
+    EP64-equivalent on one GPU) and args.tokens."""
+    model = load_model(args.model)
+    spec = model if args.variant == "full" else model.ep64_equivalent(1)
+    return (spec, *problem(model, spec.num_experts, args.tokens))
+
+
 def profile_kernels(prepare, run, iters: int) -> tuple[float, dict[str, float]]:
     """Mean GPU microseconds per call of run(prepare()) - prepare outside the profile - of the
     whole call between two events, and of each kernel (by name), slowest first."""
@@ -102,9 +110,7 @@ def main():
     p.add_argument("--iters", type=int, default=5)
     p.add_argument("--out", type=Path, default=None)
     args = p.parse_args()
-    model = load_model(args.model)
-    spec = model if args.variant == "full" else model.ep64_equivalent(1)
-    inputs, dy = problem(model, spec.num_experts, args.tokens)
+    spec, inputs, dy = variant_problem(args)
     runs = {}
     bf16 = args.precision == "bf16"
     settings = [("separate", {})] + [

@@ -13,9 +13,9 @@ import argparse
 from pathlib import Path
 
 from profile_backward import (  # also puts the repository on the path
-    print_kernels, problem, profile_kernels, write_runs)
+    print_kernels, profile_kernels, variant_problem, write_runs)
 
-from mok_megatron.config import KernelKnobs, Recipe, load_model
+from mok_megatron.config import KernelKnobs, Recipe
 from mok_megatron.functional import moe_experts
 
 SETTINGS = {"bf16 separate": ("bf16", "separate"),
@@ -54,9 +54,7 @@ def main():
     p.add_argument("--top", type=int, default=14)
     p.add_argument("--out", type=Path, default=None)
     args = p.parse_args()
-    model = load_model(args.model)
-    spec = model if args.variant == "full" else model.ep64_equivalent(1)
-    inputs, dy = problem(model, spec.num_experts, args.tokens)
+    spec, inputs, dy = variant_problem(args)
     runs = {}
     for name in args.settings:
         r = runs[name] = profile_setting(inputs, dy, *SETTINGS[name], args.tokens, args.iters)
