@@ -170,6 +170,49 @@ def test_fp8_grouped_gemm_matches_reference(activation, case):
     assert rel_l2(out[:rows], ref_act) <= MAX_REL_L2
 
 
+@pytest.mark.parametrize("activation", [None, "swiglu"])
+def test_fp8_grouped_gemm_special_scale_codes(activation):
+    """Scale codes 0 (all-zero and tiny row blocks, a tiny weight block: 2^-127, a subnormal
+    factor) and 255 (a NaN row block, a NaN weight block) take the consumer's decoding path
+    (gemm/sm90/fp8_mainloop.cuh: stage_scales), the rest its exponent-field path: the outputs
+    match the reference, NaN exactly where the reference has them."""
+    counts, k, n = [200, 77], 640, 512
+    offsets, a, w, prob = grouped_case(counts, k, n, seed=11)
+    a, w = a.float(), w.float()
+    a[0] = 0.0
+    a[1] *= 2.0**-124  # amax ~2^-122: the exponent clamps at -127 (code 0), codes nonzero
+    a[2, 5] = float("nan")
+    a[130:140, 128:256] = 0.0
+    w[0, :128, :128] *= 2.0**-128
+    w[1, 128:256, 256:384] = float("nan")
+    a, w = a.bfloat16(), w.bfloat16()
+    a_codes, a_scales = ops.fp8_quantize_rows(a)
+    w_codes, w_scales = ops.fp8_quantize_weight_blocks(w)
+    assert (a_scales == 0).any() and (a_scales == 255).any()
+    assert (w_scales == 0).any() and (w_scales == 255).any()
+    rows = a.shape[0]
+    n_out = n // 2 if activation else n
+    outs = []
+    for _ in range(2):
+        out = torch.full((rows, n_out), float("nan"), device="cuda", dtype=torch.bfloat16)
+        h = torch.full((rows, n), float("nan"), device="cuda", dtype=torch.bfloat16)
+        ops.fp8_grouped_gemm(a_codes, a_scales, w_codes, w_scales, offsets, out,
+                             activation=activation, row_prob=prob if activation else None,
+                             h_out=h if activation else None)
+        outs.append((out, h))
+    (out, h), (again, h_again) = outs
+    assert torch.equal(out.view(torch.int16), again.view(torch.int16))
+    av, wv = engine_row_values(a_codes, a_scales), engine_weight_values(w_codes, w_scales)
+    ref = torch.cat([av[o0:o1] @ wv[e].t() for e, (o0, o1) in
+                     enumerate(zip(offsets[:-1].tolist(), offsets[1:].tolist()))]).bfloat16()
+    got = h if activation else out
+    assert torch.equal(got.isnan(), ref.isnan())
+    finite = ~ref.isnan()
+    assert rel_l2(got[finite], ref[finite]) <= MAX_REL_L2
+    tiny = ref[1, finite[1]]  # scaled by 2^-127: wrong (zero) if code 0 were taken as 0
+    assert tiny.abs().max() > 0 and rel_l2(got[1, finite[1]], tiny) <= MAX_REL_L2
+
+
 def test_fp8_grouped_gemm_agrees_with_bf16_engine_on_dequantized_operands():
     """The same products through the BF16 tile engine (dequantized operands are exact in
     bf16): only the summation order differs."""
