@@ -1,7 +1,8 @@
 """Host-side cost of one mok forward (CUDA backend, EP=1, no process group): the time the
 host takes to issue a call, a call's time in a stream of calls (what training sees when the
 host runs ahead), a call synchronized alone (what bench_moe times), and where the host time
-goes (cProfile, top functions by own time).
+goes: per op of mok_megatron.ops (and torch._grouped_mm) the host time of its calls, the rest
+of the call's issue time being Python between them; then cProfile, top functions by own time.
 
     python benchmarks/diagnostics/profile_host.py --model qwen3_30b_a3b_like --experts 8 --tokens 2048
     python benchmarks/diagnostics/profile_host.py --tokens 4096 --precision fp8_blockwise \
@@ -12,10 +13,13 @@ from __future__ import annotations
 
 import argparse
 import cProfile
+import functools
+import inspect
 import pstats
 import statistics
 import sys
 import time
+from collections import defaultdict
 from pathlib import Path
 
 # Run from anywhere: the repository (mok_megatron); this folder holds the rest.
@@ -25,7 +29,48 @@ sys.path.insert(0, str(REPO))
 import torch  # noqa: E402
 
 from layer_problem import one_gpu_forward  # noqa: E402
+from mok_megatron import ops  # noqa: E402
 from mok_megatron.config import load_model  # noqa: E402
+
+
+def per_op_host_seconds(forward, calls: int) -> tuple[dict, float]:
+    """Host seconds per forward spent inside each op of mok_megatron.ops and torch._grouped_mm
+    (inclusive, outermost op only), and the forward's whole issue time; the ops are wrapped
+    with timers for the measurement and restored after it."""
+    totals = defaultdict(float)
+    depth = [0]
+
+    def timed(name, fn):
+        @functools.wraps(fn)
+        def wrapper(*a, **k):
+            depth[0] += 1
+            start = time.perf_counter()
+            try:
+                return fn(*a, **k)
+            finally:
+                depth[0] -= 1
+                if depth[0] == 0:
+                    totals[name] += time.perf_counter() - start
+        return wrapper
+
+    originals = {name: fn for name, fn in vars(ops).items()
+                 if inspect.isfunction(fn) and fn.__module__ == ops.__name__}
+    grouped_mm = torch._grouped_mm
+    try:
+        for name, fn in originals.items():
+            setattr(ops, name, timed(name, fn))
+        torch._grouped_mm = timed("torch._grouped_mm", grouped_mm)
+        torch.cuda.synchronize()
+        start = time.perf_counter()
+        for _ in range(calls):
+            forward()
+        issued = (time.perf_counter() - start) / calls
+        torch.cuda.synchronize()
+    finally:
+        for name, fn in originals.items():
+            setattr(ops, name, fn)
+        torch._grouped_mm = grouped_mm
+    return {k: v / calls for k, v in sorted(totals.items(), key=lambda kv: -kv[1])}, issued
 
 
 def main(argv=None) -> None:
@@ -64,6 +109,11 @@ def main(argv=None) -> None:
         print(f"{args.precision} {forward_kernel}: host issue {issued * 1e3:.3f} ms/call, stream "
               f"{streamed * 1e3:.3f} ms/call, synchronized alone (median) "
               f"{statistics.median(alone) * 1e3:.3f} ms")
+        per_op, issued = per_op_host_seconds(forward, 20)
+        print(f"host time per op and call ({issued * 1e6:.0f} us issue with the timers; "
+              f"{(issued - sum(per_op.values())) * 1e6:.0f} us outside the ops):")
+        for name, sec in per_op.items():
+            print(f"    {sec * 1e6:7.1f} us  {name}")
         profiler = cProfile.Profile()
         profiler.enable()
         for _ in range(100):

@@ -1,5 +1,7 @@
 """Where a synchronized MoE call's wall time goes that its kernels do not cover: one training
-forward (autograd on) and its backward at EP=1, per recipe and forward kernel. For each call:
+forward (autograd on), its backward, and a no-grad forward (what bench_moe's "fwd" times) at
+EP=1, per recipe and forward kernel; with --precondition each phase starts after bench_moe's
+0.3 s of dense matmuls (gpu_timing.precondition), as bench_moe's timings do. For each call:
 its wall time between two events (no profiler), the host's time to issue it, and, from one
 profiled call (torch.profiler, CPU and CUDA), every GPU activity in order with when the host
 launched it, when it started, and the GPU's idle gap before it - with the host's CPU ops that
@@ -15,6 +17,7 @@ import argparse
 import json
 import os
 import statistics
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -22,6 +25,9 @@ from pathlib import Path
 import torch
 from profile_backward import variant_problem  # also puts the repository on the path
 from profile_recipes import SETTINGS
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "scripts"))
+from gpu_timing import precondition  # noqa: E402
 
 from mok_megatron.config import KernelKnobs, Recipe
 from mok_megatron.functional import moe_experts
@@ -117,11 +123,18 @@ def run_setting(inputs, dy, precision, forward_kernel, tokens, args) -> dict:
     def backward(y):
         y.backward(dy)
 
+    def forward_no_grad(_=None):
+        with torch.no_grad():
+            return moe_experts(*inputs, recipe=recipe)
+
     for _ in range(3):  # warm-up: workspaces, and the quantized weights' cache
         forward().backward(dy)
     out = {}
     for phase, prepare, run in (("forward", lambda: None, forward),
-                                ("backward", forward, backward)):
+                                ("backward", forward, backward),
+                                ("no-grad forward", lambda: None, forward_no_grad)):
+        if args.precondition:
+            precondition()
         wall, issue = wall_and_issue(prepare, run, args.iters)
         out[phase] = {"wall_us": wall, "host_issue_us": issue,
                       **gaps(profiled_trace(prepare, run, args.stack), args.min_gap_us,
@@ -152,13 +165,15 @@ def main():
     p.add_argument("--min-gap-us", type=float, default=5.0)
     p.add_argument("--top-ops", type=int, default=8)
     p.add_argument("--stack", action="store_true", help="Python functions in the host ops")
+    p.add_argument("--precondition", action="store_true",
+                   help="0.3 s of dense matmuls before each phase, as bench_moe")
     p.add_argument("--out", type=Path, default=None)
     args = p.parse_args()
     spec, inputs, dy = variant_problem(args)
     runs = {}
     for name in args.settings:
         runs[name] = run_setting(inputs, dy, *SETTINGS[name], args.tokens, args)
-        for phase in ("forward", "backward"):
+        for phase in runs[name]:
             print_phase(f"{args.model} {args.variant} E={spec.num_experts} T={args.tokens} "
                         f"{name}", phase, runs[name][phase])
     if args.out is not None:
