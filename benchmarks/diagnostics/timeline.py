@@ -36,6 +36,13 @@ GPU_CATEGORIES = ("kernel", "gpu_memcpy", "gpu_memset")
 HOST_CATEGORIES = ("cpu_op", "user_annotation", "python_function")
 
 
+def device_mallocs() -> tuple[int, int]:
+    """The caching allocator's cudaMalloc and cudaFree calls so far (a cudaFree synchronizes
+    the device, so one inside a call holds the host until the GPU is idle)."""
+    stats = torch.cuda.memory_stats()
+    return stats.get("num_device_alloc", 0), stats.get("num_device_free", 0)
+
+
 def wall_and_issue(prepare, run, iters: int) -> tuple[float, float]:
     """Median microseconds of a synchronized call between two events, and of the host's time
     from the call's start to its return."""
@@ -106,7 +113,13 @@ def gaps(events: list[dict], min_gap_us: float, top_ops: int) -> dict:
         prev_end = max(prev_end, e["ts"] + e["dur"])
         prev_launch = launch_ts
     busy = sum(r["dur_us"] for r in rows)
+    # The host's longest CUDA runtime and driver calls of the call (a synchronizing one - a
+    # cudaFree, a stream or event synchronization, a blocking copy - holds the host there).
+    runtime = sorted(((e["dur"], e["name"]) for e in events
+                      if e.get("cat") in ("cuda_runtime", "cuda_driver") and e.get("ph") == "X"
+                      and call["ts"] <= e["ts"] <= call["ts"] + call["dur"]), reverse=True)
     return {"host_span_us": call["dur"], "gpu_end_us": prev_end - t0, "gpu_busy_us": busy,
+            "longest_runtime_calls": [f"{d:.0f} us {n}" for d, n in runtime[:top_ops]],
             "activities": rows}
 
 
@@ -135,8 +148,12 @@ def run_setting(inputs, dy, precision, forward_kernel, tokens, args) -> dict:
                                 ("no-grad forward", lambda: None, forward_no_grad)):
         if args.precondition:
             precondition()
+        mallocs = device_mallocs()
         wall, issue = wall_and_issue(prepare, run, args.iters)
+        allocs, frees = (b - a for a, b in zip(mallocs, device_mallocs()))
         out[phase] = {"wall_us": wall, "host_issue_us": issue,
+                      "cuda_mallocs_per_call": allocs / args.iters,
+                      "cuda_frees_per_call": frees / args.iters,
                       **gaps(profiled_trace(prepare, run, args.stack), args.min_gap_us,
                              args.top_ops)}
     return out
@@ -145,7 +162,9 @@ def run_setting(inputs, dy, precision, forward_kernel, tokens, args) -> dict:
 def print_phase(name: str, phase: str, r: dict) -> None:
     print(f"{name} {phase}: wall {r['wall_us']:.0f} us (no profiler), host issue "
           f"{r['host_issue_us']:.0f} us; profiled: host span {r['host_span_us']:.0f}, GPU end "
-          f"{r['gpu_end_us']:.0f}, GPU busy {r['gpu_busy_us']:.0f} us")
+          f"{r['gpu_end_us']:.0f}, GPU busy {r['gpu_busy_us']:.0f} us; cudaMalloc / cudaFree "
+          f"per call {r['cuda_mallocs_per_call']:.1f} / {r['cuda_frees_per_call']:.1f}")
+    print("    longest runtime calls: " + "; ".join(r["longest_runtime_calls"]))
     for a in r["activities"]:
         print(f"    launch {a['launch_us']:8.1f}  start {a['start_us']:8.1f}  dur "
               f"{a['dur_us']:8.1f}  gap {a['gap_us']:7.1f}  {a['name'][:70]}")
