@@ -44,7 +44,6 @@ struct Fp8StageRing {
   static constexpr int kScaleBlocks = kFp8BlockK / Scales::kScaleK;  // per stage
   static constexpr int kRowScaleBytes = kFp8RowScaleBox * kScaleBlocks;
   static constexpr uint32_t kTxBytes = kFp8ATileBytes + kFp8BTileBytes + kRowScaleBytes;
-  static constexpr int kAStageBytes = kFp8ATileBytes, kBStageBytes = kFp8BTileBytes;
 
   uint8_t a[kStages][kFp8ATileBytes];  // each 1024-aligned: the swizzle atom
   uint8_t b[kStages][kFp8BTileBytes];
@@ -69,7 +68,6 @@ struct Fp8RingOverStages {
   static constexpr int kScaleBlocks = kFp8BlockK / kFp8ScaleBlock;
   static constexpr uint32_t kTxBytes =
       kFp8ATileBytes + kFp8BTileBytes + kFp8RowScaleBox * kScaleBlocks;
-  static constexpr int kAStageBytes = kATileBytes, kBStageBytes = kBTileBytes;
 
   StageBytes a, b, a_scales;
   uint64_t* full;
@@ -200,33 +198,15 @@ __device__ __forceinline__ void drain_fp8_ring(Ring& ring, int it, uint64_t time
 }
 
 // The descriptors' low words (k_major_sw128_low) of this warpgroup's 64 A rows and of the B
-// tile in a stage; a k32 step (32 bytes) adds 2 to each.
+// tile in `stage`; a k32 step (32 bytes) adds 2 to each.
 struct StageDescs {
   uint32_t a, b;
 };
 
-// The descriptors of every stage from stage 0's: a stage adds its byte offset >> 4 to the low
-// words (no carry: shared addresses stay below 2^18, the low words' 14 address bits). Built
-// once per tile, so the k-loop spends a multiply and two adds per block on them instead of
-// building both from the stage's addresses.
-struct RingDescs {
-  StageDescs first;
-  uint32_t step_a, step_b;
-
-  __device__ StageDescs operator()(int stage) const {
-    const uint32_t i = static_cast<uint32_t>(stage);
-    return {first.a + i * step_a, first.b + i * step_b};
-  }
-};
-
 template <class Ring>
-__device__ __forceinline__ RingDescs ring_descs(Ring& ring, int consumer) {
-  static_assert(Ring::kAStageBytes % 16 == 0 && Ring::kBStageBytes % 16 == 0,
-                "stages 16-byte aligned: a stage step is a whole descriptor unit");
-  return {{k_major_sw128_low(ring.a[0] + consumer * (kFp8ATileBytes / kGemmConsumers)),
-           k_major_sw128_low(ring.b[0])},
-          Ring::kAStageBytes >> 4,
-          Ring::kBStageBytes >> 4};
+__device__ __forceinline__ StageDescs stage_descs(Ring& ring, int stage, int consumer) {
+  return {k_major_sw128_low(ring.a[stage] + consumer * (kFp8ATileBytes / kGemmConsumers)),
+          k_major_sw128_low(ring.b[stage])};
 }
 
 // This warpgroup's 64 rows of a stage times its whole B tile into fresh partial sums: four
@@ -301,46 +281,17 @@ __device__ __forceinline__ void promote_block_scaled(float (&acc)[kFp8AccRegs],
   }
 }
 
-// The fp32 factor 2^(code - 127) of an E8M0 code in 1..254 (a normal float: the code is its
-// exponent field); 0 and 255 need e8m0_factor.
-__device__ __forceinline__ float e8m0_normal_factor(uint32_t code) {
-  return __uint_as_float(code << 23);
-}
-
-// Whether any of the four codes is 0 (2^-127, subnormal) or 255 (NaN): (code - 1) as unsigned
-// is then >= 254.
-__device__ __forceinline__ bool any_e8m0_special(uint32_t a, uint32_t b, uint32_t c, uint32_t d) {
-  return max(max(a - 1, b - 1), max(c - 1, d - 1)) >= 254u;
-}
-
 // The scales of k-block kb's stage for this thread's rows r, r + 8 and the two halves:
 // s[i][h] = row scale x weight scale (the weight codes w, read from global memory earlier).
-// Products of the same factors either way, so the same bits; the fast path skips the decode's
-// selects for codes 0 and 255, which a block of nearly all zeros or with a NaN has.
 template <class Ring>
 __device__ __forceinline__ void stage_scales(const Ring& ring, int stage, int r,
-                                             const uint32_t (&w)[2], float (&s)[2][2]) {
-  const uint32_t a[2] = {ld_shared_u8(ring.a_scales[stage] + r),
-                         ld_shared_u8(ring.a_scales[stage] + r + 8)};
-  float a_scale[2], w_scale[2];
-  // Voted, so the branch is warp-uniform (no reconvergence barrier around it).
-  if (__all_sync(0xffffffffu, !any_e8m0_special(a[0], a[1], w[0], w[1]))) {
-#pragma unroll
-    for (int i = 0; i < 2; ++i) {
-      a_scale[i] = e8m0_normal_factor(a[i]);
-      w_scale[i] = e8m0_normal_factor(w[i]);
-    }
-  } else {
-#pragma unroll
-    for (int i = 0; i < 2; ++i) {
-      a_scale[i] = e8m0_factor(static_cast<uint8_t>(a[i]));
-      w_scale[i] = e8m0_factor(static_cast<uint8_t>(w[i]));
-    }
-  }
+                                             const uint8_t (&w)[2], float (&s)[2][2]) {
+  const float w_scale[2] = {e8m0_factor(w[0]), e8m0_factor(w[1])};
 #pragma unroll
   for (int i = 0; i < 2; ++i) {
+    const float a_scale = e8m0_factor(ld_shared_u8(ring.a_scales[stage] + r + 8 * i));
 #pragma unroll
-    for (int h = 0; h < 2; ++h) s[i][h] = a_scale[i] * w_scale[h];
+    for (int h = 0; h < 2; ++h) s[i][h] = a_scale * w_scale[h];
   }
 }
 
@@ -371,15 +322,11 @@ __device__ __forceinline__ void consume_fp8_tile(Ring& ring, int& it,
   for (int x = 0; x < kFp8AccRegs; ++x) acc[x] = 0.f;
   int stage = it % Ring::kStageCount;
   uint32_t phase = (it / Ring::kStageCount) & 1;
-  // 32-bit, so no byte mask is redone per block.
-  uint32_t w_codes[2] = {__ldg(ws.half0), __ldg(ws.half1)};
-  const RingDescs descs = ring_descs(ring, consumer);
+  uint8_t w_codes[2] = {__ldg(ws.half0), __ldg(ws.half1)};
   mbar_wait(&ring.full[stage], phase, timeout_ns, kWaitMma, tile, stage, report);
   const int last = k_blocks - 1;
   for (int kb = 0; kb < k_blocks; ++kb) {
-    // The stage from lane 0: ptxas then knows it is warp-uniform and adds the k-steps to the
-    // descriptors in the uniform datapath instead of moving each one there (R2UR).
-    issue_stage_mmas(descs(__shfl_sync(0xffffffffu, stage, 0)), partial);
+    issue_stage_mmas(stage_descs(ring, stage, consumer), partial);
     float s[2][2];
     stage_scales(ring, stage, r, w_codes, s);
     w_codes[0] = __ldg(ws.half0 + min(kb + 1, last));
