@@ -3,7 +3,8 @@ timeline.py: the first cudaLaunchKernel of the blockwise megakernel forward 442-
 first copy of its backward 556 us, bf16's 59-107 us): after each kernel below runs and the
 device is idle, the host time of the next launch (a one-element add) and of the one after it,
 with the context's stack-size limit and local-memory flag as the driver reports them; then the
-same with the stack limit raised once (cuCtxSetLimit) and with CU_CTX_LMEM_RESIZE_TO_MAX set
+same after bench_moe's preconditioning matmuls (call 1's card, without them, showed no idle
+gap), with the stack limit raised once (cuCtxSetLimit) and with CU_CTX_LMEM_RESIZE_TO_MAX set
 (cuCtxSetFlags) - whether local memory resized back and forth around our kernels is the cause.
 
     python benchmarks/probes/first_launch_probe.py
@@ -22,7 +23,9 @@ import torch
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "benchmarks" / "diagnostics"))
+sys.path.insert(0, str(REPO / "scripts"))
 
+from gpu_timing import precondition  # noqa: E402
 from layer_problem import one_gpu_forward  # noqa: E402
 from mok_megatron import ops  # noqa: E402
 from mok_megatron.config import load_model  # noqa: E402
@@ -88,7 +91,10 @@ def main():
     torch.cuda.init()
     torch.zeros(1, device="cuda")
     runs = kernels()
-    for setting in ("as is", "stack limit raised", "lmem resize to max"):
+    for setting in ("as is", "after bench_moe's preconditioning", "stack limit raised",
+                    "lmem resize to max"):
+        if setting == "after bench_moe's preconditioning":
+            precondition()
         if setting == "stack limit raised":
             print("cuCtxSetLimit(STACK, 4096):",
                   cuda.cuCtxSetLimit(CU_LIMIT_STACK_SIZE, ctypes.c_size_t(4096)))
