@@ -22,7 +22,9 @@ experts only: the shared expert is a dense MLP identical for every dispatcher.
 
 times the quantized recipes next to bf16 in the same run (--mxfp8-megakernel adds mxfp8 on the
 forward megakernel, --mxfp8-megakernels on both), with bytes dispatched per row and peak
-memory.
+memory. --streamed adds each path's time per call with the calls issued back to back (the host
+running ahead, as in training) next to the synchronized per-call times, which count a call's
+host time before its first kernel in full (perf-log session 31).
 """
 
 from __future__ import annotations
@@ -264,6 +266,20 @@ def timed(fn, iters: int, warmup: int) -> float:
     return t.median().item()
 
 
+def streamed_seconds(fn, iters: int, warmup: int) -> float:
+    """Mean seconds per call of `iters` calls issued back to back (one event pair around them,
+    the max over ranks), after precondition(): the host runs ahead of the GPU as in training,
+    so host time hides behind kernels unless a call synchronizes (alltoall reads its split sizes
+    on the host). `timed` synchronizes around every call, so a call's host time before its
+    first kernel, and any launch that blocks the host, count there in full."""
+    precondition()
+    dist.barrier()
+    torch.cuda.synchronize()
+    t = torch.tensor(mean_seconds(fn, iters, warmup), device="cuda", dtype=torch.float64)
+    dist.all_reduce(t, op=dist.ReduceOp.MAX)
+    return t.item()
+
+
 def graph_seconds(step, iters: int, warmup: int) -> float:
     """`step` (the no-grad forward, or forward + backward) captured once as a CUDA graph and
     replayed, timed as `timed` does: the layer's GPU time without the host's launch latency,
@@ -457,6 +473,12 @@ def run_case(model, variant, tokens, peaks, args, group):
                         for t in tensors}  # every tensor of the cache, once
             entry["weight_cache_bytes"] = sum(storages.values())
             del cached
+        if args.streamed:
+            entry = result["paths"][name]
+            entry["fwd_stream_s"] = streamed_seconds(fwd, args.iters, args.warmup)
+            entry["both_stream_s"] = streamed_seconds(both, args.iters, args.warmup)
+            for t in leaves:
+                t.grad = None
         if args.cuda_graph and name != "alltoall":
             entry = result["paths"][name]
             entry["fwd_graph_s"] = graph_seconds(fwd, args.iters, args.warmup)
@@ -532,6 +554,13 @@ def print_row(r):
              f"{saved['both_s']*1e3:.2f} ms"
              + (f", graph x{ratio['both_graph_s']:.2f}" if "both_graph_s" in ratio else "")
              + ")")
+    streamed = {n: p for n, p in r["paths"].items() if "fwd_stream_s" in p}
+    if streamed:
+        log0(f"{'':<20} streamed (calls back to back) fwd / fwd+bwd: " + ", ".join(
+            f"{n} {p['fwd_stream_s']*1e3:.2f} / {p['both_stream_s']*1e3:.2f} ms"
+            + (f" (x{m['fwd_stream_s'] / p['fwd_stream_s']:.2f} / "
+               f"x{m['both_stream_s'] / p['both_stream_s']:.2f} vs bf16)" if n != "mok" else "")
+            for n, p in streamed.items()))
     graphed = {n: p for n, p in r["paths"].items() if "fwd_graph_s" in p}
     if graphed:
         log0(f"{'':<20} CUDA graph fwd / fwd+bwd: " + ", ".join(
@@ -653,6 +682,9 @@ def main(argv=None):
     p.add_argument("--macrobatch-tokens", type=int, default=KernelKnobs.macrobatch_tokens,
                    help="rows per macrobatch of the megakernel's ring (with --backward-inputs "
                         "recomputed)")
+    p.add_argument("--streamed", action="store_true",
+                   help="also time each path's calls issued back to back (the host running "
+                        "ahead, as in training), next to the synchronized per-call times")
     p.add_argument("--cuda-graph", action="store_true",
                    help="also time the mok paths' forward and forward + backward replayed from "
                         "a CUDA graph")
