@@ -24,9 +24,10 @@ SETTINGS = {"bf16 separate": ("bf16", "separate"),
             "fp8_blockwise megakernel": ("fp8_blockwise", "megakernel")}
 
 
-def profile_setting(inputs, dy, precision: str, forward_kernel: str, tokens: int,
-                    iters: int) -> dict:
-    # backward_inputs keeps its default, recomputed: the FP8 recipes' megakernel takes no other.
+def training_forward(inputs, precision: str, forward_kernel: str, tokens: int):
+    """The layer's training forward (autograd on, the leaves' gradients cleared first) under
+    one setting; backward_inputs keeps its default, recomputed: the FP8 recipes' megakernel
+    takes no other."""
     recipe = Recipe(name="profile", precision=precision, backend="cuda",
                     kernel=KernelKnobs(max_tokens_per_rank=tokens, forward_kernel=forward_kernel))
     leaves = [t for t in inputs if t.requires_grad]
@@ -36,6 +37,12 @@ def profile_setting(inputs, dy, precision: str, forward_kernel: str, tokens: int
             t.grad = None
         return moe_experts(*inputs, recipe=recipe)
 
+    return forward
+
+
+def profile_setting(inputs, dy, precision: str, forward_kernel: str, tokens: int,
+                    iters: int) -> dict:
+    forward = training_forward(inputs, precision, forward_kernel, tokens)
     for _ in range(3):  # warm-up: workspaces, and the quantized weights' cache
         forward().backward(dy)
     fwd_us, fwd_kernels = profile_kernels(lambda: None, forward, iters)

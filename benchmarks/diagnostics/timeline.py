@@ -24,13 +24,10 @@ from pathlib import Path
 
 import torch
 from profile_backward import variant_problem  # also puts the repository on the path
-from profile_recipes import SETTINGS
+from profile_recipes import SETTINGS, training_forward
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "scripts"))
 from gpu_timing import precondition  # noqa: E402
-
-from mok_megatron.config import KernelKnobs, Recipe
-from mok_megatron.functional import moe_experts
 
 GPU_CATEGORIES = ("kernel", "gpu_memcpy", "gpu_memset")
 HOST_CATEGORIES = ("cpu_op", "user_annotation", "python_function")
@@ -124,21 +121,14 @@ def gaps(events: list[dict], min_gap_us: float, top_ops: int) -> dict:
 
 
 def run_setting(inputs, dy, precision, forward_kernel, tokens, args) -> dict:
-    recipe = Recipe(name="timeline", precision=precision, backend="cuda",
-                    kernel=KernelKnobs(max_tokens_per_rank=tokens, forward_kernel=forward_kernel))
-    leaves = [t for t in inputs if t.requires_grad]
-
-    def forward(_=None):
-        for t in leaves:
-            t.grad = None
-        return moe_experts(*inputs, recipe=recipe)
+    forward = training_forward(inputs, precision, forward_kernel, tokens)
 
     def backward(y):
         y.backward(dy)
 
     def forward_no_grad(_=None):
         with torch.no_grad():
-            return moe_experts(*inputs, recipe=recipe)
+            return forward()
 
     for _ in range(3):  # warm-up: workspaces, and the quantized weights' cache
         forward().backward(dy)
