@@ -33,10 +33,11 @@ from mok_megatron import ops  # noqa: E402
 from mok_megatron.config import load_model  # noqa: E402
 
 
-def per_op_host_seconds(forward, calls: int) -> tuple[dict, float]:
+def per_op_host_seconds(forward, calls: int, synchronized: bool = False) -> tuple[dict, float]:
     """Host seconds per forward spent inside each op of mok_megatron.ops and torch._grouped_mm
     (inclusive, outermost op only), and the forward's whole issue time; the ops are wrapped
-    with timers for the measurement and restored after it."""
+    with timers for the measurement and restored after it. `synchronized`: the device idle
+    before each call, as bench_moe times it (an op whose launch waits shows there)."""
     totals = defaultdict(float)
     depth = [0]
 
@@ -61,10 +62,13 @@ def per_op_host_seconds(forward, calls: int) -> tuple[dict, float]:
             setattr(ops, name, timed(name, fn))
         torch._grouped_mm = timed("torch._grouped_mm", grouped_mm)
         torch.cuda.synchronize()
-        start = time.perf_counter()
+        issued = 0.0
         for _ in range(calls):
+            if synchronized:
+                torch.cuda.synchronize()
+            start = time.perf_counter()
             forward()
-        issued = (time.perf_counter() - start) / calls
+            issued += (time.perf_counter() - start) / calls
         torch.cuda.synchronize()
     finally:
         for name, fn in originals.items():
@@ -109,11 +113,13 @@ def main(argv=None) -> None:
         print(f"{args.precision} {forward_kernel}: host issue {issued * 1e3:.3f} ms/call, stream "
               f"{streamed * 1e3:.3f} ms/call, synchronized alone (median) "
               f"{statistics.median(alone) * 1e3:.3f} ms")
-        per_op, issued = per_op_host_seconds(forward, 20)
-        print(f"host time per op and call ({issued * 1e6:.0f} us issue with the timers; "
-              f"{(issued - sum(per_op.values())) * 1e6:.0f} us outside the ops):")
-        for name, sec in per_op.items():
-            print(f"    {sec * 1e6:7.1f} us  {name}")
+        for synchronized in (False, True):
+            per_op, issued = per_op_host_seconds(forward, 20, synchronized)
+            print(f"host time per op and call, {'synchronized' if synchronized else 'streamed'} "
+                  f"({issued * 1e6:.0f} us issue with the timers; "
+                  f"{(issued - sum(per_op.values())) * 1e6:.0f} us outside the ops):")
+            for name, sec in per_op.items():
+                print(f"    {sec * 1e6:7.1f} us  {name}")
         profiler = cProfile.Profile()
         profiler.enable()
         for _ in range(100):
