@@ -23,7 +23,7 @@ import time
 from pathlib import Path
 
 import torch
-from profile_backward import variant_problem  # also puts the repository on the path
+from profile_backward import variant_problem, write_runs  # also puts the repository on the path
 from profile_recipes import SETTINGS, training_forward
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "scripts"))
@@ -79,7 +79,8 @@ def profiled_trace(prepare, run, stack: bool) -> list[dict]:
 def gaps(events: list[dict], min_gap_us: float, top_ops: int) -> dict:
     """The call's GPU activities in order (launch, start, duration, idle gap before each, in
     microseconds from the call's start) and, for each gap of at least min_gap_us, the longest
-    host ops that overlap the interval between the previous launch and this one."""
+    host ops inside the interval between the previous launch and this one, and the innermost
+    op around it."""
     call = next(e for e in events if e.get("name") == "timeline_call"
                 and e.get("cat") == "user_annotation")
     t0 = call["ts"]
@@ -185,10 +186,7 @@ def main():
         for phase in runs[name]:
             print_phase(f"{args.model} {args.variant} E={spec.num_experts} T={args.tokens} "
                         f"{name}", phase, runs[name][phase])
-    if args.out is not None:
-        args.out.parent.mkdir(parents=True, exist_ok=True)
-        args.out.write_text(json.dumps({"args": vars(args) | {"out": str(args.out)},
-                                        "runs": runs}, indent=1))
+    write_runs(args, runs)
 
 
 if __name__ == "__main__":

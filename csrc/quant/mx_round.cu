@@ -165,11 +165,11 @@ __global__ void mx_round_columns_kernel(const __nv_bfloat16* __restrict__ x, int
 // in shared memory and walks the blocks given to it. A thread owns one 16-byte vector of
 // columns: a first pass over the block's rows takes their amax, a second (from L2) rounds and
 // stores them.
-template <int kBlock>
 __global__ void mx_round_segments_kernel(const __nv_bfloat16* __restrict__ x, int cols,
                                          const int32_t* __restrict__ offsets, int segments,
                                          int64_t segment_rows,
                                          __nv_bfloat16* __restrict__ out) {
+  constexpr int kBlock = kMxBlock;
   __shared__ int64_t first_block[kGemmMaxExperts + 1];
   if (threadIdx.x == 0) number_row_blocks<kBlock>(offsets, segments, segment_rows, first_block);
   __syncthreads();
@@ -285,8 +285,7 @@ void mx_round_segments(const at::Tensor& x, const c10::optional<at::Tensor>& off
   const dim3 grid(col_blocks, static_cast<unsigned>(
       std::max<int64_t>(1, std::min<int64_t>({worst, (wanted + col_blocks - 1) / col_blocks,
                                               65535}))));
-  mx_round_segments_kernel<kMxBlock><<<grid, kMxRoundThreads, 0,
-                                       at::cuda::getCurrentCUDAStream()>>>(
+  mx_round_segments_kernel<<<grid, kMxRoundThreads, 0, at::cuda::getCurrentCUDAStream()>>>(
       reinterpret_cast<const __nv_bfloat16*>(x.data_ptr()), static_cast<int>(x.size(1)),
       offsets.has_value() ? offsets->data_ptr<int32_t>() : nullptr, static_cast<int>(segments),
       segment_rows, reinterpret_cast<__nv_bfloat16*>(out.data_ptr()));

@@ -202,6 +202,7 @@ def test_fp8_grouped_gemm_special_scale_codes(activation):
         outs.append((out, h))
     (out, h), (again, h_again) = outs
     assert torch.equal(out.view(torch.int16), again.view(torch.int16))
+    assert torch.equal(h.view(torch.int16), h_again.view(torch.int16))
     av, wv = engine_row_values(a_codes, a_scales), engine_weight_values(w_codes, w_scales)
     ref = torch.cat([av[o0:o1] @ wv[e].t() for e, (o0, o1) in
                      enumerate(zip(offsets[:-1].tolist(), offsets[1:].tolist()))]).bfloat16()
