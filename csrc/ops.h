@@ -104,7 +104,10 @@ void quantize_wire_rows(const at::Tensor& x, at::Tensor& buffer, int64_t offset,
 
 // quant/block_quantize.cu: a stacked weight w [E, N, K] as E4M3 codes with one E8M0 scale
 // code per 128 x 128 block, scales [E, ceil(N / 128), ceil(K / 128)] (the blockwise recipe).
-void fp8_quantize_weight_blocks(const at::Tensor& w, at::Tensor& codes, at::Tensor& scales);
+void fp8_quantize_weight_blocks(const at::Tensor& w, at::Tensor& codes, at::Tensor& scales,
+                                const c10::optional<at::Tensor>& codes_t,
+                                const c10::optional<at::Tensor>& scales_t,
+                                const c10::optional<at::Tensor>& only_if);
 
 // gemm/fp8_grouped_gemm.cu (FP8 engine, blockwise recipe): A codes [rows, K] with E8M0 scale
 // codes [ceil(K / 128), >= rows] per 1 x 128, W codes [E, N, K] with E8M0 codes per 128 x 128

@@ -18,13 +18,22 @@ When they are quantized again: after every torch optimizer step (a global step p
 Megatron's optimizers, the distributed one included, step a torch optimizer before they copy
 or all-gather the new parameters, and the next forward reads them), when the weights' addresses,
 shapes, strides or version counters change (a checkpoint loaded with copy_), or after
-``weights_changed()`` (writes none of those see, such as ``p.data.copy_``). Inside a CUDA-graph
-capture nothing is cached: the graph quantizes at every replay, as a replay after an optimizer
-step must.
+``weights_changed()`` (writes none of those see, such as ``p.data.copy_``).
+
+Under CUDA graphs: a quantizer registered with ``refreshes_in_place`` (the blockwise one) is
+refreshed into the cached tensors themselves, and each cache entry holds a device flag that
+``weights_changed()`` (the optimizer-step hook) sets; a capture records the quantization reading
+that flag (it writes nothing while the flag is 0) and then clearing it, so a replay quantizes
+only the first time after the weights changed, and graphs and eager calls read the same
+tensors. A capture with no entry cached for the layer yet (no eager call before it), and the
+MXFP8 quantizers, quantize at every replay - said once in the log. A replay sees only the
+flag: weights written in place outside an optimizer step (a checkpoint loaded with copy_ after
+the capture) need ``weights_changed()`` before the next replay.
 """
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass
 from typing import Callable, Optional
 
@@ -34,15 +43,36 @@ from torch.utils.weak import WeakIdKeyDictionary
 
 from . import ops
 
+log = logging.getLogger(__name__)
+
 _TMA_ROW_BYTES = 16
 _generation = 0
-_cache = WeakIdKeyDictionary()  # owner tensor -> (key, Mxfp8Weights)
+_cache = WeakIdKeyDictionary()  # owner tensor -> _Entry
+_in_place: set = set()  # quantizers that take into= and only_if= (refreshes_in_place)
+_said_per_replay: set = set()
+
+
+@dataclass
+class _Entry:
+    layout: tuple  # what the cached tensors' shapes and the weights' addresses depend on
+    state: tuple  # (generation, version counters) the tensors were quantized at
+    weights: object
+    stale: torch.Tensor  # int32 [1] on the device: 1 once the weights changed (graph replays)
+
+
+def refreshes_in_place(quantize: Callable) -> Callable:
+    """Register a quantizer that takes ``into=`` (an earlier result, refreshed in place) and
+    ``only_if=`` (a device flag: nothing written while it holds 0)."""
+    _in_place.add(quantize)
+    return quantize
 
 
 def weights_changed() -> None:
-    """Quantize every layer's weights again at its next call."""
+    """Quantize every layer's weights again at its next call (or graph replay)."""
     global _generation
     _generation += 1
+    for entry in list(_cache.values()):
+        entry.stale.fill_(1)
 
 
 register_optimizer_step_post_hook(lambda *_: weights_changed())
@@ -137,13 +167,40 @@ def layer_weights(owner: torch.Tensor, w1: torch.Tensor, w2: torch.Tensor, versi
     `version`: the sum of the version counters of every weight tensor the caller was given;
     `gated`: FC1 is [gate | up] (a gated activation)."""
     quantize = quantize or quantize_pair
+    layout = (quantize, gated, w1.data_ptr(), w2.data_ptr(), tuple(w1.shape), tuple(w2.shape),
+              w1.stride(), w2.stride(), w1.device)
+    entry = _cache.get(owner)
+    in_place = quantize in _in_place and entry is not None and entry.layout == layout
     if w1.is_cuda and torch.cuda.is_current_stream_capturing():
-        return quantize(w1, w2, gated)
-    key = (_generation, quantize, version, gated, w1.data_ptr(), w2.data_ptr(),
-           tuple(w1.shape), tuple(w2.shape), w1.stride(), w2.stride(), w1.device)
-    hit = _cache.get(owner)
-    if hit is not None and hit[0] == key:
-        return hit[1]
+        if not in_place:
+            _say_per_replay(quantize, entry is None)
+            return quantize(w1, w2, gated)
+        quantize(w1, w2, gated, into=entry.weights, only_if=entry.stale)
+        entry.stale.zero_()
+        return entry.weights
+    state = (_generation, version)
+    if entry is not None and entry.layout == layout and entry.state == state:
+        return entry.weights
+    if in_place:
+        quantize(w1, w2, gated, into=entry.weights)
+        entry.stale.zero_()
+        entry.state = state
+        return entry.weights
     weights = quantize(w1, w2, gated)
-    _cache[owner] = (key, weights)
+    _cache[owner] = _Entry(layout, state, weights,
+                           torch.zeros(1, dtype=torch.int32, device=w1.device))
     return weights
+
+
+def _say_per_replay(quantize: Callable, uncached: bool) -> None:
+    key = (quantize, uncached)
+    if key in _said_per_replay:
+        return
+    _said_per_replay.add(key)
+    if quantize in _in_place:
+        why = ("no eager call before the capture cached this layer's weights; one before "
+               "capturing makes replays quantize only after the weights change")
+    else:
+        why = f"{quantize.__module__}.{quantize.__name__} is not refreshed in place"
+    log.warning("mok: a CUDA graph captured a layer's weight quantization, which then runs at "
+                "every replay (%s)", why)

@@ -375,17 +375,37 @@ def pull_rows_fp8_quantize_round_both(peer_bases, src_offset, row_slot, offsets,
     return (codes, scales), along_n
 
 
-def fp8_quantize_weight_blocks(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+def fp8_quantize_weight_blocks(w: torch.Tensor, *, transposed: bool = False,
+                               out: Optional[tuple] = None,
+                               only_if: Optional[torch.Tensor] = None) -> tuple:
     """w [E, N, K] bf16 as E4M3 codes [E, N, K] (rows padded to 16 bytes: a view) with E8M0
     scale codes per 128 x 128 block [E, ceil(N / 128), ceil(K / 128)]
-    (``fp8_blockwise.quantize_weight`` values)."""
+    (``fp8_blockwise.quantize_weight`` values); with ``transposed`` also the other orientation
+    from the same rounding, codes [E, K, N] (rows padded to 16 bytes) and scale codes
+    [E, ceil(K / 128), ceil(N / 128)]. ``out``: the tensors an earlier call returned for these
+    shapes, written in place instead of new ones; ``only_if`` (int32 [1] on the device): the
+    launch writes nothing while it holds 0 (a quantization captured in a CUDA graph that runs
+    only when the weights changed: fp8_block_weights.py)."""
     _cuda("w", w, torch.bfloat16)
     E, n, k = w.shape
-    codes = torch.empty(E, n, -(-k // 16) * 16, dtype=torch.float8_e4m3fn,
-                        device=w.device)[..., :k]
+    if out is None:
+        out = _weight_block_codes(E, n, k, w.device)
+        if transposed:
+            out += _weight_block_codes(E, k, n, w.device)
+    _check(len(out) == (4 if transposed else 2),
+           "out holds codes and scales, and their transposes with transposed=True")
+    if only_if is not None:
+        _cuda("only_if", only_if, torch.int32)
+    extension().fp8_quantize_weight_blocks(w.contiguous(), out[0], out[1],
+                                           *(out[2:] if transposed else (None, None)), only_if)
+    return tuple(out)
+
+
+def _weight_block_codes(E: int, n: int, k: int, device) -> tuple:
+    """Empty codes [E, n, k] (rows padded to 16 bytes: a view) and scale codes per 128 x 128."""
+    codes = torch.empty(E, n, _pad16(k), dtype=torch.float8_e4m3fn, device=device)[..., :k]
     scales = torch.empty(E, -(-n // FP8_BLOCK), -(-k // FP8_BLOCK), dtype=torch.uint8,
-                         device=w.device)
-    extension().fp8_quantize_weight_blocks(w.contiguous(), codes, scales)
+                         device=device)
     return codes, scales
 
 

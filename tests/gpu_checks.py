@@ -12,7 +12,7 @@ from typing import Optional
 import torch
 import torch.distributed as dist
 
-from mok_megatron import symm_moe
+from mok_megatron import mxfp8_weights, symm_moe
 from mok_megatron import workspace as workspace_mod
 from mok_megatron.config import KernelKnobs, Recipe
 from mok_megatron.functional import moe_experts
@@ -233,6 +233,7 @@ def check_emulated_cuda_graph(spec: ProblemSpec, **knobs) -> None:
             new = second.local(rank, device)
             for n in ("x", "ids", "probs", "w1", "w2", "dy"):
                 static[rank][n].copy_(new[n])
+    mxfp8_weights.weights_changed()  # an optimizer step's hook, as in check_cuda_graph
     torch.cuda.synchronize(device)
     for rank in range(world):  # each on its own stream: the ranks' barriers meet
         with torch.cuda.stream(streams[rank]):
@@ -452,6 +453,9 @@ def check_cuda_graph(spec: ProblemSpec, rank: int, group, **knobs) -> None:
     with torch.no_grad():
         for name in ("x", "ids", "probs", "w1", "w2", "dy"):
             static[name].copy_(new[name])
+    # What an optimizer step's hook does: under an FP8 recipe a replay quantizes the weights
+    # again only after it (mxfp8_weights.py).
+    mxfp8_weights.weights_changed()
     graph.replay()
     torch.cuda.synchronize(device)
     assert_same_bits(eager, cpu(layer_outputs(y, static)), "between eager and graph replay")

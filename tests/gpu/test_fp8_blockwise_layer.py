@@ -261,10 +261,72 @@ def test_weight_cache_and_orientations():
                                            fp8_block_weights.quantize_pair)
 
     first = get()
+    first_codes = first.w1.codes.view(torch.uint8).clone()
     assert get() is first
     with torch.no_grad():
-        w1.mul_(2)
-    assert get() is not first
+        w1.mul_(3)
+    again = get()  # refreshed in place: the same tensors, the new weights' codes
+    assert again is first
+    assert not torch.equal(again.w1.codes.view(torch.uint8), first_codes)
+    fresh = fp8_block_weights.quantize_pair(w1, w2, gated=True)
+    for name in ("w1", "w2", "w1_t", "w2_t"):
+        got, want = getattr(again, name), getattr(fresh, name)
+        assert torch.equal(got.codes.view(torch.uint8), want.codes.view(torch.uint8)), name
+        assert torch.equal(got.scales, want.scales), name
+
+
+def test_weight_quantizer_only_if_flag():
+    """The quantizer writes nothing while its flag holds 0 (a graph replay with unchanged
+    weights) and both orientations while it holds 1."""
+    g = torch.Generator(device="cuda").manual_seed(5)
+    w = torch.randn(2, 300, 136, device="cuda", generator=g).bfloat16()
+    want = ops.fp8_quantize_weight_blocks(w, transposed=True)
+    out = ops.fp8_quantize_weight_blocks(w, transposed=True)  # padded rows, as the GEMM reads
+    for t in out:
+        t.view(torch.uint8).fill_(0x5A)
+    flag = torch.zeros(1, dtype=torch.int32, device="cuda")
+    ops.fp8_quantize_weight_blocks(w, transposed=True, out=out, only_if=flag)
+    assert all(bool((t.view(torch.uint8) == 0x5A).all()) for t in out)
+    flag.fill_(1)
+    ops.fp8_quantize_weight_blocks(w, transposed=True, out=out, only_if=flag)
+    for got, ref in zip(out, want):
+        assert torch.equal(got.view(torch.uint8), ref.view(torch.uint8))
+
+
+def test_graph_replay_quantizes_weights_only_after_they_change():
+    """A captured forward reads the cached codes: unchanged weights are not quantized again at
+    a replay (writing W1 behind the cache's back leaves the replay's y as it was), and after
+    weights_changed() - the optimizer-step hook - the replay's y is an eager call's on the new
+    weights, bit for bit."""
+    spec = SPECS[1]
+    inputs = spec.build().local(0, torch.device("cuda"))
+    recipe = gpu_checks.recipe(max(spec.tokens_per_rank), **FP8)
+    x, ids, probs, w1, w2 = (inputs[k] for k in ("x", "ids", "probs", "w1", "w2"))
+
+    def forward():
+        with torch.no_grad():
+            return moe_experts(x, ids, probs, w1, w2, recipe=recipe)
+
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        forward()  # the eager call that caches the layer's weights
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        y = forward()
+    graph.replay()
+    before = y.clone()
+    assert torch.equal(before.view(torch.int16), forward().view(torch.int16))
+    with torch.no_grad():
+        w1.data.mul_(2)  # no version counter, no hook: the cache cannot see it
+    graph.replay()
+    assert torch.equal(y.view(torch.int16), before.view(torch.int16))
+    mxfp8_weights.weights_changed()
+    graph.replay()
+    after = y.clone()
+    assert not torch.equal(after.view(torch.int16), before.view(torch.int16))
+    assert torch.equal(after.view(torch.int16), forward().view(torch.int16))
 
 
 def test_gated_ffn_not_a_multiple_of_64_is_refused():
