@@ -14,11 +14,11 @@ R=/tmp/call2; rm -rf $R; mkdir -p $R
 save() { tar czf $OUT/call2.tar.gz -C /tmp call2; }
 nvidia-smi --query-gpu=name,clocks.sm,clocks.mem,power.draw --format=csv > $R/gpu.txt
 cat $R/gpu.txt
-timeout 100 python3 benchmarks/diagnostics/profile_recipes.py --model qwen3_30b_a3b_like \
+timeout 90 python3 benchmarks/diagnostics/profile_recipes.py --model qwen3_30b_a3b_like \
   --variant ep64 --top 14 --out $R/profile_qwen_ep64.json > $R/profile_qwen_ep64.txt 2>&1
 echo "profile qwen ep64 rc $?"; cut -c1-150 $R/profile_qwen_ep64.txt | head -90
 save
-timeout 200 torchrun --nproc-per-node 1 scripts/bench_moe.py --fp8-blockwise \
+timeout 150 torchrun --nproc-per-node 1 scripts/bench_moe.py --fp8-blockwise \
   --fp8-blockwise-megakernel --streamed --cuda-graph --models mok_bench --variants ep64 \
   --tokens 4096 --iters 5 --warmup 2 --out $R/bench_mok_ep64 > $R/bench_mok_ep64.txt 2>&1
 echo "bench rc $?"
