@@ -1,5 +1,6 @@
 """The megakernel path: the expert stage of a MoE call as one persistent kernel each way
-(forward under every recipe, backward under bf16 and mxfp8: config.recipe_problems).
+(both under every recipe; under the FP8 recipes with recomputed backward inputs:
+config.recipe_problems).
 
 forward   csrc/megakernel/moe_forward.cu: pull x rows | FC1 + act * p | FC2 | push result
           rows to their (source rank, token, k) slots
@@ -8,8 +9,8 @@ recompute pull x rows again | FC1 + act * p by the same tile engine (bit-identic
 backward  csrc/megakernel/moe_backward.cu: pull dY rows (and x, recomputing) | FC1 again
           (recomputing) | FC2-dgrad + act backward | dW2 | FC1-dgrad, dX rows and dprobs
           pushed to the source slots | dW1; recomputing, macrobatch by macrobatch through a
-          ring, so its buffers do not grow with the routing; under mxfp8 it also rounds dY,
-          x, act and dh (operands.py's table) once each, inside the launch
+          ring, so its buffers do not grow with the routing; under mxfp8 and fp8_blockwise it
+          also rounds dY, x, act and dh (operands.py's table) once each, inside the launch
 
 symm_moe.py runs the publish, barriers and fixed-order reductions around these calls.
 """
