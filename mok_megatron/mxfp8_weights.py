@@ -57,7 +57,9 @@ class _Entry:
     layout: tuple  # what the cached tensors' shapes and the weights' addresses depend on
     state: tuple  # (generation, version counters) the tensors were quantized at
     weights: object
-    stale: torch.Tensor  # int32 [1] on the device: 1 once the weights changed (graph replays)
+    # int32 [1] on the device, 1 once the weights changed (what a graph replay reads); only for
+    # quantizers registered with refreshes_in_place, None for the others
+    stale: Optional[torch.Tensor]
 
 
 def refreshes_in_place(quantize: Callable) -> Callable:
@@ -72,7 +74,8 @@ def weights_changed() -> None:
     global _generation
     _generation += 1
     for entry in list(_cache.values()):
-        entry.stale.fill_(1)
+        if entry.stale is not None:
+            entry.stale.fill_(1)
 
 
 register_optimizer_step_post_hook(lambda *_: weights_changed())
@@ -170,7 +173,8 @@ def layer_weights(owner: torch.Tensor, w1: torch.Tensor, w2: torch.Tensor, versi
     layout = (quantize, gated, w1.data_ptr(), w2.data_ptr(), tuple(w1.shape), tuple(w2.shape),
               w1.stride(), w2.stride(), w1.device)
     entry = _cache.get(owner)
-    in_place = quantize in _in_place and entry is not None and entry.layout == layout
+    cached = entry is not None and entry.layout == layout
+    in_place = cached and quantize in _in_place
     if w1.is_cuda and torch.cuda.is_current_stream_capturing():
         if not in_place:
             _say_per_replay(quantize, entry is None)
@@ -179,7 +183,7 @@ def layer_weights(owner: torch.Tensor, w1: torch.Tensor, w2: torch.Tensor, versi
         entry.stale.zero_()
         return entry.weights
     state = (_generation, version)
-    if entry is not None and entry.layout == layout and entry.state == state:
+    if cached and entry.state == state:
         return entry.weights
     if in_place:
         quantize(w1, w2, gated, into=entry.weights)
@@ -187,8 +191,9 @@ def layer_weights(owner: torch.Tensor, w1: torch.Tensor, w2: torch.Tensor, versi
         entry.state = state
         return entry.weights
     weights = quantize(w1, w2, gated)
-    _cache[owner] = _Entry(layout, state, weights,
-                           torch.zeros(1, dtype=torch.int32, device=w1.device))
+    stale = (torch.zeros(1, dtype=torch.int32, device=w1.device) if quantize in _in_place
+             else None)
+    _cache[owner] = _Entry(layout, state, weights, stale)
     return weights
 
 

@@ -437,10 +437,17 @@ def run_case(model, variant, tokens, peaks, args, group):
             with torch.no_grad():
                 fn(x, ids, probs, w1, w2)
 
-        def both():
-            for t in leaves:
-                t.grad = None
-            fn(x, ids, probs, w1, w2).backward(dy)
+        def step_on(step_leaves):
+            """Forward + backward on leaves x, probs, w1, w2, their gradients cleared first."""
+            sx, sprobs, sw1, sw2 = step_leaves
+
+            def step():
+                for t in step_leaves:
+                    t.grad = None
+                fn(sx, ids, sprobs, sw1, sw2).backward(dy)
+            return step
+
+        both = step_on(leaves)
 
         tf = timed(fwd, args.iters, args.warmup)
         tb = timed(both, args.iters, args.warmup)
@@ -492,26 +499,21 @@ def run_case(model, variant, tokens, peaks, args, group):
                     f"second set of gradients ({result['grad_bytes'] / 2**30:.1f} GiB) and room")
                 log0(f"{name}: fwd+bwd CUDA graph {entry['both_graph_error']}")
                 continue
-            # Leaves of their own (the same storage) for the captured backward: the eager
-            # calls' gradient accumulators were made on the default stream, and one still
-            # kept alive there (by a baseline's saved tensors) made the first capture fail
-            # (cudaErrorStreamCaptureImplicit, session 32); these are made in the warm-up.
-            gx, gprobs, gw1, gw2 = (t.detach().requires_grad_() for t in leaves)
-
-            def both_graph():
-                for t in (gx, gprobs, gw1, gw2):
-                    t.grad = None
-                fn(gx, ids, gprobs, gw1, gw2).backward(dy)
-
+            # Leaves of their own (the same storage) for the captured backward: the first
+            # capture in session 32 failed (cudaErrorStreamCaptureImplicit) after PyTorch
+            # warned that a gradient accumulator made on another stream by earlier eager
+            # calls was kept alive; these leaves' accumulators are made in the warm-up.
+            graph_leaves = [t.detach().requires_grad_() for t in leaves]
             try:
-                entry["both_graph_s"] = graph_seconds(both_graph, args.iters, args.warmup)
+                entry["both_graph_s"] = graph_seconds(step_on(graph_leaves), args.iters,
+                                                      args.warmup)
                 entry["bwd_graph_s"] = entry["both_graph_s"] - entry["fwd_graph_s"]
             except RuntimeError as err:  # recorded and shown, never replaced by another time
                 entry["both_graph_error"] = f"{type(err).__name__}: {err}"
                 log0(f"{name}: fwd+bwd CUDA graph failed: {entry['both_graph_error']}")
                 traceback.print_exc()
                 torch.cuda.synchronize()
-            for t in (*leaves, gx, gprobs, gw1, gw2):
+            for t in leaves + graph_leaves:
                 t.grad = None
     for direction, backward, key in (("fwd", False, "fwd_s"), ("both", True, "both_s")):
         roof = roofline(model, rows, remote, E // world, peaks, backward)
