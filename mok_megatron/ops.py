@@ -513,7 +513,7 @@ def moe_forward_megakernel(peer_bases, tokens_offset, slots_offset, offsets, row
     pull copies the ``wire`` rows' codes into ``rows`` and their scale codes into
     ``rows_scales`` (``megakernel_fp8_rows``), act is stored as codes into ``act`` with
     ``act_scales``, the weights are their blockwise codes with ``w1_scales``/``w2_scales``
-    per 128 x 128 block (fp8_block_weights), and no ``h_out``, ``profile_skip`` or ``trace``.
+    per 128 x 128 block (fp8_block_weights), and no ``h_out`` or ``profile_skip``.
     ``h_out``: FC1's output for backward, or None (not
     kept). ``counters``: ``megakernel_counters(...)``, zeroed before every launch.
     ``minibatch_rows``: rows the pull copies and publishes together (the overlap unit).
@@ -536,9 +536,9 @@ def moe_forward_megakernel(peer_bases, tokens_offset, slots_offset, offsets, row
         for name, t in (("rows", rows), ("act", act)):
             _check(t.is_cuda and t.dtype == torch.float8_e4m3fn,
                    f"{name} must be float8_e4m3fn codes on the GPU (megakernel_fp8_rows)")
-        _check(h_out is None and profile_skip == 0 and trace is None,
+        _check(h_out is None and profile_skip == 0,
                "fp8_blockwise keeps no h_out (backward recomputes it) and has no profiling "
-               "variants or traces")
+               "variants (traces only)")
     else:
         for name, t in (("rows", rows), ("act", act), ("h_out", h_out)):
             if t is not None:

@@ -13,7 +13,9 @@ warp: lag (handoff to taking it), h (h's stores reading the slots), act (the act
 release (act's / FC2's stores reading the slots), count. Times in microseconds at
 the implied clock. The traced launch runs the diagnostic build of the kernel (the one the
 profiling variants use); `--skip` traces a profiling variant, `--no-h` a forward that keeps
-no h.
+no h. `--precision fp8_blockwise` traces the megakernel inside the layer's no-grad forward
+(layer_problem.one_gpu_forward: the recipe's wire rows, codes and block weights; no h), the
+launch made with a trace buffer added.
 
     python benchmarks/diagnostics/trace_tiles.py --models qwen3_30b_a3b_like --variants ep64 --tokens 2048 \
         --out trace.json
@@ -22,6 +24,7 @@ no h.
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import statistics
 import sys
@@ -34,6 +37,7 @@ sys.path.insert(0, str(REPO))
 import torch  # noqa: E402
 
 from mok_megatron import ops  # noqa: E402
+from layer_problem import one_gpu_forward  # noqa: E402
 from profile_megakernel import build, cases, megakernel  # noqa: E402
 
 SLOT = {name: i for i, name in enumerate(ops.TRACE_SLOTS)}
@@ -51,6 +55,24 @@ TILE_PHASES = {"queue": ("tile_start", "tile_queued"), "mainloop": ("tile_queued
 def traced_launch(p: dict, comm_blocks: int, skip: int = 0) -> torch.Tensor:
     trace = ops.megakernel_trace_buffer("cuda")
     megakernel(p, comm_blocks, skip, trace)()
+    torch.cuda.synchronize()
+    return trace.cpu()
+
+
+def traced_layer_launch(model, experts: int, tokens: int, comm_blocks: int, seed: int,
+                        precision: str) -> torch.Tensor:
+    """The trace of the forward megakernel's launch in one no-grad layer forward under
+    `precision`, after two untraced ones."""
+    forward = one_gpu_forward(model, experts, tokens, "megakernel", comm_blocks, seed, precision)
+    forward(), forward()
+    torch.cuda.synchronize()
+    trace = ops.megakernel_trace_buffer("cuda")
+    launch = ops.moe_forward_megakernel
+    ops.moe_forward_megakernel = functools.partial(launch, trace=trace)
+    try:
+        forward()
+    finally:
+        ops.moe_forward_megakernel = launch
     torch.cuda.synchronize()
     return trace.cpu()
 
@@ -94,16 +116,19 @@ def summarize(trace: torch.Tensor) -> dict:
 
 
 def run_case(model, variant: str, experts: int, tokens: int, comm_blocks: int, seed: int,
-             skip_names: list[str], no_h: bool = False) -> dict:
-    p = build(model, experts, tokens, seed)
-    if no_h:
-        p["h"] = None
+             skip_names: list[str], no_h: bool = False, precision: str = "bf16") -> dict:
     skip = sum(ops.PROFILE_SKIP[name] for name in skip_names)
     comm_blocks = 0 if skip & ops.PROFILE_SKIP["pull"] else comm_blocks
-    warm = megakernel(p, comm_blocks, skip)
-    warm(), warm()
-    torch.cuda.synchronize()
-    trace = traced_launch(p, comm_blocks, skip)
+    if precision == "bf16":
+        p = build(model, experts, tokens, seed)
+        if no_h:
+            p["h"] = None
+        warm = megakernel(p, comm_blocks, skip)
+        warm(), warm()
+        torch.cuda.synchronize()
+        trace = traced_launch(p, comm_blocks, skip)
+    else:
+        trace = traced_layer_launch(model, experts, tokens, comm_blocks, seed, precision)
     s = summarize(trace)
     b = s["blocks"]
     span = max(x["end_us"] for x in b) - min(x["start_us"] for x in b)
@@ -111,6 +136,7 @@ def run_case(model, variant: str, experts: int, tokens: int, comm_blocks: int, s
     pulls = [x["pull_us"] for x in b if "pull_us" in x]
     print(f"{model.name} {variant} E={experts} T={tokens} comm={comm_blocks}"
           + (f" skip={'+'.join(skip_names)}" if skip_names else "") + (" no h" if no_h else "")
+          + (f" {precision}" if precision != "bf16" else "")
           + ": "
           f"clock {s['clock_ghz']:.2f} GHz, blocks span {span:.1f} us (last start +{late_start:.1f}"
           f", median first tile +{statistics.median(x.get('first_tile_us', 0) for x in b):.1f}, "
@@ -121,7 +147,8 @@ def run_case(model, variant: str, experts: int, tokens: int, comm_blocks: int, s
         print(f"    {kind} ({s['tiles_traced'][kind]} tiles traced): "
               + " ".join(f"{k} {v:.2f}" for k, v in med.items()), flush=True)
     return {"model": model.name, "variant": variant, "experts": experts, "tokens": tokens,
-            "comm_blocks": comm_blocks, "skip": skip_names, "summary": s, "trace": trace.tolist()}
+            "comm_blocks": comm_blocks, "skip": skip_names, "precision": precision,
+            "summary": s, "trace": trace.tolist()}
 
 
 def main(argv=None) -> None:
@@ -137,12 +164,17 @@ def main(argv=None) -> None:
                     "blocks)")
     ap.add_argument("--no-h", action="store_true",
                     help="FC1 stores no h (backward_inputs: recomputed stores none)")
+    ap.add_argument("--precision", default="bf16", choices=["bf16", "fp8_blockwise"],
+                    help="fp8_blockwise: trace the layer's launch (no h, no profiling variants)")
     ap.add_argument("--out", type=Path)
     args = ap.parse_args(argv)
+    if args.precision != "bf16" and (args.skip or not args.no_h):
+        ap.error("--precision fp8_blockwise traces the layer's forward: it takes --no-h "
+                 "(the recipe recomputes h) and no --skip")
     results = []
     for model, variant, experts, tokens in cases(args):
         results.append(run_case(model, variant, experts, tokens, args.comm_sms, args.seed,
-                                args.skip, args.no_h))
+                                args.skip, args.no_h, args.precision))
         torch.cuda.empty_cache()
     if args.out:
         args.out.parent.mkdir(parents=True, exist_ok=True)

@@ -552,17 +552,15 @@ void launch_kernel(const ForwardMaps& m, const ForwardArgs& args) {
                     m.act_scales, args);
 }
 
-// The blockwise recipe has no diagnostic kernel (the launcher refuses profiling variants and
-// traces for it).
+// The blockwise recipe's diagnostic kernel records traces only (the launcher refuses its
+// profiling variants: its mainloops have no skipping paths).
 template <int kAct, bool kDiagnostic>
 void launch_forward(ForwardOperands operands, const ForwardMaps& m, const ForwardArgs& args) {
   switch (operands) {
     case kBf16Operands: launch_kernel<kAct, kDiagnostic, kBf16Operands>(m, args); break;
     case kMxfp8Values: launch_kernel<kAct, kDiagnostic, kMxfp8Values>(m, args); break;
     case kMxfp8Codes: launch_kernel<kAct, kDiagnostic, kMxfp8Codes>(m, args); break;
-    case kFp8Blockwise:
-      if constexpr (!kDiagnostic) launch_kernel<kAct, false, kFp8Blockwise>(m, args);
-      break;
+    case kFp8Blockwise: launch_kernel<kAct, kDiagnostic, kFp8Blockwise>(m, args); break;
   }
 }
 
@@ -646,8 +644,9 @@ void moe_forward_megakernel(const at::Tensor& peer_bases, int64_t tokens_offset,
                    "scale block), got F = ", F);
     MOK_HOST_CHECK(!h_out,
                    "moe_forward_megakernel: fp8_blockwise keeps no h (backward recomputes it)");
-    MOK_HOST_CHECK(profile_skip == 0 && !trace,
-                   "moe_forward_megakernel: fp8_blockwise has no profiling variants or traces");
+    MOK_HOST_CHECK(profile_skip == 0,
+                   "moe_forward_megakernel: fp8_blockwise has no profiling variants (traces "
+                   "only)");
   } else if (codes) {
     check_mx_weight("moe_forward_megakernel", w1, *w1_scales, gated ? 2 : 1);
     check_mx_weight("moe_forward_megakernel", w2, *w2_scales, 1);

@@ -112,6 +112,37 @@ def test_forward_megakernel_emulated_group(world):
     print(f"EP={world}", {k: f"{v:.2e}" for k, v in errors.items()})
 
 
+def test_traced_forward_megakernel_same_bits(monkeypatch):
+    """A traced launch under the recipe (the diagnostic kernel, which
+    benchmarks/diagnostics/trace_tiles.py --precision fp8_blockwise reads) gives the
+    production kernel's y and gradients bit for bit, and every block stamps its start, end and
+    ticket and its traced tiles' consumer phases in order."""
+    spec = SPECS[1]
+    problem = spec.build()
+    max_tokens = max(spec.tokens_per_rank)
+    expected = gpu_checks.run_cuda(problem, 0, None, max_tokens, **MEGAKERNEL)
+    trace = ops.megakernel_trace_buffer("cuda")
+    launch = ops.moe_forward_megakernel
+    monkeypatch.setattr(ops, "moe_forward_megakernel",
+                        lambda *args, **kwargs: launch(*args, **kwargs, trace=trace))
+    traced = gpu_checks.run_cuda(problem, 0, None, max_tokens, **MEGAKERNEL)
+    gpu_checks.assert_same_bits(expected, traced, f"({spec.name}) traced against untraced")
+    trace = trace.cpu()
+    slots = len(ops.TRACE_SLOTS)
+    head = trace[:, ops.TRACE_TILES * slots:]
+    h = {name: head[:, i] for i, name in enumerate(ops.TRACE_HEADER)}
+    assert (h["start_ns"] > 0).all() and (h["end_clock"] > h["start_clock"]).all()
+    assert sorted(h["ticket"].tolist()) == list(range(trace.shape[0]))
+    tiles = trace[:, :ops.TRACE_TILES * slots].view(trace.shape[0], ops.TRACE_TILES, slots)
+    order = [ops.TRACE_SLOTS.index(n) for n in
+             ("tile_start", "tile_queued", "mainloop_end", "staged", "tile_end")]
+    done = tiles[:, :, order[-1]] != 0
+    assert int(done.sum()) > 0
+    for row in tiles[done]:
+        stamps = [int(row[i]) for i in order]
+        assert stamps == sorted(stamps), stamps
+
+
 def test_forward_megakernel_refuses_what_it_cannot_run():
     """What the launch refuses under the recipe (behind config.recipe_problems, before anything
     runs): h kept, a profiling variant (ops' checks), wire rows of other than 1 x 128 blocks,
