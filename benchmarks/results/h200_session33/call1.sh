@@ -4,7 +4,7 @@
 # (trace_tiles --precision fp8_blockwise: the layer's launch with a trace buffer) - where the
 # blockwise megakernel's 0.92 ms at Qwen goes (mainloops against waits). (2) The GPU suite,
 # the blockwise recipe's files first, for SUITE_S seconds (-v: every test's outcome as it
-# ends). (3) profile_recipes at Qwen ep64 (session 32's call 3) if the call's time allows.
+# ends; FILES= names other files). (3) profile_recipes at Qwen ep64 (session 32's call 3) if the call's time allows.
 # $OUT/call1.tar.gz after every step.
 #   python3 -m pip install -q --no-index --no-deps --target /tmp/site .whl/*.whl
 #   PYTHONPATH=/tmp/site:$PWD bash benchmarks/results/h200_session33/call1.sh
@@ -22,7 +22,7 @@ for prec in bf16 fp8_blockwise; do
   echo "trace $prec rc $?"; cut -c1-300 $R/trace_$prec.txt | tail -8
   save
 done
-FILES="test_fp8_blockwise_layer test_fp8_blockwise_kernels test_megatron_fp8_training test_fp8_dispatch test_megakernel test_backward_megakernel test_symm_moe test_grouped_gemm test_schedule test_failures test_emulated_ep test_mxfp8_kernels test_megatron_graph_replay test_megatron_moe_layer_vs_reference"
+FILES="${FILES:-test_fp8_blockwise_layer test_fp8_blockwise_kernels test_megatron_fp8_training test_fp8_dispatch test_megakernel test_backward_megakernel test_symm_moe test_grouped_gemm test_schedule test_failures test_emulated_ep test_mxfp8_kernels test_megatron_graph_replay test_megatron_moe_layer_vs_reference}"
 timeout ${SUITE_S:-380} python3 -m pytest -v -rfE -p no:cacheprovider \
   $(for f in $FILES; do echo tests/gpu/$f.py; done) \
   > $R/pytest_gpu.txt 2>&1
