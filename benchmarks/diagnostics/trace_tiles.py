@@ -1,19 +1,21 @@
 """Where a forward megakernel's time goes, block by block and tile by tile (one GPU, EP=1).
 
 One traced launch per case (ops.megakernel_trace_buffer; csrc/megakernel/tile_trace.cuh) after
-an untraced warm-up: every block records clock64 at its tiles' phase boundaries and
-globaltimer / clock64 at its start and end. Printed per case: the SM clock the stamps imply,
-the blocks' span (first start to last end), the last block's start, the median start of a
-block's first tile and the median tail (its last tile's end to the block's end), the pull's
-duration in the row-pulling blocks (median-max), and per FC1 / FC2 tile the median of each
-phase: queue (waiting for the tile's entry), mainloop, epilogue (of it, staging: rows
-written and handed to the storer warp); in the producer: push (take + locate + queue),
-ready (rows or FC1 wait + fence), loads (issuing the tile's loads); in consumer 0's storer
-warp: lag (handoff to taking it), h (h's stores reading the slots), act (the activation),
-release (act's / FC2's stores reading the slots), count. Times in microseconds at
-the implied clock. The traced launch runs the diagnostic build of the kernel (the one the
-profiling variants use); `--skip` traces a profiling variant, `--no-h` a forward that keeps
-no h. `--precision fp8_blockwise` traces the megakernel inside the layer's no-grad forward
+an untraced warm-up: every block records clock64 at its tiles' phase boundaries and globaltimer
+/ clock64 at its start and end. Printed per case: the SM clock the stamps imply, the blocks'
+span (first start to last end), the last block's start, the median start of a block's first
+tile and the median tail (its last tile's end to the block's end), the pull's duration in the
+row-pulling blocks (median-max), and per FC1 / FC2 tile the median of each phase: queue
+(waiting for the tile's entry), mainloop, epilogue (of it, staging: rows written and handed to
+the storer warp); in the producer: push (take + locate + queue), ready (rows or FC1 wait +
+fence), loads (issuing the tile's loads); in consumer 0's storer warp: lag (handoff to taking
+it), h (h's stores reading the slots), act (the activation), release (act's / FC2's stores
+reading the slots), count. Times in microseconds at the implied clock. And how consumer 0's
+time from its first tile to its block's end splits into each tile kind's queue, mainloop and
+epilogue (summed over the blocks whose every tile is traced; rest: after the last tile). The
+traced launch runs the diagnostic build of the kernel (the one the profiling variants use);
+`--skip` traces a profiling variant, `--no-h` a forward that keeps no h. `--precision
+fp8_blockwise` traces the megakernel inside the layer's no-grad forward
 (layer_problem.one_gpu_forward: the recipe's wire rows, codes and block weights; no h), the
 launch made with a trace buffer added.
 
@@ -88,6 +90,10 @@ def summarize(trace: torch.Tensor) -> dict:
     t0 = int(head[:, HEADER["start_ns"]].min())
     blocks = []
     phases: dict[str, dict[str, list]] = {"fc1": {}, "fc2": {}}
+    # Consumer 0's time from its first tile to the block's end, summed over the blocks whose
+    # every tile is traced, split into each tile kind's queue / mainloop / epilogue.
+    shares: dict[str, float] = {}
+    consumer_cycles = 0
     for b in range(trace.shape[0]):
         done = tiles[b, :, SLOT["tile_end"]] != 0
         n = int(done.sum())
@@ -102,17 +108,27 @@ def summarize(trace: torch.Tensor) -> dict:
             block["tail_us"] = us(int(head[b, HEADER["end_clock"]])
                                   - int(tiles[b, n - 1, SLOT["tile_end"]]))
         blocks.append(block)
+        whole = 0 < n < ops.TRACE_TILES
+        if whole:
+            consumer_cycles += int(head[b, HEADER["end_clock"]]) - int(tiles[b, 0, SLOT["tile_start"]])
         for s in range(n):
             row = tiles[b, s]
             kind = "fc1" if int(row[SLOT["tile_id"]]) % 2 else "fc2"
             for name, (a, z) in TILE_PHASES.items():
                 if int(row[SLOT[a]]) and int(row[SLOT[z]]):
                     phases[kind].setdefault(name, []).append(us(int(row[SLOT[z]] - row[SLOT[a]])))
+                    if whole and name in ("queue", "mainloop", "epilogue"):
+                        key = f"{kind}_{name}"
+                        shares[key] = shares.get(key, 0) + int(row[SLOT[z]] - row[SLOT[a]])
     medians = {kind: {name: statistics.median(v) for name, v in d.items()}
                for kind, d in phases.items() if d}
     counts = {kind: len(d.get("mainloop", [])) for kind, d in phases.items()}
+    consumer = ({k: v / consumer_cycles for k, v in sorted(shares.items())}
+                if consumer_cycles else {})
+    if consumer:
+        consumer["rest"] = 1 - sum(consumer.values())
     return {"clock_ghz": ghz, "blocks": blocks, "tile_phase_median_us": medians,
-            "tiles_traced": counts}
+            "tiles_traced": counts, "consumer_share": consumer}
 
 
 def run_case(model, variant: str, experts: int, tokens: int, comm_blocks: int, seed: int,
@@ -143,6 +159,9 @@ def run_case(model, variant: str, experts: int, tokens: int, comm_blocks: int, s
           f"median tail {statistics.median(x.get('tail_us', 0) for x in b):.1f}"
           + (f", pull {statistics.median(pulls):.1f}-{max(pulls):.1f}" if pulls else "") + ")",
           flush=True)
+    if s["consumer_share"]:
+        print("    consumer 0's time (blocks with every tile traced): "
+              + " ".join(f"{k} {v:.0%}" for k, v in s["consumer_share"].items()), flush=True)
     for kind, med in s["tile_phase_median_us"].items():
         print(f"    {kind} ({s['tiles_traced'][kind]} tiles traced): "
               + " ".join(f"{k} {v:.2f}" for k, v in med.items()), flush=True)
