@@ -770,6 +770,13 @@ def megakernel_trace_buffer(device) -> torch.Tensor:
     return torch.zeros(sms, values, dtype=torch.int64, device=device)
 
 
+def megakernel_trace_parts(trace: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Views of a trace buffer (megakernel_trace_buffer): the tiles' stamps [blocks,
+    TRACE_TILES, len(TRACE_SLOTS)] and the blocks' headers [blocks, len(TRACE_HEADER)]."""
+    cut = TRACE_TILES * len(TRACE_SLOTS)
+    return trace[:, :cut].view(trace.shape[0], TRACE_TILES, len(TRACE_SLOTS)), trace[:, cut:]
+
+
 # Macrobatches the megakernel's ring holds at once: FC2 lags FC1 by one macrobatch and the
 # pull runs one ahead of FC1 (csrc/megakernel/macrobatch_ring.cuh; at least 2).
 MACROBATCH_RING_SLOTS = 3

@@ -12,7 +12,7 @@ from typing import Optional
 import torch
 import torch.distributed as dist
 
-from mok_megatron import mxfp8_weights, symm_moe
+from mok_megatron import mxfp8_weights, ops, symm_moe
 from mok_megatron import workspace as workspace_mod
 from mok_megatron.config import KernelKnobs, Recipe
 from mok_megatron.functional import moe_experts
@@ -359,6 +359,33 @@ def check_weight_lists(spec: ProblemSpec, rank: int, group) -> None:
         listed = run_cuda(problem, rank, group, max_tokens, weight_layout=layout)
         for name in NAMES:
             assert torch.equal(stacked[name], listed[name]), f"{name}: {layout} differs"
+
+
+def check_trace_stamps(trace: torch.Tensor) -> list[int]:
+    """A traced forward megakernel launch's stamps (ops.megakernel_trace_buffer, on the CPU)
+    are consistent: every block started and ended on the global timer, tickets are a
+    permutation, each traced tile's consumer stamps are in order and its storer's follow its
+    mainloop in order. Returns the traced tiles' indices."""
+    tiles, head = ops.megakernel_trace_parts(trace)
+    h = {name: head[:, i] for i, name in enumerate(ops.TRACE_HEADER)}
+    assert (h["start_ns"] > 0).all() and (h["end_ns"] >= h["start_ns"]).all()
+    assert (h["end_clock"] > h["start_clock"]).all()
+    assert sorted(h["ticket"].tolist()) == list(range(trace.shape[0]))
+    order = [ops.TRACE_SLOTS.index(n) for n in
+             ("tile_start", "tile_queued", "mainloop_end", "staged", "tile_end")]
+    # Consumer 0's storer takes the tile after its mainloop ended, then releases and counts
+    # it. Not after "staged": the consumer stamps that after its arrive, which the storer's
+    # wait may already have seen.
+    storer = [ops.TRACE_SLOTS.index(n) for n in
+              ("mainloop_end", "storer_took", "storer_released", "storer_done")]
+    seen = []
+    for row in tiles[tiles[:, :, order[-1]] != 0]:
+        stamps = [int(row[i]) for i in order]
+        assert stamps == sorted(stamps), stamps
+        stamps = [int(row[i]) for i in storer]
+        assert 0 not in stamps and stamps == sorted(stamps), stamps
+        seen.append(int(row[ops.TRACE_SLOTS.index("tile_id")]) // 2)
+    return seen
 
 
 def assert_same_bits(expected: dict, got: dict, what: str) -> None:

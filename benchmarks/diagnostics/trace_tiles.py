@@ -81,8 +81,7 @@ def traced_layer_launch(model, experts: int, tokens: int, comm_blocks: int, seed
 
 def summarize(trace: torch.Tensor) -> dict:
     """Per-block spans and per-tile phase medians (µs) from one traced launch."""
-    tiles = trace[:, :ops.TRACE_TILES * len(SLOT)].view(trace.shape[0], ops.TRACE_TILES, len(SLOT))
-    head = trace[:, ops.TRACE_TILES * len(SLOT):]
+    tiles, head = ops.megakernel_trace_parts(trace)
     ns = head[:, HEADER["end_ns"]] - head[:, HEADER["start_ns"]]
     cycles = head[:, HEADER["end_clock"]] - head[:, HEADER["start_clock"]]
     ghz = float(cycles.sum()) / float(ns.sum())
@@ -110,16 +109,17 @@ def summarize(trace: torch.Tensor) -> dict:
         blocks.append(block)
         whole = 0 < n < ops.TRACE_TILES
         if whole:
-            consumer_cycles += int(head[b, HEADER["end_clock"]]) - int(tiles[b, 0, SLOT["tile_start"]])
+            consumer_cycles += (int(head[b, HEADER["end_clock"]])
+                                - int(tiles[b, 0, SLOT["tile_start"]]))
         for s in range(n):
             row = tiles[b, s]
             kind = "fc1" if int(row[SLOT["tile_id"]]) % 2 else "fc2"
             for name, (a, z) in TILE_PHASES.items():
                 if int(row[SLOT[a]]) and int(row[SLOT[z]]):
-                    phases[kind].setdefault(name, []).append(us(int(row[SLOT[z]] - row[SLOT[a]])))
+                    cycles = int(row[SLOT[z]] - row[SLOT[a]])
+                    phases[kind].setdefault(name, []).append(us(cycles))
                     if whole and name in ("queue", "mainloop", "epilogue"):
-                        key = f"{kind}_{name}"
-                        shares[key] = shares.get(key, 0) + int(row[SLOT[z]] - row[SLOT[a]])
+                        shares[f"{kind}_{name}"] = shares.get(f"{kind}_{name}", 0) + cycles
     medians = {kind: {name: statistics.median(v) for name, v in d.items()}
                for kind, d in phases.items() if d}
     counts = {kind: len(d.get("mainloop", [])) for kind, d in phases.items()}
@@ -184,16 +184,17 @@ def main(argv=None) -> None:
     ap.add_argument("--no-h", action="store_true",
                     help="FC1 stores no h (backward_inputs: recomputed stores none)")
     ap.add_argument("--precision", default="bf16", choices=["bf16", "fp8_blockwise"],
-                    help="fp8_blockwise: trace the layer's launch (no h, no profiling variants)")
+                    help="fp8_blockwise: trace the layer's launch (keeps no h: --no-h implied; "
+                    "no profiling variants)")
     ap.add_argument("--out", type=Path)
     args = ap.parse_args(argv)
-    if args.precision != "bf16" and (args.skip or not args.no_h):
-        ap.error("--precision fp8_blockwise traces the layer's forward: it takes --no-h "
-                 "(the recipe recomputes h) and no --skip")
+    if args.precision != "bf16" and args.skip:
+        ap.error("--precision fp8_blockwise has no profiling variants (--skip)")
     results = []
     for model, variant, experts, tokens in cases(args):
         results.append(run_case(model, variant, experts, tokens, args.comm_sms, args.seed,
-                                args.skip, args.no_h, args.precision))
+                                args.skip, args.no_h or args.precision != "bf16",
+                                args.precision))
         torch.cuda.empty_cache()
     if args.out:
         args.out.parent.mkdir(parents=True, exist_ok=True)

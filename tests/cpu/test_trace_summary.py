@@ -24,9 +24,9 @@ def synthetic_trace(tiles_per_block: list[int]) -> torch.Tensor:
     """Blocks running their tiles FC1, FC2, FC1, ... back to back, clock64 at 2 GHz."""
     width = ops.TRACE_TILES * len(SLOT) + len(HEADER)
     trace = torch.zeros(len(tiles_per_block), width, dtype=torch.int64)
+    all_tiles, all_heads = ops.megakernel_trace_parts(trace)
     for b, n in enumerate(tiles_per_block):
-        tiles = trace[b, :ops.TRACE_TILES * len(SLOT)].view(ops.TRACE_TILES, len(SLOT))
-        head = trace[b, ops.TRACE_TILES * len(SLOT):]
+        tiles, head = all_tiles[b], all_heads[b]
         head[HEADER["start_ns"]], head[HEADER["start_clock"]] = 1000, 10_000
         clock = 10_100
         for s in range(n):
