@@ -201,88 +201,101 @@ __device__ inline void load_rows_into_ring(const RowSource& src, const RowStream
   });
 }
 
-// `streams`: the row tensors filled, each row of a chunk copied from every stream before the
-// chunk is published. `placement`: where each schedule row goes in them (place(r)) and, with
-// the ring, the wait for a macrobatch's slot to be free (wait_slot(k)), which the storing
-// lanes pass before the chunk's first store - after every earlier chunk of theirs has been
+// The storing warp of a row-pulling block: the loader's rows in the same order, each stored by
+// `store_row(slot, r, stream)` (bulk stores, and with kPlainStores plain stores of the lane's
+// too) from its ring slot to its place. A lane keeps two stores in flight: a slot is freed once
+// the lane's next store is issued and the one before has read it (the loader's rows stay
+// `slots - lanes` ahead, so this cannot hold back a load the next store needs); the chunk's
+// last slot is freed before it is published. Before a chunk's first store, the wait for its
+// macrobatch's slot (placement.wait_slot) - after every earlier chunk of this block has been
 // published, so a chunk never holds back rows a waited-for tile needs.
 // `macro_rows` (or null): also counts every published row per macrobatch, for a reader that
 // waits once for all of a macrobatch's rows.
+template <bool kPlainStores, class StoreRow>
+__device__ inline void store_rows_from_ring(int streams, uint32_t slot_bytes, int comm_block,
+                                            int comm_blocks, const PullRing& ring,
+                                            const RowPlacement& placement, uint32_t* rows_ready,
+                                            uint32_t* macro_rows, StoreRow store_row) {
+  const int lane = threadIdx.x % 32;
+  const int lanes = ring.lanes;
+  int seq = 0;
+  for_each_chunk(placement, comm_block, comm_blocks, [&](int macro, int c0, int c1) {
+    placement.wait_slot(macro);
+    int held = -1;  // this lane's slot whose store may still be reading it
+    for (int stream = 0; stream < streams; ++stream) {
+      for (int base = c0; base < c1; base += lanes) {
+        const int step = min(lanes, c1 - base);
+        const int q = seq + lane;
+        seq += step;
+        if (lane >= step) continue;
+        const int r = base + lane;
+        const int slot = q % ring.slots;
+        sm90::mbar_wait(&ring.full[slot], (q / ring.slots) & 1, placement.timeout_ns,
+                        sm90::kWaitPullRow, r, slot, placement.report);
+        store_row(ring.data + size_t(slot) * slot_bytes, r, stream);
+        sm90::bulk_commit();
+        sm90::bulk_wait_read<1>();  // the lane's previous store has read its slot
+        if (held >= 0) sm90::mbar_arrive(&ring.empty[held]);
+        held = slot;
+      }
+    }
+    if (held >= 0) {
+      sm90::bulk_wait_read<0>();
+      sm90::mbar_arrive(&ring.empty[held]);
+    }
+    // Publish the chunk: every storing lane's writes performed (bulk, then plain ones fenced),
+    // then one release per m-block (cumulative over the lanes' writes, ordered by the
+    // __syncwarp); the async-proxy fence orders them before FC1's TMA reads.
+    if (lane < lanes) {
+      sm90::bulk_wait<0>();
+      if constexpr (kPlainStores) __threadfence();
+    }
+    __syncwarp();
+    if (lane == 0) {
+      fence_proxy_async_global();
+      publish_rows(placement.table, c0, c1, rows_ready);
+      if (macro_rows != nullptr) red_release_gpu_add_u32(&macro_rows[macro], uint32_t(c1 - c0));
+    }
+  });
+}
+
+// `streams`: the row tensors filled, each row of a chunk copied from every stream before the
+// chunk is published. `placement`: where each schedule row goes in them (place(r)) and, with
+// the ring, the wait for a macrobatch's slot to be free (wait_slot(k)).
 __device__ inline void pull_rows_bulk(const RowSource& src, const RowStreams& streams,
                                       int hidden, int comm_block, int comm_blocks,
                                       const PullRing& ring, const RowPlacement& placement,
                                       uint32_t* rows_ready, uint32_t* macro_rows = nullptr) {
-  const uint64_t timeout_ns = placement.timeout_ns;
-  int* report = placement.report;
   const uint32_t row_bytes = uint32_t(hidden) * 2;
-  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  const int lanes = ring.lanes;
+  const int warp = threadIdx.x / 32;
   if (warp == 0) {
     load_rows_into_ring(src, streams, row_bytes, comm_block, comm_blocks, ring, placement);
   } else if (warp == 1) {
-    // Storer: same row numbering as the loader. A lane keeps two stores in flight: a slot is
-    // freed once the lane's next store is issued and the one before has read it (the
-    // loader's rows stay `slots - lanes` ahead, so this cannot hold back a load the next
-    // store needs); the chunk's last slot is freed before it is published.
-    int seq = 0;
-    for_each_chunk(placement, comm_block, comm_blocks, [&](int macro, int c0, int c1) {
-      placement.wait_slot(macro);
-      int held = -1;  // this lane's slot whose store may still be reading it
-      for (int stream = 0; stream < streams.count; ++stream) {
-        __nv_bfloat16* rows = streams.dst[stream];
-        for (int base = c0; base < c1; base += lanes) {
-          const int step = min(lanes, c1 - base);
-          const int q = seq + lane;
-          seq += step;
-          if (lane >= step) continue;
-          const int r = base + lane;
-          const int slot = q % ring.slots;
-          sm90::mbar_wait(&ring.full[slot], (q / ring.slots) & 1, timeout_ns,
-                          sm90::kWaitPullRow, r, slot, report);
-          sm90::bulk_store(rows + placement.place(r) * hidden,
-                           ring.data + size_t(slot) * row_bytes, row_bytes);
-          sm90::bulk_commit();
-          sm90::bulk_wait_read<1>();  // the lane's previous store has read its slot
-          if (held >= 0) sm90::mbar_arrive(&ring.empty[held]);
-          held = slot;
-        }
-      }
-      if (held >= 0) {
-        sm90::bulk_wait_read<0>();
-        sm90::mbar_arrive(&ring.empty[held]);
-      }
-      // Publish the chunk: every storing lane's writes performed, then one release per
-      // m-block (cumulative over the lanes' writes, ordered by the __syncwarp).
-      if (lane < lanes) sm90::bulk_wait<0>();
-      __syncwarp();
-      if (lane == 0) {
-        fence_proxy_async_global();
-        publish_rows(placement.table, c0, c1, rows_ready);
-        if (macro_rows != nullptr) {
-          red_release_gpu_add_u32(&macro_rows[macro], uint32_t(c1 - c0));
-        }
-      }
-    });
+    store_rows_from_ring<false>(
+        streams.count, row_bytes, comm_block, comm_blocks, ring, placement, rows_ready,
+        macro_rows, [&](const uint8_t* slot, int r, int stream) {
+          sm90::bulk_store(streams.dst[stream] + placement.place(r) * hidden, slot, row_bytes);
+        });
   }
 }
 
-// The converting warps of a block pulling FP8 wire rows (pull_wire_rows_bulk): every warp but
-// the loader. Named barrier 1 while the block pulls: it runs no GEMM tile before the pull ends.
+// The converting warps of a block pulling MXFP8 wire rows (pull_wire_rows_bulk): every warp
+// but the loader. Named barrier 1 while the block pulls: it runs no GEMM tile before the pull
+// ends.
 constexpr int kPullConverterWarps = kGemmThreads / 32 - 1;
 constexpr int kPullConvertBarrier = 1;
 
-// The pull under an FP8 recipe: the source ranks publish wire rows (comm/wire_row.cuh), the
-// loading warp brings them into the ring as pull_rows_bulk's does (half the bytes of a bf16
-// row), and the other warps write each one out as FC1 reads it - `write_row(wire_row, dst_row,
-// lane)` for the warp's 32 lanes, row q of the block's sequence by warp 1 + q %
-// kPullConverterWarps, straight to global memory (estimated, not measured: a warp converts a
-// 7168-wide row in 14 steps of ~60 instructions, so the 11 warps together stay ahead of the
-// ~30 GB/s a block's bulk copies bring in; one converting warp would not). A slot is free
-// once its warp has read it (its loads feed the stores it issues, so __syncwarp orders them).
-// A chunk is published after every converting warp has stored its rows of it and fenced them:
-// plain stores, then fence -> named barrier -> the async-proxy fence and one release per
-// m-block; FC1's producer acquires and fences the async proxy before its TMA reads, as for the
-// bulk stores.
+// The pull under MXFP8: the source ranks publish wire rows (comm/wire_row.cuh), the loading
+// warp brings them into the ring as pull_rows_bulk's does (half the bytes of a bf16 row), and
+// the other warps write each one out dequantized - `write_row(wire_row, dst_row, lane)` for the
+// warp's 32 lanes, row q of the block's sequence by warp 1 + q % kPullConverterWarps, straight
+// to global memory. A slot is free once its warp has read it (its loads feed the stores it
+// issues, so __syncwarp orders them). A chunk is published after every converting warp has
+// stored its rows of it and fenced them: plain stores, then fence -> named barrier -> the
+// async-proxy fence and one release per m-block; FC1's producer acquires and fences the async
+// proxy before its TMA reads, as for the bulk stores. (The blockwise pull, which copies codes
+// as they are, ran this way until session 34 at ~11 GB/s per block at H = 2048 against the
+// bulk storer's ~32 - a fixed ~120 ns per row per block, docs/perf-log.md.)
 template <class WriteRow>
 __device__ inline void pull_wire_rows(const RowSource& src, int64_t tokens_offset,
                                       const WireRow& wire, int comm_block, int comm_blocks,
@@ -338,28 +351,39 @@ __device__ inline void pull_wire_rows_bulk(const RowSource& src, int64_t tokens_
                  });
 }
 
-// Blockwise FP8: each wire row's codes copied as they are and its scale codes scattered into
-// the transposed scales (the FP8 engine's A operand, Fp8Rows), so FC1 multiplies x's
-// codes with no conversion.
+// Blockwise FP8: each wire row's codes go out as one bulk store, as pull_rows_bulk's rows do,
+// and its scale codes, read by the same lane, are scattered into the transposed scales (the FP8
+// engine's A operand, Fp8Rows) as plain stores, so FC1 multiplies x's codes with no
+// conversion.
 __device__ inline void pull_wire_codes_bulk(const RowSource& src, int64_t tokens_offset,
                                             const WireRow& wire, int hidden,
                                             const Fp8Rows& dst, int comm_block,
                                             int comm_blocks, const PullRing& ring,
                                             const RowPlacement& placement,
                                             uint32_t* rows_ready) {
-  const int vecs = (hidden + 15) / 16;  // the codes' 16-byte vectors (rows padded to 16)
+  const uint32_t code_bytes = uint32_t(hidden + 15) / 16 * 16;  // <= the row strides (checked)
   const int blocks = (hidden + wire.block - 1) / wire.block;
-  pull_wire_rows(src, tokens_offset, wire, comm_block, comm_blocks, ring, placement, rows_ready,
-                 [&](const uint8_t* codes, int64_t place, int lane) {
-                   uint8_t* row = dst.codes + place * dst.code_stride;
-                   for (int v = lane; v < vecs; v += 32) {
-                     *reinterpret_cast<uint4*>(row + 16 * v) =
-                         sm90::ld_shared_16(codes + 16 * v);
-                   }
-                   for (int b = lane; b < blocks; b += 32) {
-                     dst.scales[b * dst.scale_stride + place] = codes[wire.code_bytes + b];
-                   }
-                 });
+  const int warp = threadIdx.x / 32;
+  if (warp == 0) {
+    load_rows_into_ring(src, RowStreams{{tokens_offset, 0}, {nullptr, nullptr}, 1},
+                        uint32_t(wire.row_bytes), comm_block, comm_blocks, ring, placement);
+  } else if (warp == 1) {
+    store_rows_from_ring<true>(
+        1, uint32_t(wire.row_bytes), comm_block, comm_blocks, ring, placement, rows_ready,
+        nullptr, [&](const uint8_t* slot, int r, int) {
+          const int64_t place = placement.place(r);
+          sm90::bulk_store(dst.codes + place * dst.code_stride, slot, code_bytes);
+          // The scale codes in 16-byte vectors (wire rows are 16-byte multiples past them).
+          for (int b0 = 0; b0 < blocks; b0 += 16) {
+            const uint4 v = sm90::ld_shared_16(slot + wire.code_bytes + b0);
+            const uint8_t* scale = reinterpret_cast<const uint8_t*>(&v);
+#pragma unroll
+            for (int j = 0; j < 16; ++j) {
+              if (b0 + j < blocks) dst.scales[(b0 + j) * dst.scale_stride + place] = scale[j];
+            }
+          }
+        });
+  }
 }
 
 }  // namespace mok
