@@ -10,8 +10,10 @@ row-pulling blocks (median-max), and per FC1 / FC2 tile the median of each phase
 the storer warp); in the producer: push (take + locate + queue), ready (rows or FC1 wait +
 fence), loads (issuing the tile's loads); in consumer 0's storer warp: lag (handoff to taking
 it), h (h's stores reading the slots), act (the activation), release (act's / FC2's stores
-reading the slots), count. Times in microseconds at the implied clock. And how consumer 0's
-time from its first tile to its block's end splits into each tile kind's queue, mainloop and
+reading the slots), count, and hold (taking the tile to releasing its slots: the storer's
+time per tile, which paces the consumer when it exceeds the next mainloop). Times in
+microseconds at the implied clock. And how consumer 0's time from its first tile to its
+block's end splits into each tile kind's queue, mainloop and
 epilogue (summed over the blocks whose every tile is traced; rest: after the last tile). The
 traced launch runs the diagnostic build of the kernel (the one the profiling variants use);
 `--skip` traces a profiling variant, `--no-h` a forward that keeps no h. `--precision
@@ -51,7 +53,8 @@ TILE_PHASES = {"queue": ("tile_start", "tile_queued"), "mainloop": ("tile_queued
                "st_lag": ("staged", "storer_took"), "st_h": ("storer_took", "storer_h_out"),
                "st_act": ("storer_h_out", "storer_activated"),
                "st_release": ("storer_activated", "storer_released"),
-               "st_count": ("storer_released", "storer_done")}
+               "st_count": ("storer_released", "storer_done"),
+               "st_hold": ("storer_took", "storer_released")}
 
 
 def traced_launch(p: dict, comm_blocks: int, skip: int = 0) -> torch.Tensor:
