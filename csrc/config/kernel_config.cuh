@@ -96,7 +96,6 @@ static_assert(kFp8ScaleBlock == kFp8BlockK && kFp8BlockN == kFp8ScaleBlock,
 constexpr int kPullMaxSlots = 128;
 constexpr int kPullMinSlots = 4;
 constexpr int kPullLanesDivisor = 4;
-constexpr int kPullSlotAlign = 128;  // slot pitch: rows rounded up to whole 128-byte lines
 // Forward megakernel: tile indices the producer can take ahead of its consumers
 // (megakernel/tile_queue.cuh).
 constexpr int kTileQueueDepth = 4;

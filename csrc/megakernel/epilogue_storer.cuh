@@ -83,7 +83,6 @@ struct StorerTargets {
   const int64_t* peer_bases;
   int64_t slots_offset;
   int per_rank;
-  int world;                 // ranks (<= 32: lane p holds rank p's base)
   uint32_t* fc1_done;
   uint32_t* fc2_done;
   uint64_t timeout_ns;
@@ -357,7 +356,6 @@ __device__ __forceinline__ void run_storer(StagingHandoff& hand, uint8_t* buf,
   constexpr int kFc1Cols = sm90::tile_cols<kAct>();
   constexpr int kFc2Cols = kActForm == kActFp8Codes ? kFp8BlockN : kGemmBlockN;
   const int lane = threadIdx.x % 32;
-  const int64_t lane_base = lane < tg.world ? tg.peer_bases[lane] : 0;
   // Between two handoffs its consumers wait (tile queue, stages, staging slots), each wait
   // bounded by timeout_ns and reporting itself; the storer's one wait spans them, so it gets
   // twice the bound: a stuck consumer is reported by the consumer's wait, within the bound,
@@ -428,28 +426,14 @@ __device__ __forceinline__ void run_storer(StagingHandoff& hand, uint8_t* buf,
       // The consumer's MMAs have read the tile's act rows (wgmma_wait<0> before its arrive).
       if (lane == 0) red_release_gpu_add_u32(&tg.fc2_done[r.counter], 1);
       if (r.has_rows) {
-        // The lane's rows' (token, k) slots are loaded together and the ranks' bases come
-        // from the lanes, so the stores wait for one global load (two dependent loads per row
-        // made the storer, not the MMAs, set a blockwise FC2 tile's pace: perf-log session 34).
         const int cols = min(kFc2Cols, tg.hidden - r.col0);
-        constexpr int kRowsPerLane = sm90::kStagedRows / 32;
-        static_assert(sm90::kStagedRows % 32 == 0, "whole rows per lane");
-        int flat[kRowsPerLane];
-#pragma unroll
-        for (int i = 0; i < kRowsPerLane; ++i) {
-          const int row = lane + 32 * i;
-          flat[i] = row < r.rows_valid ? tg.row_slot[r.row0 + row] : 0;
-        }
-#pragma unroll
-        for (int i = 0; i < kRowsPerLane; ++i) {
-          const int row = lane + 32 * i;
-          const int peer = flat[i] / tg.per_rank;
-          const int64_t base = __shfl_sync(0xffffffffu, lane_base, peer);
-          if (row < r.rows_valid) {
-            __nv_bfloat16* dst = reinterpret_cast<__nv_bfloat16*>(base + tg.slots_offset) +
-                                 int64_t(flat[i] - peer * tg.per_rank) * tg.hidden + r.col0;
-            sm90::bulk_store(dst, buf + row * sm90::kScatterRowBytes, uint32_t(cols) * 2);
-          }
+        for (int row = lane; row < r.rows_valid; row += 32) {
+          const int flat = tg.row_slot[r.row0 + row];
+          const int peer = flat / tg.per_rank;
+          __nv_bfloat16* dst = reinterpret_cast<__nv_bfloat16*>(tg.peer_bases[peer] +
+                                                                tg.slots_offset) +
+                               int64_t(flat - peer * tg.per_rank) * tg.hidden + r.col0;
+          sm90::bulk_store(dst, buf + row * sm90::kScatterRowBytes, uint32_t(cols) * 2);
         }
         sm90::bulk_commit();
         sm90::bulk_wait_read<0>();

@@ -208,8 +208,9 @@ __global__ void __launch_bounds__(kGemmThreads, 1)
   const int E = a.num_experts;
   const bool recompute = a.ring_mblocks > 0;
   if (threadIdx.x < 32) build_mblock_table(a.offsets, E, s.row_begin, s.mblock_begin);
-  const PullRing pull_ring =
-      PullRing::of(s.epilogue.out[0], s.pull_full, s.pull_empty, 2 * a.hidden, kPullBytes);
+  const int slots = pull_slots(2 * a.hidden);
+  const PullRing pull_ring{s.epilogue.out[0], s.pull_full, s.pull_empty, slots,
+                           min(32, max(1, slots / kPullLanesDivisor))};
   if (threadIdx.x == 32) {
     s.ticket = atomicAdd(a.arrivals, 1u);
     if (s.ticket < a.comm_blocks) init_pull_ring(pull_ring);

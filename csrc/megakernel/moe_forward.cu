@@ -200,9 +200,10 @@ __global__ void __launch_bounds__(kGemmThreads, 1)
   if (threadIdx.x < 32) {
     build_mblock_table(a.offsets, E, s.row_begin, s.mblock_begin);
   }
-  const PullRing pull_ring =
-      PullRing::of(s.epilogue.out[0], s.pull_full, s.pull_empty,
-                   a.wire.row_bytes > 0 ? a.wire.row_bytes : 2 * a.hidden, kPullRingBytes<kFp8>);
+  const int slots =
+      pull_slots(a.wire.row_bytes > 0 ? a.wire.row_bytes : 2 * a.hidden, kPullRingBytes<kFp8>);
+  const PullRing pull_ring{s.epilogue.out[0], s.pull_full, s.pull_empty, slots,
+                           min(32, max(1, slots / kPullLanesDivisor))};
   if (threadIdx.x == 32) {
     const TileTrace block_trace = TileTrace::make(trace_buffer);
     block_trace.header_ns(kTrStartNs);
@@ -217,7 +218,7 @@ __global__ void __launch_bounds__(kGemmThreads, 1)
     else init_ring(s.ring);
     s.storer_targets = StorerTargets{a.row_prob, &act_store_map, &h_store_map, a.act, a.h_out,
                                      a.ffn, kGated ? 2 * a.ffn : a.ffn, a.hidden,
-                                     a.row_slot, a.peer_bases, a.slots_offset, a.per_rank, a.world,
+                                     a.row_slot, a.peer_bases, a.slots_offset, a.per_rank,
                                      a.fc1_done, a.fc2_done, a.timeout_ns, a.report,
                                      a.act_fp8};
   }

@@ -44,17 +44,10 @@ static_assert(offsetof(sm90::StageRing, a) == 0 &&
                   offsetof(sm90::StageRing, b) == sizeof(sm90::StageRing::a),
               "ring.a and ring.b lie back to back");
 
-// A slot's pitch: a whole row rounded up to kPullSlotAlign bytes, so every slot starts on a
-// 128-byte line (an FP8 wire row - 2080 or 7232 bytes - otherwise leaves most slots off it; the
-// bulk stores out of such slots were measured slower: docs/perf-log.md, session 34).
-__host__ __device__ constexpr int pull_slot_pitch(int row_bytes) {
-  return (row_bytes + kPullSlotAlign - 1) / kPullSlotAlign * kPullSlotAlign;
-}
-
 // Whole-row slots of `row_bytes` (a bf16 row: 2 H; an FP8 wire row: WireRow::row_bytes) in
 // `bytes` of shared memory.
 __host__ __device__ constexpr int pull_slots(int row_bytes, size_t bytes = kPullBytes) {
-  const size_t fit = bytes / size_t(pull_slot_pitch(row_bytes));
+  const size_t fit = bytes / size_t(row_bytes);
   return fit < kPullMaxSlots ? int(fit) : kPullMaxSlots;
 }
 
@@ -76,19 +69,11 @@ struct RowStreams {
 };
 
 struct PullRing {
-  uint8_t* data;  // slots x pitch, 16-byte aligned
+  uint8_t* data;  // slots x row_bytes, 16-byte aligned
   uint64_t* full;
   uint64_t* empty;
   int slots;
   int lanes;  // rows in flight per step: lanes of the loading and the storing warp
-  int pitch;  // bytes between slots (pull_slot_pitch)
-  // Rows of `row_bytes` in `bytes` of shared memory at `data`.
-  __device__ static PullRing of(uint8_t* data, uint64_t* full, uint64_t* empty, int row_bytes,
-                                size_t bytes) {
-    const int slots = pull_slots(row_bytes, bytes);
-    return {data, full, empty, slots, min(32, max(1, slots / kPullLanesDivisor)),
-            pull_slot_pitch(row_bytes)};
-  }
 };
 
 using sm90::MBlockTable;
@@ -209,7 +194,7 @@ __device__ inline void load_rows_into_ring(const RowSource& src, const RowStream
         sm90::mbar_wait(&ring.empty[slot], ((q / ring.slots) & 1) ^ 1, placement.timeout_ns,
                         sm90::kWaitPullSlot, base + lane, slot, placement.report);
         sm90::mbar_arrive_expect_tx(&ring.full[slot], row_bytes);
-        sm90::bulk_load(ring.data + size_t(slot) * ring.pitch, from, row_bytes,
+        sm90::bulk_load(ring.data + size_t(slot) * row_bytes, from, row_bytes,
                         &ring.full[slot]);
       }
     }
@@ -227,7 +212,7 @@ __device__ inline void load_rows_into_ring(const RowSource& src, const RowStream
 // `macro_rows` (or null): also counts every published row per macrobatch, for a reader that
 // waits once for all of a macrobatch's rows.
 template <bool kPlainStores, class StoreRow>
-__device__ inline void store_rows_from_ring(int streams, int comm_block,
+__device__ inline void store_rows_from_ring(int streams, uint32_t slot_bytes, int comm_block,
                                             int comm_blocks, const PullRing& ring,
                                             const RowPlacement& placement, uint32_t* rows_ready,
                                             uint32_t* macro_rows, StoreRow store_row) {
@@ -247,7 +232,7 @@ __device__ inline void store_rows_from_ring(int streams, int comm_block,
         const int slot = q % ring.slots;
         sm90::mbar_wait(&ring.full[slot], (q / ring.slots) & 1, placement.timeout_ns,
                         sm90::kWaitPullRow, r, slot, placement.report);
-        store_row(ring.data + size_t(slot) * ring.pitch, r, stream);
+        store_row(ring.data + size_t(slot) * slot_bytes, r, stream);
         sm90::bulk_commit();
         sm90::bulk_wait_read<1>();  // the lane's previous store has read its slot
         if (held >= 0) sm90::mbar_arrive(&ring.empty[held]);
@@ -287,7 +272,7 @@ __device__ inline void pull_rows_bulk(const RowSource& src, const RowStreams& st
     load_rows_into_ring(src, streams, row_bytes, comm_block, comm_blocks, ring, placement);
   } else if (warp == 1) {
     store_rows_from_ring<false>(
-        streams.count, comm_block, comm_blocks, ring, placement, rows_ready,
+        streams.count, row_bytes, comm_block, comm_blocks, ring, placement, rows_ready,
         macro_rows, [&](const uint8_t* slot, int r, int stream) {
           sm90::bulk_store(streams.dst[stream] + placement.place(r) * hidden, slot, row_bytes);
         });
@@ -332,7 +317,7 @@ __device__ inline void pull_wire_rows(const RowSource& src, int64_t tokens_offse
       const int slot = seq % ring.slots;
       sm90::mbar_wait(&ring.full[slot], (seq / ring.slots) & 1, placement.timeout_ns,
                       sm90::kWaitPullRow, r, slot, placement.report);
-      write_row(ring.data + size_t(slot) * ring.pitch, placement.place(r), lane);
+      write_row(ring.data + size_t(slot) * wire.row_bytes, placement.place(r), lane);
       __syncwarp();
       if (lane == 0) sm90::mbar_arrive(&ring.empty[slot]);
     }
@@ -384,7 +369,7 @@ __device__ inline void pull_wire_codes_bulk(const RowSource& src, int64_t tokens
                         uint32_t(wire.row_bytes), comm_block, comm_blocks, ring, placement);
   } else if (warp == 1) {
     store_rows_from_ring<true>(
-        1, comm_block, comm_blocks, ring, placement, rows_ready,
+        1, uint32_t(wire.row_bytes), comm_block, comm_blocks, ring, placement, rows_ready,
         nullptr, [&](const uint8_t* slot, int r, int) {
           const int64_t place = placement.place(r);
           sm90::bulk_store(dst.codes + place * dst.code_stride, slot, code_bytes);
