@@ -294,8 +294,8 @@ constexpr int kPullConvertBarrier = 1;
 // stored its rows of it and fenced them: plain stores, then fence -> named barrier -> the
 // async-proxy fence and one release per m-block; FC1's producer acquires and fences the async
 // proxy before its TMA reads, as for the bulk stores. (The blockwise pull, which copies codes
-// as they are, ran this way until session 34 at ~11 GB/s per block at H = 2048 against the
-// bulk storer's ~32 - a fixed ~120 ns per row per block, docs/perf-log.md.)
+// as they are, ran this way until session 34: ~11 GB/s per block at H = 2048, a fixed ~120 ns
+// per row per block - docs/perf-log.md.)
 template <class WriteRow>
 __device__ inline void pull_wire_rows(const RowSource& src, int64_t tokens_offset,
                                       const WireRow& wire, int comm_block, int comm_blocks,
@@ -354,7 +354,9 @@ __device__ inline void pull_wire_rows_bulk(const RowSource& src, int64_t tokens_
 // Blockwise FP8: each wire row's codes go out as one bulk store, as pull_rows_bulk's rows do,
 // and its scale codes, read by the same lane, are scattered into the transposed scales (the FP8
 // engine's A operand, Fp8Rows) as plain stores, so FC1 multiplies x's codes with no
-// conversion.
+// conversion. Measured against pull_wire_rows' converting warps (session 34, one H100): at
+// H = 2048 the pull 499-521 -> 349-368 us (FC1 had waited for its rows); at H = 7168 768-810 ->
+// 1348-1411 us, unexplained (not the slots' alignment), where FC1 never waits for rows.
 __device__ inline void pull_wire_codes_bulk(const RowSource& src, int64_t tokens_offset,
                                             const WireRow& wire, int hidden,
                                             const Fp8Rows& dst, int comm_block,
