@@ -13,13 +13,12 @@ it), h (h's stores reading the slots), act (the activation), release (act's / FC
 reading the slots), count, and hold (taking the tile to releasing its slots: the storer's
 time per tile, which paces the consumer when it exceeds the next mainloop). Times in
 microseconds at the implied clock. And how consumer 0's time from its first tile to its
-block's end splits into each tile kind's queue, mainloop and
-epilogue (summed over the blocks whose every tile is traced; rest: after the last tile). The
-traced launch runs the diagnostic build of the kernel (the one the profiling variants use);
-`--skip` traces a profiling variant, `--no-h` a forward that keeps no h. `--precision
-fp8_blockwise` traces the megakernel inside the layer's no-grad forward
-(layer_problem.one_gpu_forward: the recipe's wire rows, codes and block weights; no h), the
-launch made with a trace buffer added.
+block's end splits into each tile kind's queue, mainloop and epilogue (summed over the blocks
+whose every tile is traced; rest: after the last tile). The traced launch runs the diagnostic
+build of the kernel (the one the profiling variants use); `--skip` traces a profiling variant,
+`--no-h` a forward that keeps no h. `--precision fp8_blockwise` traces the megakernel inside
+the layer's no-grad forward (layer_problem.one_gpu_forward: the recipe's wire rows, codes and
+block weights; no h), the launch made with a trace buffer added.
 
     python benchmarks/diagnostics/trace_tiles.py --models qwen3_30b_a3b_like --variants ep64 --tokens 2048 \
         --out trace.json

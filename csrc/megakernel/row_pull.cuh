@@ -294,8 +294,8 @@ constexpr int kPullConvertBarrier = 1;
 // stored its rows of it and fenced them: plain stores, then fence -> named barrier -> the
 // async-proxy fence and one release per m-block; FC1's producer acquires and fences the async
 // proxy before its TMA reads, as for the bulk stores. (The blockwise pull, which copies codes
-// as they are, ran this way until session 34: ~11 GB/s per block at H = 2048, a fixed ~120 ns
-// per row per block - docs/perf-log.md.)
+// as they are, ran this way until session 34: ~11 GB/s per block at H = 2048; a line through
+// two shapes' pull times puts a fixed ~120 ns per row per block on it - docs/perf-log.md.)
 template <class WriteRow>
 __device__ inline void pull_wire_rows(const RowSource& src, int64_t tokens_offset,
                                       const WireRow& wire, int comm_block, int comm_blocks,
