@@ -8,7 +8,7 @@ separate kernels that do the same work (pull_rows, FC1 and FC2 through the engin
 torch._grouped_mm, v1's activation kernel, push_rows). Routing is uniform top-k. The full
 megakernel's combine slots are checked bit for bit against the separate engine path first.
 
-    python benchmarks/diagnostics/profile_megakernel.py --out benchmarks/results/h200_megakernel_profile/ep1.json
+    python benchmarks/diagnostics/profile_megakernel.py --out benchmarks/results/<folder>/profile.json
 """
 
 from __future__ import annotations

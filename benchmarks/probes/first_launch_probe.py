@@ -1,11 +1,12 @@
-"""Why the first launch of a synchronized MoE call can hold the host for ~0.5 ms (session 31,
-timeline.py: the first cudaLaunchKernel of the blockwise megakernel forward 442-475 us, the
-first copy of its backward 556 us, bf16's 59-107 us): after each kernel below runs and the
-device is idle, the host time of the next launch (a one-element add) and of the one after it,
-with the context's stack-size limit and local-memory flag as the driver reports them; then the
-same after bench_moe's preconditioning matmuls (call 1's card, without them, showed no idle
-gap), with the stack limit raised once (cuCtxSetLimit) and with CU_CTX_LMEM_RESIZE_TO_MAX set
-(cuCtxSetFlags) - whether local memory resized back and forth around our kernels is the cause.
+"""Why the first launch of a synchronized MoE call can hold the host for ~0.5 ms (2026-12-05,
+docs/perf-log.md "Blockwise FP8", timeline.py: the first cudaLaunchKernel of the blockwise
+megakernel forward 442-475 us, the first copy of its backward 556 us, bf16's 59-107 us): after
+each kernel below runs and the device is idle, the host time of the next launch (a one-element
+add) and of the one after it, with the context's stack-size limit and local-memory flag as the
+driver reports them; then the same after bench_moe's preconditioning matmuls (the first card
+timed, without them, showed no idle gap), with the stack limit raised once (cuCtxSetLimit) and
+with CU_CTX_LMEM_RESIZE_TO_MAX set (cuCtxSetFlags) - whether local memory resized back and forth
+around our kernels is the cause.
 
     python benchmarks/probes/first_launch_probe.py
 """

@@ -1,8 +1,8 @@
-// Probe for what bounds the blockwise FP8 engine (perf-log session 25: its MMAs take about twice
-// their peak time per stage; neither L2 - CTA pairs - nor the promotion gaps - the overlapped
-// consumer - were it). Each of 132 CTAs holds kStages stages of a 128 x 128 E4M3 A tile and a
-// 128 x 128 B tile in shared memory (filled once) and its two warpgroups run the engine's
-// per-stage MMAs over them, without TMA:
+// Probe for what bounds the blockwise FP8 engine (docs/perf-log.md, Blockwise FP8, 2026-12-05:
+// its MMAs seemed to take about twice their peak time per stage; neither L2 - CTA pairs - nor
+// the promotion gaps - the overlapped consumer - were it). Each of 132 CTAs holds kStages
+// stages of a 128 x 128 E4M3 A tile and a 128 x 128 B tile in shared memory (filled once) and
+// its two warpgroups run the engine's per-stage MMAs over them, without TMA:
 //   mma        four m64n128k32 E4M3 wgmmas per stage, wgmma_wait<0> per stage, nothing else
 //   mma+promo  the engine's consumer: fresh partial sums per stage, wait, 64 FFMA into acc
 //   mma-n64x2  the overlapped consumer's shape: two m64n64 halves per stage, wait<1> between

@@ -1,7 +1,8 @@
-// Probe for the MXFP8 engine design in docs/fp8-plan.md ("a third engine whose ceiling is the
-// BF16 rate"): does a bf16 wgmma with its A operand in registers, converted each k-step from
-// E4M3 codes in shared memory (times the block's power-of-two scale), run near the rate of the
-// plain shared-memory form, and is the conversion exact (subnormal codes included)?
+// Probe for the MXFP8 engine design in docs/mxfp8.md ("A third engine, designed and probed, not
+// built"; its ceiling is the BF16 rate): does a bf16 wgmma with its A operand in registers,
+// converted each k-step from E4M3 codes in shared memory (times the block's power-of-two
+// scale), run near the rate of the plain shared-memory form, and is the conversion exact
+// (subnormal codes included)?
 //
 //   nvcc -std=c++17 -O3 -gencode arch=compute_90a,code=sm_90a -Icsrc \
 //        -o /tmp/rs_probe benchmarks/probes/rs_wgmma_probe.cu && /tmp/rs_probe

@@ -1,4 +1,4 @@
-// Probe for the MXFP8 codes engine's stage rate (docs/fp8-plan.md, perf-log session 23): on
+// Probe for the MXFP8 codes engine's stage rate (docs/perf-log.md, MXFP8, 2026-12-04): on
 // DeepSeek E=256 T=2048 (64 rows per expert) the codes FC1 takes 4.14 ms and our BF16 FC1
 // 4.01 ms - the same k-blocks per second on half the bytes. Which part of the load path sets
 // that rate? This kernel runs only the engine's ring - a TMA producer thread and a consumer
