@@ -19,6 +19,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
 
   // schedule
   m.def("build_schedule", &mok::build_schedule);
+  m.def("check_routing_map", &mok::check_routing_map);
 
   // epilogues
   m.def("activation_forward", &mok::activation_forward);
@@ -43,6 +44,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
 
   // grouped GEMM tile engine
   m.def("grouped_gemm", &mok::grouped_gemm);
+  m.def("grouped_wgrad_accumulate", &mok::grouped_wgrad_accumulate);
   m.def("timeout_reports", &mok::timeout_reports);
 
   // megakernels

@@ -130,6 +130,19 @@ void grouped_gemm(const at::Tensor& a, const at::Tensor& w, const at::Tensor& of
                   const c10::optional<at::Tensor>& h_out,
                   const c10::optional<at::Tensor>& w_scales, int64_t timeout_ns, int64_t rank);
 
+// schedule/routing_map_check.cu: a routing map [T, E] (bool) with more than topk experts
+// selected for a token stops with a report naming the token (no host sync). rank: named by
+// the report.
+void check_routing_map(const at::Tensor& routing_map, int64_t topk, int64_t rank);
+
+// gemm/grouped_wgrad.cu (sm90 tile engine): grads[e] += A[rows of e]^T B[rows of e] for A
+// [rows, M], B [rows, N] bf16, grads an int64 address per expert of a row-major fp32 [M, N]
+// (Megatron's main_grad), each element added once: the separate backward's weight gradients
+// under gradient-accumulation fusion.
+void grouped_wgrad_accumulate(const at::Tensor& a, const at::Tensor& b,
+                              const at::Tensor& offsets, const at::Tensor& grads, int64_t m_dim,
+                              int64_t n_dim, int64_t timeout_ns, int64_t rank);
+
 // megakernel/moe_forward.cu: pull-dispatch + FC1/activation + FC2 + push-combine in one
 // persistent launch. precision "mxfp8": act is rounded to MXFP8 along F before FC2 reads it,
 // and the published rows are FP8 wire rows (wire_row_bytes, wire_code_bytes, wire_block:

@@ -3,18 +3,19 @@
 Megatron's DDP gives every Parameter an fp32 ``main_grad`` (a view into its gradient buffer)
 and, after each Parameter's AccumulateGrad, adds ``param.grad`` into it - unless the layer
 already did and said so with ``param.grad_added_to_main_grad = True``, as Megatron's own linears
-do under ``--gradient-accumulation-fusion`` (tensor_parallel/layers.py). The backward
-megakernel's weight-gradient tiles then add their fp32 accumulators into ``main_grad``, one add
+do under ``--gradient-accumulation-fusion`` (tensor_parallel/layers.py). The expert
+weight-gradient tiles then add their fp32 accumulators into ``main_grad``, one add
 per element (an output tile is owned by one block, so the result is main_grad + dW exactly,
 bit-identical run to run), and autograd gets the same placeholder gradients Megatron's linears
 return: they keep DDP's per-parameter hook firing (its bucket's reduce is started from there)
 while the hook skips its add.
 
 Used where Megatron's linears would fuse too - the flag is on and every expert weight has a
-``main_grad`` - and where the result is the fused one: fp32 main_grads and
-``backward_kernel: megakernel``. Otherwise the gradients go through autograd in bf16 and DDP
-adds them, as Megatron does without the fusion (said once in the log when the flag asked for
-more).
+``main_grad`` - with fp32 main_grads, on either backward: the backward megakernel's tiles, or
+the separate backward's weight-gradient launch (ops.grouped_wgrad_accumulate: the same tiles
+on their own), so every recipe keeps Megatron's numerics (TE's grouped linears accumulate the
+weight gradient in fp32 too). With bf16 main_grads the gradients go through autograd in bf16
+and DDP adds them, as Megatron does (said once in the log).
 """
 
 from __future__ import annotations
@@ -62,8 +63,7 @@ def _check_main_grad(name: str, weight: torch.Tensor, grad: torch.Tensor) -> Non
             f"{weight.device}")
 
 
-def main_grad_targets(params: tuple, order: Optional[list], backward_megakernel: bool
-                      ) -> Optional[MainGradTargets]:
+def main_grad_targets(params: tuple, order: Optional[list]) -> Optional[MainGradTargets]:
     """`params`: the call's autograd weight inputs - (w1, w2) stacked, or every expert's w1
     then every expert's w2; `order`: the expert in each stacked row
     (expert_weights.stack_expert_pair), None for stacked weights. None where the fusion does
@@ -76,11 +76,6 @@ def main_grad_targets(params: tuple, order: Optional[list], backward_megakernel:
     if any(g.dtype != torch.float32 for g in grads):
         _say_once("gradient-accumulation fusion with non-fp32 main_grads: the expert weight "
                   "gradients are bf16 and DDP adds them")
-        return None
-    if not backward_megakernel:
-        _say_once("gradient-accumulation fusion: with backward_kernel: separate the expert "
-                  "weight gradients are bf16 and DDP adds them; backward_kernel: megakernel "
-                  "adds them into main_grad in fp32")
         return None
     device = grads[0].device
     if order is None:  # one stacked main_grad per weight: its rows, in order

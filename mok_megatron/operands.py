@@ -152,7 +152,15 @@ class Bf16Operands:
         return _grouped(dh, plan.w1, sched.offs)
 
     def wgrad(self, plan, sched, dout, act, dh, rows):
-        """-> (dW1, dW2), stacked."""
+        """-> (dW1, dW2), stacked; or, where Megatron's main_grads take the gradients
+        (plan.main_grads: gradient-accumulation fusion), (None, None) once they are added into
+        them in fp32 in place (ops.grouped_wgrad_accumulate), as Megatron's fused linears do."""
+        if plan.main_grads is not None:
+            for a, b, grads in ((dout, act, plan.main_grads.dw2),
+                                (dh, rows, plan.main_grads.dw1)):
+                ops.grouped_wgrad_accumulate(a, b, sched.offsets, grads,
+                                             timeout_ns=plan.ws.timeout_ns, rank=plan.ws.rank)
+            return None, None
         dw2 = _grouped(dout.t(), act, sched.offs)
         dw1 = _grouped(dh.t(), rows, sched.offs)
         return dw1, dw2

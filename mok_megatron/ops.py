@@ -96,6 +96,15 @@ def build_schedule(peer_bases, ids_offset, probs_offset, count_offset, world, ma
                                row_slot, row_prob)
 
 
+def check_routing_map(routing_map: torch.Tensor, topk: int, rank: int = 0) -> None:
+    """Stop, with a report naming the token, where a routing map [T, E] (bool, on the GPU)
+    selects more than ``topk`` experts for a token; no host sync (routing.py)."""
+    _check(routing_map.is_cuda and routing_map.dtype == torch.bool and routing_map.dim() == 2,
+           f"routing_map must be a bool [T, E] CUDA tensor, got {routing_map.dtype} "
+           f"{tuple(routing_map.shape)} on {routing_map.device}")
+    extension().check_routing_map(routing_map.contiguous(), topk, rank)
+
+
 def _pad16(n: int) -> int:
     return -(-n // 16) * 16
 
@@ -488,6 +497,22 @@ def grouped_gemm(a: torch.Tensor, w: torch.Tensor, offsets: torch.Tensor, out: t
     act_id = _epilogue_id(activation, row_prob, rank)
     extension().grouped_gemm(a, w, offsets, row_prob, act_id, out, h_out, w_scales, timeout_ns,
                              rank)
+
+
+def grouped_wgrad_accumulate(a: torch.Tensor, b: torch.Tensor, offsets: torch.Tensor,
+                             grads: torch.Tensor, *, timeout_ns: int = 10**10,
+                             rank: int = 0) -> None:
+    """``grad[e] += a[rows of e].T @ b[rows of e]`` in fp32, in place, for every expert ``e``
+    (rows ``offsets[e]:offsets[e+1]``, int32 on the device): ``a`` [rows, M] and ``b``
+    [rows, N] bf16, ``grads`` int64 [E], the address of each expert's contiguous fp32 [M, N]
+    gradient (Megatron's main_grad). Each element gets one add: the same bits every run."""
+    for name, t in (("a", a), ("b", b)):
+        _cuda(name, t, torch.bfloat16)
+        _check(t.dim() == 2, f"{name} must be 2-D [rows, cols], got {tuple(t.shape)}")
+    _cuda("offsets", offsets, torch.int32)
+    _cuda("grads", grads, torch.int64)
+    extension().grouped_wgrad_accumulate(a, b, offsets, grads, a.shape[1], b.shape[1],
+                                         timeout_ns, rank)
 
 
 MEGAKERNEL_BLOCK_M = 128  # csrc/config/kernel_config.cuh kGemmBlockM

@@ -301,8 +301,7 @@ def _run(ws: Workspace, call: MoECall, recipe: Recipe, accumulate_main_grad: boo
     forward_megakernel = knobs.forward_kernel == "megakernel"
     backward_megakernel = knobs.backward_kernel == "megakernel"
     w_inputs = (call.w1, call.w2) if order is None else (*call.w1, *call.w2)
-    main_grads = (main_grad_targets(w_inputs, order, backward_megakernel)
-                  if accumulate_main_grad else None)
+    main_grads = main_grad_targets(w_inputs, order) if accumulate_main_grad else None
     recompute = knobs.backward_inputs == "recomputed"
     # The megakernels' rings run only where forward keeps nothing for backward (config.py
     # says so too).

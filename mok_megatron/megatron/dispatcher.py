@@ -12,15 +12,16 @@ experts module's hooks are honoured (or refused) in ``expert_hooks.py`` before t
 
 from __future__ import annotations
 
-from typing import Sequence
+from typing import Optional, Sequence
 
 import torch
 from megatron.core.transformer.moe.token_dispatcher import MoETokenDispatcher
 
 from ..config import Recipe
-from ..functional import moe_experts
+from ..functional import moe_experts, resolve_backend
 from ..routing import topk_from_routing_map
 from .expert_hooks import ExpertHooks
+from .recipe import layer_recipe
 from .validation import MokConfigError, activation_name
 
 # How the routed experts' modules are named in errors (their path under the MoE layer).
@@ -57,9 +58,18 @@ class MokTokenDispatcher(MoETokenDispatcher):
         # Tokens move inside the fused call.
         return hidden_states, probs
 
-    def experts_compute(self, experts, hidden_states, probs) -> torch.Tensor:
-        """dispatch -> experts -> combine for this rank's tokens: [T, H] -> [T, H]."""
-        ids, topk_probs = topk_from_routing_map(self.routing_map, probs, self.topk)
+    def experts_compute(self, experts, hidden_states, probs,
+                        layer_number: Optional[int] = None) -> torch.Tensor:
+        """dispatch -> experts -> combine for this rank's tokens: [T, H] -> [T, H].
+        `layer_number`: the MoE layer's (global, 1-based), which picks its recipe
+        (recipe.layer_recipe: Megatron's first and last BF16 layers)."""
+        recipe = layer_recipe(self.recipe, self.config, layer_number)
+        # The CUDA backend's calls never synchronize: a routing map with more than top-k
+        # experts for a token stops in a kernel there, and raises on the host elsewhere.
+        on_device = resolve_backend(recipe, hidden_states.device) == "cuda"
+        ids, topk_probs = topk_from_routing_map(self.routing_map, probs, self.topk,
+                                                on_device=on_device,
+                                                rank=getattr(self, "ep_rank", 0))
         self.routing_map = None
         if self.expert_hooks is None:
             check_expert_linears(experts)
@@ -74,7 +84,7 @@ class MokTokenDispatcher(MoETokenDispatcher):
             w2,
             group=self.ep_group if self.ep_size > 1 else None,
             activation=self.activation,
-            recipe=self.recipe,
+            recipe=recipe,
             accumulate_main_grad=self.config.gradient_accumulation_fusion,
         )
 

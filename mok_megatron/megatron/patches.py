@@ -121,7 +121,11 @@ def patch_moe_layer() -> None:
 
         if not isinstance(self.token_dispatcher, MokTokenDispatcher):
             return routed_experts_compute(self, hidden_states, probs)
-        return self.token_dispatcher.experts_compute(self.experts, hidden_states, probs), None
+        # A multi-token-prediction layer runs in the model's FP8 whatever its number, as in
+        # Megatron (its layers are numbered 1..k outside the decoder's first / last BF16 rule).
+        layer_number = None if getattr(self, "is_mtp_layer", False) else self.layer_number
+        return self.token_dispatcher.experts_compute(self.experts, hidden_states, probs,
+                                                     layer_number), None
 
     MoELayer.__init__ = _mark(__init__)
     MoELayer.routed_experts_compute = _mark(mok_routed_experts_compute)

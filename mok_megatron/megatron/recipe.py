@@ -12,12 +12,13 @@ holds for the whole process: every MoE layer and every config check reads it.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import os
 import sys
 from typing import Optional
 
-from ..config import Recipe, load_recipe
+from ..config import FP8_PRECISIONS, Recipe, load_recipe
 
 RECIPE_FLAG = "--mok-recipe"
 RECIPE_ENV = "MOK_RECIPE"
@@ -53,3 +54,28 @@ def active_recipe() -> Recipe:
 @functools.lru_cache(maxsize=None)
 def _load(source: str) -> Recipe:
     return load_recipe(source)
+
+
+def is_bf16_layer(config, layer_number: Optional[int]) -> bool:
+    """Whether Megatron keeps the MoE layer of transformer layer ``layer_number`` (1-based and
+    global, as ``MoELayer.layer_number``) in BF16: ``--first-last-layers-bf16`` with
+    ``--num-layers-at-start-in-bf16`` / ``--num-layers-at-end-in-bf16`` (Megatron's
+    fp8_utils.is_first_last_bf16_layer on layer_number - 1). None (a multi-token-prediction
+    layer, or a MoE layer outside a transformer block) runs outside that rule, in the model's
+    FP8, as in Megatron."""
+    if not config.first_last_layers_bf16 or layer_number is None:
+        return False
+    index = layer_number - 1
+    return index >= 0 and (index < config.num_layers_at_start_in_bf16
+            or index >= config.num_layers - config.num_layers_at_end_in_bf16)
+
+
+def layer_recipe(recipe: Recipe, config, layer_number: Optional[int]) -> Recipe:
+    """The recipe one MoE layer runs: an FP8 recipe's routed experts run BF16 (same kernel
+    knobs) in the layers Megatron keeps in BF16 (is_bf16_layer), as alltoall's experts do
+    there; any other layer runs ``recipe`` as it is."""
+    if recipe.precision not in FP8_PRECISIONS or not is_bf16_layer(config, layer_number):
+        return recipe
+    # mxfp8_weights is read by mxfp8 alone (config.recipe_problems).
+    return dataclasses.replace(recipe, precision="bf16",
+                               kernel=dataclasses.replace(recipe.kernel, mxfp8_weights="auto"))

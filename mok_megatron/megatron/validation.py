@@ -174,6 +174,25 @@ def _problems(config, recipe: Recipe) -> Iterator[str]:
             "padded expert inputs (--moe-expert-capacity-factor alone, which drops tokens, "
             f"works); remove the flag, {_ALTERNATIVE}"
         )
+    # Megatron's inference turns on padding to capacity at decode time under this flag
+    # (set_decode_expert_padding), after this check, and its router then selects more than
+    # top-k experts per token. Training never reads it, but megatron-core 0.17's argument
+    # validation demands it for local CUDA graphs with EP > 1: accepted there, where a padded
+    # routing map still stops in the conversion (routing.py) rather than run.
+    if (getattr(config, "moe_pad_experts_for_cuda_graph_inference", False)
+            and not _megatron_demands_decode_padding(config)):
+        yield (
+            "moe_pad_experts_for_cuda_graph_inference (--moe-pad-experts-for-cuda-graph-"
+            "inference): Megatron then pads experts to capacity at decode time, a routing map "
+            "with more than top-k experts per token, which mok does not run; remove the flag, "
+            f"{_ALTERNATIVE}"
+        )
+    if config.moe_router_dtype == "fp64":
+        yield (
+            "moe_router_dtype='fp64' (--moe-router-dtype fp64): mok takes the router's "
+            "probabilities in fp32, bf16 or fp16; use --moe-router-dtype fp32"
+        )
+    yield from _expert_weight_problems(config)
     yield from _cuda_graph_problems(config, recipe)
     if config.transformer_impl == "inference_optimized":
         yield (
@@ -193,11 +212,75 @@ def _problems(config, recipe: Recipe) -> Iterator[str]:
         )
 
 
+def _megatron_demands_decode_padding(config) -> bool:
+    from megatron.core import package_info
+
+    return (package_info.VERSION[:2] < (0, 18) and config.cuda_graph_impl == "local"
+            and config.expert_model_parallel_size > 1)
+
+
+def _expert_weight_problems(config) -> Iterator[str]:
+    """Settings under which the experts' weight Parameters are not the bf16 [2F, H] / [H, F]
+    tensors mok's fused call reads, or under which Megatron computes the experts otherwise."""
+    # Both new in 0.19: expert weights sharded further across the expert-tensor-parallel + GTP
+    # axes, each rematerialized by its module's own forward (which mok never runs).
+    shards = getattr(config, "expert_tensor_parallel_num_weight_shards", None)
+    remat = getattr(config, "expert_gtp_weight_remat_size", 1)
+    if (shards is not None and shards > 1) or remat > 1:
+        yield (
+            f"expert_tensor_parallel_num_weight_shards={shards} (expert_gtp_weight_remat_size="
+            f"{remat}; --expert-tensor-parallel-num-weight-shards): mok reads each local "
+            f"expert's whole weights; leave it unset (or 1), {_ALTERNATIVE}"
+        )
+    if config.fp8_param:
+        yield (
+            "fp8_param (--fp8-param-gather): the expert weights would be Transformer Engine "
+            "quantized tensors, while mok reads bf16 weight Parameters (and quantizes them "
+            "itself under its FP8 recipes); remove the flag, "
+            f"{_ALTERNATIVE}"
+        )
+    if getattr(config, "quant_recipe", None) is not None:
+        yield (
+            "quant_recipe (--te-precision-config-file, --kitchen-config-file or "
+            "--kitchen-recipe-number): per-module quantization of the expert linears through "
+            "Transformer Engine or Kitchen, which mok's fused call does not run; the "
+            "routed experts' precision comes from the mok recipe (--mok-recipe); remove the "
+            f"flag, {_ALTERNATIVE}"
+        )
+    if config.activation_func_fp8_input_store:
+        yield (
+            "activation_func_fp8_input_store (--activation-func-fp8-input-store): Megatron's "
+            "backward would start from the activation's input cast to FP8, mok's starts from "
+            f"it in bf16 (recomputed or saved); remove the flag, {_ALTERNATIVE}"
+        )
+
+
 def _precision_problems(config, recipe: Recipe) -> Iterator[str]:
     if config.fp16 or config.params_dtype == torch.float16:
         yield (
             "fp16 (--fp16, or params_dtype=float16): no mok backend computes in fp16 (the kernels "
             f"run bf16); train in bf16 with --bf16, {_ALTERNATIVE}"
+        )
+    elif config.params_dtype != torch.bfloat16 and _may_use_kernels(recipe):
+        yield (
+            f"params_dtype={str(config.params_dtype).replace('torch.', '')} (no --bf16): mok's "
+            f"CUDA kernels run bf16 weights and activations; train in bf16 with --bf16, or run "
+            f"the experts on the PyTorch reference with backend: reference in the recipe, "
+            f"{_ALTERNATIVE}"
+        )
+    if getattr(config, "enable_autocast", False):
+        yield (
+            "enable_autocast (torch.autocast around the forward): alltoall's expert GEMMs would "
+            "run in the autocast dtype from the stored weights, mok's read the weights as "
+            f"stored; keep bf16 parameters (--bf16) instead, {_ALTERNATIVE}"
+        )
+    if (config.fp8 and recipe.precision in FP8_PRECISIONS
+            and config.transformer_impl == "local"):
+        yield (
+            f"fp8={config.fp8!r} (--fp8-format) with --transformer-impl local: alltoall's local "
+            f"expert linears ignore FP8 and run bf16, the {recipe.name!r} mok recipe's run "
+            f"{recipe.precision}; use --transformer-impl transformer_engine, or drop "
+            f"--fp8-format"
         )
     # The routed experts' precision comes from the mok recipe, Megatron's fp8 flags reach the
     # rest of the model: they must agree, or switching from alltoall would change the experts.
@@ -207,11 +290,20 @@ def _precision_problems(config, recipe: Recipe) -> Iterator[str]:
             f"routed experts in {recipe.precision}; pass --mok-recipe mxfp8 (or fp8_blockwise "
             f"with --fp8-recipe blockwise), or drop --fp8-format"
         )
-    if config.fp8 and recipe.precision == "fp8_blockwise" and config.fp8_recipe != "blockwise":
+    # The experts' recipe under alltoall is TE's --fp8-recipe: the mok recipe must be the same.
+    same_recipe = {"fp8_blockwise": "blockwise", "mxfp8": "mxfp8"}.get(recipe.precision)
+    if config.fp8 and same_recipe is not None and config.fp8_recipe != same_recipe:
         yield (
             f"fp8_recipe={config.fp8_recipe!r} (--fp8-recipe) with the {recipe.name!r} mok recipe, "
-            f"whose routed experts run blockwise FP8: pass --fp8-recipe blockwise, or drop "
-            f"--fp8-format"
+            f"whose routed experts run {recipe.precision}: under alltoall Transformer Engine "
+            f"would run them with the {config.fp8_recipe!r} recipe; pass --fp8-recipe "
+            f"{same_recipe}, or drop --fp8-format"
+        )
+    if config.fp8 == "hybrid" and recipe.precision in FP8_PRECISIONS:
+        yield (
+            f"fp8='hybrid' (--fp8-format hybrid) with the {recipe.name!r} mok recipe: Transformer "
+            f"Engine would keep the gradients in E5M2, mok quantizes every operand as E4M3; "
+            f"pass --fp8-format e4m3"
         )
     if _may_use_kernels(recipe) and recipe.precision not in CUDA_PRECISIONS:
         yield no_cuda_kernels(recipe)
@@ -235,6 +327,14 @@ def _activation_problems(config) -> Iterator[str]:
     except MokConfigError as e:
         yield str(e)
         return
+    # Megatron's TE activation builds ReLU for a non-gated SiLU (its TEActivationOp maps
+    # F.silu without GLU to te.pytorch.ops.ReLU, 0.17-0.19): alltoall would compute ReLU.
+    if name == "silu" and config.use_te_activation_func:
+        yield (
+            "non-gated silu with use_te_activation_func (--use-te-activation-func): Megatron's "
+            "Transformer Engine activation computes ReLU for it, mok computes SiLU; leave "
+            "--use-te-activation-func off"
+        )
     # Megatron's fused GEGLU and TE's GELU use the tanh approximation; mok computes exact GELU.
     if name in ("gelu", "geglu") and (config.bias_activation_fusion
                                       or config.use_te_activation_func):

@@ -371,3 +371,22 @@ def expert_hooks() -> dict:
                         "expert_grads": [p.grad for p in layer.experts.parameters()]}
     out["frozen_experts"] = frozen
     return out
+
+
+def first_last_bf16_layers() -> dict:
+    """One mok MoE layer of a 4-layer model with --first-last-layers-bf16 (one BF16 layer at
+    each end) as each of its layer numbers, under the bf16 and the fp8_blockwise mok recipe
+    (reference backend, the same weights): {(recipe, layer number): y}."""
+    from mok_megatron.megatron.recipe import set_recipe
+
+    x = torch.randn(*TOKENS, HIDDEN, generator=torch.Generator().manual_seed(3))
+    outs = {}
+    for recipe in ("bf16", "fp8_blockwise"):
+        set_recipe(recipe)
+        layer = build_moe_layer("mok", seed=5, num_layers=4, first_last_layers_bf16=True,
+                                num_layers_at_start_in_bf16=1, num_layers_at_end_in_bf16=1)
+        for number in range(1, 5):
+            layer.set_layer_number(number)
+            outs[(recipe, number)] = layer(x)[0].detach()
+    set_recipe(None)
+    return outs

@@ -30,7 +30,7 @@ def _per_expert(**kw):
 def test_stacked_rows_in_order():
     w1, w2 = _with_main_grads([torch.randn(E, F1, H, dtype=torch.bfloat16),
                                torch.randn(E, H, F, dtype=torch.bfloat16)])
-    targets = main_grad_targets((w1, w2), None, backward_megakernel=True)
+    targets = main_grad_targets((w1, w2), None)
     assert targets.params == (w1, w2)
     base, row = w1.main_grad.data_ptr(), F1 * H * 4
     assert targets.dw1.tolist() == [base + e * row for e in range(E)]
@@ -40,31 +40,29 @@ def test_stacked_rows_in_order():
 def test_per_expert_in_stacked_order_and_cached():
     w1, w2 = _per_expert()
     order = [2, 0, 1]
-    targets = main_grad_targets((*w1, *w2), order, backward_megakernel=True)
+    targets = main_grad_targets((*w1, *w2), order)
     assert targets.params == (*w1, *w2)
     assert targets.dw1.tolist() == [w1[e].main_grad.data_ptr() for e in order]
     assert targets.dw2.tolist() == [w2[e].main_grad.data_ptr() for e in order]
-    again = main_grad_targets((*w1, *w2), order, backward_megakernel=True)
+    again = main_grad_targets((*w1, *w2), order)
     assert again.dw1 is targets.dw1  # no host copy on later calls (CUDA-graph capture)
 
 
 def test_not_fused_without_main_grad():
     w1, w2 = _per_expert()
     del w2[1].main_grad
-    assert main_grad_targets((*w1, *w2), [0, 1, 2], backward_megakernel=True) is None
+    assert main_grad_targets((*w1, *w2), [0, 1, 2]) is None
 
 
-@pytest.mark.parametrize("why", ["bf16 main_grad", "separate backward"])
-def test_not_fused_said_once(why, caplog, monkeypatch):
+def test_bf16_main_grad_not_fused_said_once(caplog, monkeypatch):
     monkeypatch.setattr(main_grad, "_said", set())  # what earlier tests said is forgotten
-    w1, w2 = _per_expert(dtype=torch.bfloat16 if why == "bf16 main_grad" else torch.float32)
+    w1, w2 = _per_expert(dtype=torch.bfloat16)
     with caplog.at_level(logging.WARNING, logger="mok_megatron.main_grad"):
         for _ in range(2):
-            assert main_grad_targets((*w1, *w2), [0, 1, 2],
-                                     backward_megakernel=why == "bf16 main_grad") is None
+            assert main_grad_targets((*w1, *w2), [0, 1, 2]) is None
     said = [r.getMessage() for r in caplog.records if "DDP adds them" in r.getMessage()]
     assert len(said) == 1, said
-    assert ("non-fp32" in said[0]) == (why == "bf16 main_grad")
+    assert "non-fp32" in said[0]
 
 
 @pytest.mark.parametrize("bad", ["shape", "contiguity"])
@@ -73,14 +71,14 @@ def test_malformed_main_grad_refused(bad):
     w1[1].main_grad = (torch.zeros(F1, H + 1) if bad == "shape"
                        else torch.zeros(H, F1).t())
     with pytest.raises(ValueError, match="main_grad"):
-        main_grad_targets((*w1, *w2), [0, 1, 2], backward_megakernel=True)
+        main_grad_targets((*w1, *w2), [0, 1, 2])
 
 
 def test_placeholders_follow_megatron():
     w1, w2 = _per_expert()
     w2[0].zero_out_wgrad = True
     del w2[2].grad_added_to_main_grad
-    targets = main_grad_targets((*w1, *w2), [0, 1, 2], backward_megakernel=True)
+    targets = main_grad_targets((*w1, *w2), [0, 1, 2])
     grads = placeholder_grads(targets)
     assert [g is None for g in grads] == [False] * 5 + [True]
     assert all(g.shape == p.shape and g.dtype == p.dtype for g, p in zip(grads[:5], targets.params[:5]))

@@ -134,6 +134,26 @@ REFUSED = {
     "activation_recompute": (
         dict(recompute_granularity="selective", recompute_modules=["moe_act"]),
         ["'moe_act'", "'moe'"]),
+    # Megatron's decode-time expert padding: routing maps with more than top-k experts.
+    "pad_for_cuda_graph_inference": (
+        dict(moe_pad_experts_for_cuda_graph_inference=True),
+        ["--moe-pad-experts-for-cuda-graph-inference", "more than top-k", "alltoall"]),
+    "router_fp64": (
+        dict(moe_router_dtype="fp64"), ["--moe-router-dtype fp64", "--moe-router-dtype fp32"]),
+    "expert_weight_shards": (
+        dict(expert_tensor_parallel_num_weight_shards=2),
+        ["--expert-tensor-parallel-num-weight-shards", "leave it unset", "alltoall"]),
+    "fp8_input_store": (
+        dict(activation_func_fp8_input_store=True),
+        ["--activation-func-fp8-input-store", "remove the flag", "alltoall"]),
+    "te_silu_is_relu": (
+        dict(gated_linear_unit=False, use_te_activation_func=True),
+        ["non-gated silu with use_te_activation_func", "computes ReLU",
+         "leave --use-te-activation-func off"]),
+    "autocast": (dict(enable_autocast=True), ["enable_autocast", "--bf16", "alltoall"]),
+    "quant_recipe": (
+        dict(quant_recipe="recipe_config"),
+        ["--te-precision-config-file", "--mok-recipe", "alltoall"]),
 }
 
 
@@ -145,6 +165,10 @@ def test_unsupported_setting_is_refused(case):
         # Settings newer than this megatron-core (moe_paged_stash and the rank capacity factor
         # arrived in 0.18): nothing to refuse.
         pytest.skip(f"this megatron-core has no {sorted(missing)}")
+    if overrides.get("quant_recipe") == "recipe_config":
+        from megatron.core.quantization.quant_config import RecipeConfig
+
+        overrides = {**overrides, "quant_recipe": RecipeConfig([], {})}
     if overrides.get("activation_func") == "quick_gelu":
         from megatron.core.fusions.fused_bias_geglu import quick_gelu
 
@@ -300,3 +324,77 @@ def test_fp8_blockwise_recipe_on_the_cuda_backend_is_refused(monkeypatch, tmp_pa
         TransformerConfig(**VALID, bf16=True)
     assert "precision fp8_blockwise has no CUDA kernels yet" in str(error.value)
     assert "backend: reference" in str(error.value)
+
+
+# Megatron's FP8 flags with a mok FP8 recipe: (mok recipe, overrides, None where accepted,
+# else words of the refusal). Under alltoall Transformer Engine runs the experts with
+# --fp8-format / --fp8-recipe: mok's recipe must be that one.
+FP8_SETTINGS = {
+    "mxfp8_tensorwise": ("mxfp8", dict(fp8="e4m3", fp8_recipe="tensorwise"),
+                         ["fp8_recipe='tensorwise' (--fp8-recipe)", "pass --fp8-recipe mxfp8"]),
+    "mxfp8_delayed": ("mxfp8", dict(fp8="e4m3", fp8_recipe="delayed"),
+                      ["fp8_recipe='delayed'", "pass --fp8-recipe mxfp8"]),
+    "mxfp8_blockwise": ("mxfp8", dict(fp8="e4m3", fp8_recipe="blockwise"),
+                        ["fp8_recipe='blockwise'", "pass --fp8-recipe mxfp8"]),
+    "mxfp8_mxfp8": ("mxfp8", dict(fp8="e4m3", fp8_recipe="mxfp8"), None),
+    "mxfp8_hybrid": ("mxfp8", dict(fp8="hybrid", fp8_recipe="mxfp8"),
+                     ["fp8='hybrid' (--fp8-format hybrid)", "E5M2", "pass --fp8-format e4m3"]),
+    "blockwise_hybrid": ("fp8_blockwise", dict(fp8="hybrid", fp8_recipe="blockwise"),
+                         ["fp8='hybrid'", "pass --fp8-format e4m3"]),
+    "fp8_param": ("fp8_blockwise", dict(fp8="e4m3", fp8_recipe="blockwise", fp8_param=True),
+                  ["fp8_param (--fp8-param-gather)", "remove the flag", "alltoall"]),
+    "local_linears": ("fp8_blockwise",
+                      dict(fp8="e4m3", fp8_recipe="blockwise", transformer_impl="local"),
+                      ["--transformer-impl local", "run bf16",
+                       "use --transformer-impl transformer_engine"]),
+}
+
+
+@pytest.mark.parametrize("case", list(FP8_SETTINGS))
+def test_fp8_settings_follow_the_mok_recipe_or_are_refused(monkeypatch, case):
+    from megatron.core.transformer import transformer_config
+
+    recipe, overrides, words = FP8_SETTINGS[case]
+    monkeypatch.setenv("MOK_RECIPE", recipe)
+    # Megatron refuses MoE FP8 without Transformer Engine, which this machine may not have.
+    monkeypatch.setattr(transformer_config, "is_te_min_version", lambda *args, **kwargs: True)
+    if words is None:
+        assert TransformerConfig(**VALID, bf16=True, **overrides).fp8 == overrides["fp8"]
+        return
+    with pytest.raises(MokConfigError) as error:
+        TransformerConfig(**VALID, bf16=True, **overrides)
+    for word in words:
+        assert word in str(error.value), f"{word!r} not in: {error.value}"
+
+
+def test_fp32_parameters_are_refused_where_the_kernels_would_run(monkeypatch, tmp_path):
+    """The CUDA kernels run bf16: an fp32 model is refused when its config is built (not at
+    the first call), where they would run; the reference backend runs it."""
+    monkeypatch.setenv("MOK_RECIPE", recipe_file(tmp_path, precision="bf16", backend="cuda"))
+    with pytest.raises(MokConfigError) as error:
+        TransformerConfig(**VALID)
+    assert "params_dtype=float32 (no --bf16)" in str(error.value)
+    assert "backend: reference" in str(error.value)
+    reference = tmp_path / "reference"  # recipes are cached by path
+    reference.mkdir()
+    monkeypatch.setenv("MOK_RECIPE", recipe_file(reference, precision="bf16",
+                                                 backend="reference"))
+    assert TransformerConfig(**VALID).params_dtype == torch.float32
+
+
+@pytest.mark.parametrize("megatron_version,refused", [((0, 17), False), ((0, 19), True)])
+def test_decode_padding_flag_only_where_megatron_does_not_demand_it(monkeypatch,
+                                                                     megatron_version, refused):
+    """megatron-core 0.17's argument validation demands --moe-pad-experts-for-cuda-graph-
+    inference for local CUDA graphs with EP > 1 (training never reads it; a padded routing map
+    still stops in the conversion): accepted there, refused elsewhere."""
+    from megatron.core import package_info
+
+    monkeypatch.setattr(package_info, "VERSION", (*megatron_version, 0, ""))
+    overrides = dict(moe_pad_experts_for_cuda_graph_inference=True, cuda_graph_impl="local",
+                     expert_model_parallel_size=2, bf16=True)
+    if not refused:
+        assert TransformerConfig(**VALID, **overrides).moe_pad_experts_for_cuda_graph_inference
+        return
+    with pytest.raises(MokConfigError, match="--moe-pad-experts-for-cuda-graph-inference"):
+        TransformerConfig(**VALID, **overrides)

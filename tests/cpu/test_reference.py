@@ -262,13 +262,13 @@ def test_topk_from_routing_map():
         [1, 0, 0, 0, 0, 1],
         [0, 0, 0, 0, 1, 0],  # fewer experts than slots: trailing slot unused
         [0, 0, 0, 0, 0, 0],  # no expert at all
-        [1, 1, 1, 0, 0, 0],  # more experts than slots: the lowest ids are kept
+        [0, 0, 1, 0, 0, 1],
     ], dtype=torch.bool)
     dense = torch.rand(routing_map.shape, generator=torch.Generator().manual_seed(0),
                        dtype=torch.float64).requires_grad_()
     ids, probs = topk_from_routing_map(routing_map, dense, topk=2)
 
-    assert ids.tolist() == [[1, 3], [0, 5], [4, -1], [-1, -1], [0, 1]]
+    assert ids.tolist() == [[1, 3], [0, 5], [4, -1], [-1, -1], [2, 5]]
     expected = [[dense[t, e].item() if e >= 0 else 0.0 for e in row]
                 for t, row in enumerate(ids.tolist())]
     assert probs.tolist() == expected
@@ -295,3 +295,18 @@ def test_topk_from_routing_map():
 def test_topk_from_routing_map_errors(routing_map, topk, error, match):
     with pytest.raises(error, match=match):
         topk_from_routing_map(routing_map, torch.rand(3, 4), topk)
+
+
+def test_routing_map_with_more_than_topk_experts_is_refused():
+    """A map padded to expert capacity (every expert selected) must not be truncated to the
+    first top-k expert ids, whose probabilities are 0 there: the token's real experts (5 and 7)
+    would vanish and its output be zero. Named by token, on the host (the reference backend's
+    check; the CUDA backend's is a kernel: tests/gpu/test_failures.py)."""
+    routing_map = torch.zeros(4, 8, dtype=torch.bool)
+    routing_map[:, [1, 6]] = True
+    routing_map[2] = True
+    probs = torch.zeros(4, 8)
+    probs[2, 5], probs[2, 7] = 0.6, 0.4
+    with pytest.raises(ValueError, match="token 2 selects 8 experts, more than "
+                                         "moe_router_topk = 2"):
+        topk_from_routing_map(routing_map, probs, topk=2)

@@ -2,12 +2,15 @@
 
     python tests/gpu/failure_cases.py bad_id KERNEL WORLD BAD_RANK ID DTYPE
     python tests/gpu/failure_cases.py stall WORLD STALLED_RANK
+    python tests/gpu/failure_cases.py padded_routing_map
 
 bad_id: expert id ID (as DTYPE, int32 or int64) planted at token 3, slot 1 of rank BAD_RANK,
 forward + backward through the CUDA path (KERNEL: separate or megakernel) at EP=WORLD
 (emulated on one GPU when WORLD > 1). stall: rank STALLED_RANK's (>= 1: rank 0 runs the EP=1 warm-up) forward megakernel starts
 with every block's arrival ticket past the row-pulling ones, so its FC1 tiles wait for rows
-nobody pulls. Both print what they ran to stdout; test_failures.py reads the reports.
+nobody pulls. padded_routing_map: Megatron's routing map with every expert selected for token
+2 (expert padding to capacity), converted for the CUDA backend (routing.py, on the device).
+Each prints what it ran to stdout; test_failures.py reads the reports.
 """
 
 from __future__ import annotations
@@ -57,9 +60,24 @@ def stall(world: int, stalled_rank: int) -> None:
     print("FINISHED without an error", flush=True)
 
 
+def padded_routing_map() -> None:
+    from mok_megatron.routing import topk_from_routing_map
+
+    routing_map = torch.zeros(64, 8, dtype=torch.bool, device="cuda")
+    routing_map[:, [1, 6]] = True
+    routing_map[2] = True
+    probs = torch.rand(64, 8, device="cuda") * routing_map
+    print("running a routing map with 8 experts for token 2, top-2", flush=True)
+    ids, _ = topk_from_routing_map(routing_map, probs, 2, on_device=True, rank=3)
+    torch.cuda.synchronize()
+    print(f"FINISHED without an error: ids of token 2 {ids[2].tolist()}", flush=True)
+
+
 if __name__ == "__main__":
     case, *args = sys.argv[1:]
     if case == "bad_id":
         bad_id(args[0], int(args[1]), int(args[2]), int(args[3]), args[4])
+    elif case == "padded_routing_map":
+        padded_routing_map()
     else:
         stall(int(args[0]), int(args[1]))

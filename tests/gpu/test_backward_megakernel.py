@@ -133,37 +133,56 @@ def _run_into_main_grads(problem, layout: str, flag: bool, seed: int = 11,
     return {n: t.cpu() for n, t in start.items()}, after, weights, out
 
 
+# The backwards whose weight gradients go into main_grad: the megakernel's tiles, and the
+# separate backward's weight-gradient launch (ops.grouped_wgrad_accumulate) on every recipe,
+# after either forward.
+MAIN_GRAD_BACKWARDS = {
+    "megakernel": MEGAKERNEL_PATH,
+    "separate": {"forward_kernel": "megakernel", "backward_inputs": "saved"},
+    "separate_recomputed": {},
+    "separate_mxfp8": {"precision": "mxfp8"},
+    "separate_fp8_blockwise": {"precision": "fp8_blockwise"},
+}
+# main_grad's change against the reference's dW: the reference rounds dW to bf16 (~1.1e-3
+# rel-L2 by itself), main_grad's is not; under an FP8 recipe the kernel tolerance of the recipe.
+MAIN_GRAD_VS_REFERENCE = {"bf16": 4e-3, "mxfp8": gpu_checks.TOLERANCE["mxfp8"],
+                          "fp8_blockwise": gpu_checks.TOLERANCE["fp8_blockwise"]}
+
+
+@pytest.mark.parametrize("backward", MAIN_GRAD_BACKWARDS)
 @pytest.mark.parametrize("layout", ["stacked", "views", "reversed_views", "separate"])
-def test_weight_gradients_accumulate_into_main_grad(layout):
+def test_weight_gradients_accumulate_into_main_grad(layout, backward):
     """accumulate_main_grad (Megatron's gradient-accumulation fusion): the weight-gradient
     tiles add dW into each weight's fp32 main_grad once, in place - the change matches the
     bf16 gradients of the same backward within bf16 rounding and the reference within the
     kernel tolerance, an expert without rows leaves its main_grad's bits untouched, and two
     runs give the same bits; autograd gets Megatron's placeholders with
     grad_added_to_main_grad set (so DDP skips its add); dx and dprobs are the bf16 path's."""
+    knobs = MAIN_GRAD_BACKWARDS[backward]
+    precision = knobs.get("precision", "bf16")
     spec = SPECS[3]  # empty_expert: the last expert gets no rows
     problem = spec.build()
     max_tokens = max(spec.tokens_per_rank)
-    bf16 = gpu_checks.run_cuda(problem, 0, None, max_tokens, **MEGAKERNEL_PATH)
-    reference = gpu_checks.run_cuda(problem, 0, None, max_tokens, backend="reference")
-    start, after, weights, out = _run_into_main_grads(problem, layout, flag=True)
-    _, again, _, _ = _run_into_main_grads(problem, layout, flag=True)
+    bf16 = gpu_checks.run_cuda(problem, 0, None, max_tokens, **knobs)
+    reference = gpu_checks.run_cuda(problem, 0, None, max_tokens, backend="reference",
+                                    precision=precision)
+    start, after, weights, out = _run_into_main_grads(problem, layout, flag=True, knobs=knobs)
+    _, again, _, _ = _run_into_main_grads(problem, layout, flag=True, knobs=knobs)
     for name in ("dx", "dprobs"):
         assert torch.equal(out[name], bf16[name]), name
     for name in ("w1", "w2"):
         added = after[name] - start[name]
         err = rel_l2(added, bf16["d" + name].float())
         assert err < 1e-2, (name, err)
-        # The reference's dW is rounded to bf16 (~1.1e-3 rel-L2 by itself), main_grad's is not.
         ref_err = rel_l2(added, reference["d" + name].float())
-        assert ref_err < 4e-3, (name, ref_err)
+        assert ref_err < MAIN_GRAD_VS_REFERENCE[precision], (name, ref_err)
         empty = added.flatten(1).abs().sum(1) == 0
         assert empty.any() and bool((bf16["d" + name].flatten(1).abs().sum(1) == 0)[empty].all())
         assert torch.equal(after[name][empty], start[name][empty]), name
         assert torch.equal(after[name], again[name]), f"{name}.main_grad differs between runs"
         for t in ([weights[name]] if layout == "stacked" else weights[name]):
             assert t.grad_added_to_main_grad is True
-        print(layout, name, f"main_grad change vs bf16 dW rel-L2 {err:.2e}, vs reference "
+        print(backward, layout, name, f"main_grad change vs bf16 dW rel-L2 {err:.2e}, vs reference "
               f"{ref_err:.2e}")
 
 

@@ -50,6 +50,17 @@ def test_bad_expert_id_stops_with_its_place(kernel, world, rank, bad, dtype, sho
     assert f"outside [0, {4 * world})" in out, out
 
 
+def test_routing_map_with_more_than_topk_experts_stops_with_its_token():
+    """A routing map padded to expert capacity, converted for the CUDA backend: a kernel counts
+    each token's experts and stops with a report naming the token and the EP rank, with no
+    host sync - never the first top-k expert ids with zero probabilities."""
+    proc, _ = _run(CASES, "padded_routing_map")
+    out = proc.stdout + proc.stderr
+    assert proc.returncode != 0 and "FINISHED" not in proc.stdout, out
+    assert ("ROUTING MAP (rank 3): token 2 selects 8 experts, more than moe_router_topk = 2"
+            in out), out
+
+
 def test_stalled_rank_in_megakernel_is_named():
     """Rank 1's megakernel waits for rows nobody pulls: its bounded wait traps after the
     recipe's 2 s, and the user reads which rank, kernel, role, tile and stage - not only

@@ -147,3 +147,64 @@ def test_bad_inputs_raise():
         ops.grouped_gemm(a, w, offsets[:2], out)
     with pytest.raises(RuntimeError, match="positive"):
         ops.grouped_gemm(a, w[:1].expand(2, -1, -1), offsets, out)
+
+
+# Weight gradients added into fp32 gradients (ops.grouped_wgrad_accumulate): expert row counts
+# off every k-block edge (64 rows), empty experts, one row; M and N off the tile edges.
+WGRAD_CASES = {
+    # name: (rows per expert, M, N)
+    "ragged": ([0, 1, 63, 64, 65, 300, 0, 517], 200, 328),
+    "aligned": ([256, 512, 128], 256, 512),
+    "one_expert_tall": ([4096], 136, 264),
+}
+
+
+def _wgrad_problem(counts, m_dim, n_dim, seed=3):
+    g = torch.Generator(device="cuda").manual_seed(seed)
+    offsets = torch.tensor([0] + torch.tensor(counts).cumsum(0).tolist(), dtype=torch.int32,
+                           device="cuda")
+    total, extra = sum(counts), 45
+    # Rows past the experts' end hold NaN: a kernel that read them would show it.
+    a = torch.full((total + extra, m_dim), float("nan"), device="cuda").bfloat16()
+    b = torch.full((total + extra, n_dim), float("nan"), device="cuda").bfloat16()
+    a[:total] = torch.randn(total, m_dim, device="cuda", generator=g).bfloat16()
+    b[:total] = torch.randn(total, n_dim, device="cuda", generator=g).bfloat16()
+    start = torch.randn(len(counts), m_dim, n_dim, device="cuda", generator=g)
+    return a, b, offsets, start
+
+
+@pytest.mark.parametrize("name", WGRAD_CASES)
+def test_grouped_wgrad_accumulates_fp32_in_place(name):
+    """grad[e] += A[rows of e]^T B[rows of e] in fp32, each element once: against a float64
+    oracle within fp32 accumulation error, per-expert gradients (views of one buffer and
+    separate tensors alike, through the address table), empty experts' bits untouched, the
+    same bits on a second run from the same start."""
+    counts, m_dim, n_dim = WGRAD_CASES[name]
+    a, b, offsets, start = _wgrad_problem(counts, m_dim, n_dim)
+    results = []
+    for _ in range(2):
+        grads = [start[e].clone() for e in range(len(counts))]
+        table = torch.tensor([t.data_ptr() for t in grads], dtype=torch.int64, device="cuda")
+        ops.grouped_wgrad_accumulate(a, b, offsets, table)
+        results.append(torch.stack(grads))
+    assert torch.equal(results[0], results[1]), "the gradients differ between runs"
+    for e, n in enumerate(counts):
+        lo = int(offsets[e])
+        if n == 0:
+            assert torch.equal(results[0][e], start[e]), f"expert {e} without rows changed"
+            continue
+        want = start[e].double() + a[lo:lo + n].double().t() @ b[lo:lo + n].double()
+        err = rel_l2(results[0][e] - start[e], want - start[e].double())
+        assert err < 1e-5, (e, err)
+
+
+def test_grouped_wgrad_bad_inputs_raise():
+    a, b, offsets, start = _wgrad_problem([3, 5], 64, 64)
+    table = torch.tensor([start[0].data_ptr(), start[1].data_ptr()], dtype=torch.int64,
+                         device="cuda")
+    with pytest.raises(ValueError, match="must be torch.bfloat16"):
+        ops.grouped_wgrad_accumulate(a.float(), b, offsets, table)
+    with pytest.raises(RuntimeError, match="address per expert"):
+        ops.grouped_wgrad_accumulate(a, b, offsets, table[:1])
+    with pytest.raises(RuntimeError, match="same rows"):
+        ops.grouped_wgrad_accumulate(a[:-1], b, offsets, table)

@@ -75,6 +75,9 @@ CASES = {
     "local_whole_layer_megakernels_main_grad": dict(
         impl="local", modules=[], layer="TransformerLayer", grad_accum_fusion=True,
         knobs={"forward_kernel": "megakernel", "backward_kernel": "megakernel"}),
+    # The same fusion on the separate backward (ops.grouped_wgrad_accumulate).
+    "local_whole_layer_main_grad": dict(
+        impl="local", modules=[], layer="TransformerLayer", grad_accum_fusion=True, knobs={}),
     # A TransformerLayer's manager wraps the whole layer under 'attn' too.
     "local_attn": dict(impl="local", modules=["attn"], layer="TransformerLayer", knobs={}),
     "local_moe_router": dict(impl="local", modules=["moe_router"], layer="MoETransformerLayer",

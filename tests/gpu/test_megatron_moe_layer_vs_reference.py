@@ -50,6 +50,9 @@ CASES = {
         knobs={"forward_kernel": "megakernel", "backward_kernel": "megakernel"},
         precision="bf16", launched="moe_backward_megakernel", bound=2e-2,
         grad_accum_fusion=True),
+    # The separate backward adds the expert weight gradients into the fp32 main_grads itself.
+    "separate_main_grad": dict(knobs={}, precision="bf16", launched="grouped_wgrad_accumulate",
+                               bound=2e-2, grad_accum_fusion=True),
     "mxfp8": dict(knobs={}, precision="mxfp8", launched="grouped_gemm", bound=5e-2),
 }
 
