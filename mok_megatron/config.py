@@ -129,8 +129,8 @@ class KernelKnobs:
 
 # kernel.mxfp8_weights: auto keeps a layer's MXFP8 weights rounded to bf16 from this many
 # average rows per local expert up, as codes below: the per-tile conversion costs more than
-# the weight bytes it saves once a weight tile is reused by this many rows (perf-log sessions
-# 20 and 22: at 128 rows rounded ran 6-30% faster on both forward kernels, at 64 codes 2%).
+# the weight bytes it saves once a weight tile is reused by this many rows (docs/perf-log.md,
+# MXFP8, 2026-12-04: at 128 rows rounded ran 6-30% faster on both forward kernels, at 64 codes 2%).
 MXFP8_ROUNDED_MIN_ROWS = 128
 
 # Precisions whose expert GEMMs read FP8 operands (mxfp8.py, fp8_blockwise.py).

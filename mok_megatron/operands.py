@@ -18,7 +18,7 @@ orientations (mxfp8_weights.py) and kept in one of two forms (kernel.mxfp8_weigh
 - codes (one byte each): forward and dgrad on the tile engine that dequantizes them to bf16
   in shared memory per tile (csrc/gemm/sm90/mx_weight_stage.cuh), FC1's activation its
   epilogue. It beat the FP8 engine (E4M3 MMAs promoted per 32 of K with row x column scales)
-  on every GEMM of the recipe, 0.62-0.81x its time (perf-log sessions 18-19), so that variant
+  on every GEMM of the recipe, 0.62-0.81x its time (docs/perf-log.md, MXFP8, 2026-12-03/04), so that variant
   was removed;
 - rounded (their bf16 values, two bytes each): the same tile engine multiplying them as
   plain bf16 weights, no per-tile conversion - faster where a weight tile is reused by many
@@ -33,7 +33,7 @@ rows for wgrad (fp8_blockwise.py); forward and dgrad run on the FP8 grouped GEMM
 rows dispatched as FP8 codes as under mxfp8 and pulled as codes, the other activation
 operands quantized per call; wgrad as under mxfp8 (the operands rounded to their blocks,
 torch._grouped_mm): an FP8 wgrad kernel on operands quantized and written transposed took
-1.37-1.56x its time on every layer shape (perf-log session 18).
+1.37-1.56x its time on every layer shape (docs/perf-log.md, Blockwise FP8, 2026-12-03).
 
 Forward's rows kept for backward (saved backward inputs) are kept under both FP8 recipes as
 wgrad reads them, codes along the expert's rows (SegmentCodes), not as bf16 rows.

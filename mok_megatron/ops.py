@@ -22,7 +22,7 @@ FP8_BLOCK = 128  # kFp8ScaleBlock (fp8_blockwise.BLOCK)
 NUM_BARRIER_CHANNELS = 4
 MAX_LOCAL_EXPERTS = 1024  # kGemmMaxExperts: local experts one launch can schedule
 # The blockwise FP8 grouped GEMM's CTAs per cluster unless a call says otherwise: 2 = pairs
-# sharing weight tiles (csrc/gemm/fp8_grouped_gemm.cu; docs/perf-log.md session 28).
+# sharing weight tiles (csrc/gemm/fp8_grouped_gemm.cu; docs/perf-log.md, Blockwise FP8, 2026-12-05).
 FP8_CLUSTER_CTAS = 1
 
 

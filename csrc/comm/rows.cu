@@ -72,7 +72,7 @@ __global__ void pull_fp8_rows_kernel(const int64_t* __restrict__ peer_bases,
 // lane takes 16 codes at a time; `block` (a multiple of 16) codes share a scale code. As in
 // copy_row, kRowVecsInFlight vectors (and their scale codes) are loaded before the first is
 // converted and stored: with one load in flight per lane the pull ran at 0.95 TB/s against
-// the bf16 pull's 4.2 (perf-log session 20).
+// the bf16 pull's 4.2 (docs/perf-log.md, MXFP8, 2026-12-04).
 __global__ void pull_fp8_rows_dequantized_kernel(
     const int64_t* __restrict__ peer_bases, int64_t peer_offset,
     const int32_t* __restrict__ row_slot, const int32_t* __restrict__ num_rows, int64_t per_rank,

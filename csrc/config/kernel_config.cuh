@@ -69,7 +69,7 @@ constexpr int kFp8ScaleBlock = 128;  // 1 x 128 activation blocks, 128 x 128 wei
 // in groups of kFp8TileGroupMBlocks m-blocks (sm90::group_order), so one wave's CTAs share A
 // and W in L2. Both are options of the call (ops.fp8_grouped_gemm: stages, m_group; the same
 // bits), as are CTA pairs sharing weight tiles (cluster_ctas; gemm/fp8_grouped_gemm.cu). None
-// changed the engine's rate (4-6 stages, groups of 1-16, pairs: perf-log session 28): it is
+// changed the engine's rate (4-6 stages, groups of 1-16, pairs: docs/perf-log.md, Blockwise FP8, 2026-12-05): it is
 // bound by its consumers' instructions per k-block.
 constexpr int kFp8MinStages = 5;
 constexpr int kFp8MaxStages = 6;

@@ -294,7 +294,7 @@ constexpr int kPullConvertBarrier = 1;
 // stored its rows of it and fenced them: plain stores, then fence -> named barrier -> the
 // async-proxy fence and one release per m-block; FC1's producer acquires and fences the async
 // proxy before its TMA reads, as for the bulk stores. (The blockwise pull, which copies codes
-// as they are, ran this way until session 34: ~11 GB/s per block at H = 2048; a line through
+// as they are, ran this way until 2026-12-06: ~11 GB/s per block at H = 2048; a line through
 // two shapes' pull times puts a fixed ~120 ns per row per block on it - docs/perf-log.md.)
 template <class WriteRow>
 __device__ inline void pull_wire_rows(const RowSource& src, int64_t tokens_offset,
@@ -354,7 +354,7 @@ __device__ inline void pull_wire_rows_bulk(const RowSource& src, int64_t tokens_
 // Blockwise FP8: each wire row's codes go out as one bulk store, as pull_rows_bulk's rows do,
 // and its scale codes, read by the same lane, are scattered into the transposed scales (the FP8
 // engine's A operand, Fp8Rows) as plain stores, so FC1 multiplies x's codes with no
-// conversion. Measured against pull_wire_rows' converting warps (session 34, one H100): at
+// conversion. Measured against pull_wire_rows' converting warps (2026-12-06, one H100; docs/perf-log.md Blockwise FP8): at
 // H = 2048 the pull 499-521 -> 349-368 us (FC1 had waited for its rows); at H = 7168 768-810 ->
 // 1348-1411 us, unexplained (not the slots' alignment), where FC1 never waits for rows.
 __device__ inline void pull_wire_codes_bulk(const RowSource& src, int64_t tokens_offset,

@@ -20,7 +20,7 @@ namespace mok {
 // magnitudes order as those 15-bit patterns do while NaN and Inf (>= 0x7F80) exceed them all,
 // so the max pattern of a block (two per word: __vmaxu2) is its amax's, or says it holds a NaN
 // or an Inf. (Per-value float compares made the first version of these kernels issue-bound at
-// 1.5-2.1 TB/s, perf-log session 21.)
+// 1.5-2.1 TB/s, docs/perf-log.md MXFP8, both forms, 2026-12-04.)
 constexpr uint32_t kBf16Inf = 0x7F80;
 
 __device__ __forceinline__ uint32_t magnitudes(uint32_t pair) { return pair & 0x7FFF7FFFu; }

@@ -3,7 +3,7 @@
 // K by a dgrad or FC1 (blocks along each row) and along each expert's rows by wgrad (blocks
 // from the segment's first row). Rounding them once per reader (quant/mx_round.cu) read each
 // operand twice and wrote it twice after the pull or kernel that produced it: 1.8 ms of a
-// 14.1 ms MXFP8 backward at DeepSeek E=8 T=4096 (perf-log session 20). Here one pass reads it
+// 14.1 ms MXFP8 backward at DeepSeek E=8 T=4096 (docs/perf-log.md, MXFP8, 2026-12-04). Here one pass reads it
 // once and writes both forms, bit for bit what the one-way kernels write, the rows read from
 // a bf16 matrix or pulled straight from the peers' published rows (a pulled operand never
 // lands unrounded). Rows outside every segment are not written.
@@ -19,7 +19,7 @@
 // segment) x 128 columns (quant/fp8_round_both_block.cuh, shared with the backward
 // megakernel's rounding tiles). The same units along the rows alone are mx_round_segments with
 // 128-row blocks (fp8_round_segments): its own kernel walks a block's rows one at a time per
-// thread, twice (quant/mx_round.cu), and ran at ~0.8 TB/s on act (perf-log session 30).
+// thread, twice (quant/mx_round.cu), and ran at ~0.8 TB/s on act (docs/perf-log.md, Blockwise FP8, 2026-12-05).
 #include <ATen/cuda/CUDAContext.h>
 #include <cuda_bf16.h>
 #include <torch/extension.h>

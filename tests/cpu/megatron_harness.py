@@ -258,7 +258,7 @@ _FRAME = re.compile(r'File "([^"]+)", line \d+ in ')
 def crashed_in_c10d(dump: str) -> bool:
     """A rank's fault dump (faulthandler's) is a segfault or an abort whose first listed thread
     was inside torch.distributed's c10d module (gloo's CPU collectives fail both ways, rarely:
-    session 28's CI saw an abort in a DDP parameter all-gather's wait)."""
+    a CI run on 2026-12-05 saw an abort in a DDP parameter all-gather's wait)."""
     if "Segmentation fault" not in dump and "Fatal Python error: Aborted" not in dump:
         return False
     frame = _FRAME.search(dump)

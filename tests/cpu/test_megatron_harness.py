@@ -60,9 +60,9 @@ def test_other_crashes_fail(tmp_path, fn):
 
 def test_the_dumps_ci_saw_are_recognised():
     """Dumps shaped as the CI crashes' match: the parameter all-gather's innermost frame as
-    session 24's CI printed it (c10d line 2696, `wait`), the reduce-scatter's by its function
+    a CI run printed it on 2026-12-05 (c10d line 2696, `wait`), the reduce-scatter's by its function
     name (those dumps were not kept; the line number here is made up and not matched on), the
-    abort in the same all-gather's wait that session 28's CI printed; a segfault with another
+    abort in the same all-gather's wait that a later CI run printed (2026-12-05); a segfault with another
     frame innermost, or another fatal error inside c10d, does not."""
     site = "/tmp/ci/.venv/lib/python3.12/site-packages"
 

@@ -174,7 +174,7 @@ def test_fp8_grouped_gemm_matches_reference(activation, case):
 def test_fp8_grouped_gemm_special_scale_codes(activation):
     """Scale codes 0 (all-zero and tiny row blocks, a tiny weight block: 2^-127, a subnormal
     factor) and 255 (a NaN row block, a NaN weight block), which an exponent-field shortcut
-    for the scale products (session 31, measured no faster and removed) would get wrong: the
+    for the scale products (2026-12-05, measured no faster and removed; docs/perf-log.md Blockwise FP8) would get wrong: the
     outputs match the reference, NaN exactly where the reference has them."""
     counts, k, n = [200, 77], 640, 512
     offsets, a, w, prob = grouped_case(counts, k, n, seed=11)

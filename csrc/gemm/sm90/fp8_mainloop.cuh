@@ -3,7 +3,7 @@
 // power-of-two scales, one per 1 x kScaleK of an activation row and one per 128 x 128 block of
 // a weight (Fp8BlockScales: the blockwise recipe). MXFP8 runs on the engine that dequantizes
 // weight codes in shared memory instead (gemm/sm90/mx_weight_stage.cuh): promoting per 32 of K
-// with a row x column scale per accumulator cost more than the conversion (perf-log session 19).
+// with a row x column scale per accumulator cost more than the conversion (docs/perf-log.md, MXFP8, 2026-12-03/04).
 //
 // A stage is 128 codes of K: the A tile (kGemmBlockM rows), the B tile (kFp8BlockN weight
 // rows), both 128-byte swizzled by TMA, and the A rows' scale codes of the stage's scale blocks.
@@ -302,7 +302,7 @@ __device__ __forceinline__ void stage_scales(const Ring& ring, int stage, int r,
 // The promotion of block kb waits for its MMAs, and the MMAs of kb + 1 reuse its partial sums,
 // so what lies between one block's MMAs and the next's is this warpgroup's critical path (the
 // other consumer's MMAs fill the tensor cores meanwhile): the promotion's FFMAs and the next
-// MMAs' descriptors. Everything else runs while kb's MMAs do (perf-log session 29): kb's
+// MMAs' descriptors. Everything else runs while kb's MMAs do (docs/perf-log.md, Blockwise FP8, consumer setup, 2026-12-05): kb's
 // scales (read before the stage is released), the weight codes of kb + 1, and a probe of kb +
 // 1's stage whose outcome is branched on only after the promotion, so the branch does not wait
 // for the probe.

@@ -76,7 +76,7 @@ constexpr uint32_t kMxStageTxBytes = kATileBytes + kMxCodeTileBytes + kMxScaleSt
 // Shared-space accesses by 32-bit address. The stage buffers are reached through a generic
 // pointer into dynamic shared memory, which compiles to generic 64-bit loads and stores (LD.E /
 // ST.E): slower than LDS / STS, and their 64-bit addresses cost the registers the consumer does
-// not have (session 18's SASS of this file). Volatile: each stays on its side of the named
+// not have (this file's SASS, 2026-12-03). Volatile: each stays on its side of the named
 // barriers.
 __device__ __forceinline__ uint4 lds_16(uint32_t addr) {
   uint4 v;
@@ -102,7 +102,7 @@ __device__ __forceinline__ void sts_16(uint32_t addr, uint32_t a, uint32_t b, ui
 // (the first's byte offset) gives both. `row`: the row's shared-space address. (Placing each
 // code's bits as a bf16 of value x 2^-120 and scaling with one bf16x2 multiply per pair issues
 // a third of these instructions, none at the conversion units' quarter rate, and was no faster
-// twice - sessions 14 and 22, perf-log: the arithmetic does not bound this stage.)
+// twice - 2026-12-03 and 2026-12-04, docs/perf-log.md MXFP8: the arithmetic does not bound this stage.)
 __device__ __forceinline__ void store_dequantized(uint32_t row, int swizzled, const uint4& codes,
                                                   float factor) {
   const uint32_t* pairs = reinterpret_cast<const uint32_t*>(&codes);
@@ -125,7 +125,7 @@ __device__ __forceinline__ void store_dequantized(uint32_t row, int swizzled, co
 //
 // Registers: the consumer runs at the 168-register launch bound with 128 accumulators, and
 // per-pass addresses and scale indices held across the k-loop were spilled and reloaded every
-// stage (session 18: ncu put 43% of the stall cycles on local-memory loads). So a thread derives
+// stage (2026-12-03: ncu put 43% of the stall cycles on local-memory loads). So a thread derives
 // four offsets per stage and every pass adds compile-time constants: r0 < kMxRowsPerPass, so pass p's
 // row r0 + kMxRowsPerPass * p has r0's swizzle phase (row % 8) and lies in half
 // kMxRowsPerPass * p / kHalfRows.
@@ -170,7 +170,7 @@ struct MxWeightStage {
   // bf16 tile. All kMxThreads threads call it per stage. Every pass's codes and scale code are
   // loaded before the first pass converts: the shared accesses are volatile (they keep their
   // order), so a pass's loads issued after the stores before it waited out their whole
-  // latency each pass - the engine's largest stall (ncu, perf-log session 20).
+  // latency each pass - the engine's largest stall (ncu, docs/perf-log.md MXFP8, 2026-12-04).
   __device__ void convert(uint8_t* b, const uint8_t* scales) const {
     const Offsets o = offsets();
     const uint32_t tile = smem_addr(b);
