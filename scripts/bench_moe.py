@@ -25,6 +25,14 @@ forward megakernel, --mxfp8-megakernels on both), with bytes dispatched per row 
 memory. --streamed adds each path's time per call with the calls issued back to back (the host
 running ahead, as in training) next to the synchronized per-call times, which count a call's
 host time before its first kernel in full (perf-log session 31).
+
+    python scripts/bench_moe.py --suite
+
+runs the whole product's benchmark in under 10 minutes on one H100 (scripts/bench_suite.py):
+every suite shape x recipe x kernel path and the baselines, correctness first, into
+benchmarks/results/<card>-<date>/ (--out overrides). Started without torchrun, the script runs
+itself under torchrun with one process per visible GPU (EP = GPUs) and NVLink multicast off;
+--suite --dry-run prints the suite's plan and estimated time without a GPU.
 """
 
 from __future__ import annotations
@@ -34,20 +42,25 @@ import datetime
 import json
 import os
 import platform
+import shlex
 import subprocess
 import sys
+import time
 import traceback
 from pathlib import Path
 
-import torch
-import torch.distributed as dist
-import torch.nn.functional as F
+STARTED = time.monotonic()  # what the suite's running total counts from (imports included)
+
+import torch  # noqa: E402
+import torch.distributed as dist  # noqa: E402
+import torch.nn.functional as F  # noqa: E402
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
 from gpu_timing import mean_seconds, per_call_seconds, precondition  # noqa: E402
-from mok_megatron.config import KernelKnobs, Recipe, load_model  # noqa: E402
+from mok_megatron.activations import get_activation  # noqa: E402
+from mok_megatron.config import KernelKnobs, Recipe, load_dispatcher, load_model  # noqa: E402
 from mok_megatron.functional import moe_experts  # noqa: E402
 from mok_megatron import mxfp8_weights  # noqa: E402
 from mok_megatron.symm_moe import (fp8_wire_row, mxfp8_weight_form,  # noqa: E402
@@ -72,6 +85,21 @@ QUANTIZED_PATHS = {"mok_mxfp8": ("mxfp8", "auto", "separate", "separate"),
                                                     "separate"),
                    "mok_fp8_blockwise_megakernels": ("fp8_blockwise", "auto", "megakernel",
                                                      "megakernel")}
+
+# Largest relative L2 error against Megatron's alltoall (BF16) a path may show, per recipe
+# precision, in each of y, dx, dprobs and the weight gradients: BF16 paths agree to bf16
+# rounding; MXFP8 rounds every GEMM operand to 3 mantissa bits (rel-L2 6.8e-2 against alltoall
+# in h200_mxfp8_separate/), blockwise FP8 likewise.
+CHECK_TOLERANCE = {"bf16": 2e-2, "mxfp8": 0.15, "fp8_blockwise": 0.15}
+CHECKED = ("y", "dx", "dprobs", "dw1", "dw2")
+
+# NVLink multicast must stay off (shared/DESIGN.md section 4): NCCL, torch symmetric memory and
+# NVSHMEM read these when they start.
+MULTICAST_OFF = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1",
+                 "NVSHMEM_DISABLE_NVLS": "1"}
+# The command as typed, passed to the processes the script starts under torchrun.
+COMMAND_ENV = "MOK_BENCH_COMMAND"
+DEFAULT_MODELS = ["qwen3_30b_a3b_like", "deepseek_v3_like", "mok_bench"]
 
 
 def log0(*a):
@@ -191,36 +219,47 @@ class MokPath:
         return hidden * 2 if wire is None else wire.row_bytes
 
 
-class MegatronAlltoAll:
-    """Megatron-Core's MoEAlltoAllTokenDispatcher (its own permute, all-to-all with host-read
-    splits, sort by expert, and the reverse) around grouped-GEMM SwiGLU experts with probs
-    applied after the activation, as TEGroupedMLP does."""
+class MegatronBaseline:
+    """Megatron-Core's own token dispatcher around grouped-GEMM SwiGLU experts with probs
+    applied after the activation, as TEGroupedMLP does: "alltoall" (MoEAlltoAllTokenDispatcher:
+    its own permute, all-to-all with host-read splits, sort by expert, and the reverse) or
+    "hybridep" (MoEFlexTokenDispatcher on DeepEP's HybridEP kernels), each as
+    configs/dispatchers/<name>.yaml names it. Both take the same six hooks. Where what the
+    dispatcher requires is not installed, the constructor raises ImportError saying how to
+    install it."""
 
-    def __init__(self, model, num_experts: int):
+    DISPATCHERS = {"alltoall": {"moe_token_dispatcher_type": "alltoall"},
+                   "hybridep": {"moe_token_dispatcher_type": "flex",
+                                "moe_flex_dispatcher_backend": "hybridep"}}
+
+    def __init__(self, model, num_experts: int, dispatcher: str = "alltoall"):
         from megatron.core.process_groups_config import ProcessGroupCollection
-        from megatron.core.transformer.moe.token_dispatcher import MoEAlltoAllTokenDispatcher
+        from megatron.core.transformer.moe.token_dispatcher import (MoEAlltoAllTokenDispatcher,
+                                                                    MoEFlexTokenDispatcher)
         from megatron.core.transformer.transformer_config import TransformerConfig
 
+        load_dispatcher(dispatcher).check_available()
         world, rank = dist.get_world_size(), dist.get_rank()
         local = num_experts // world
         config = TransformerConfig(
             num_layers=1, hidden_size=model.hidden_size, num_attention_heads=8,
             num_moe_experts=num_experts, moe_router_topk=model.topk,
-            moe_ffn_hidden_size=model.moe_ffn_hidden_size, moe_token_dispatcher_type="alltoall",
+            moe_ffn_hidden_size=model.moe_ffn_hidden_size,
             expert_model_parallel_size=world, add_bias_linear=False, bf16=True,
             params_dtype=torch.bfloat16, gated_linear_unit=True, activation_func=F.silu,
-            moe_grouped_gemm=True, moe_permute_fusion=False)
+            moe_grouped_gemm=True, moe_permute_fusion=False, **self.DISPATCHERS[dispatcher])
         pgs = ProcessGroupCollection.use_mpu_process_groups()
+        cls = MoEFlexTokenDispatcher if dispatcher == "hybridep" else MoEAlltoAllTokenDispatcher
         self.num_experts = num_experts
-        self.dispatcher = MoEAlltoAllTokenDispatcher(
-            local, list(range(rank * local, (rank + 1) * local)), config=config,
-            pg_collection=pgs)
+        self.dispatcher = cls(local, list(range(rank * local, (rank + 1) * local)),
+                              config=config, pg_collection=pgs)
 
     def __call__(self, x, ids, probs, w1, w2):
         d = self.dispatcher
         T = x.shape[0]
         routing_map = torch.zeros(T, self.num_experts, dtype=torch.bool, device=x.device)
         routing_map.scatter_(1, ids.long(), True)
+        # fp32, as the probs are: HybridEP takes fp32 probs only.
         dense = torch.zeros(T, self.num_experts, dtype=probs.dtype, device=x.device)
         dense = dense.scatter(1, ids.long(), probs)
         hidden, p = d.dispatch_preprocess(x, routing_map, dense)
@@ -229,7 +268,7 @@ class MegatronAlltoAll:
         offs = torch.cumsum(tokens_per_expert.to(x.device), 0).to(torch.int32)
         h = torch._grouped_mm(hidden, w1.transpose(1, 2), offs=offs)
         gate, up = h.chunk(2, dim=-1)
-        act = (F.silu(gate.float()) * up.float() * permuted_probs.unsqueeze(-1)).to(h.dtype)
+        act = (F.silu(gate.float()) * up.float() * permuted_probs.reshape(-1, 1)).to(h.dtype)
         out = torch._grouped_mm(act, w2.transpose(1, 2), offs=offs)
         out = d.combine_preprocess(out)
         out = d.token_combine(out)
@@ -237,14 +276,14 @@ class MegatronAlltoAll:
 
 
 def optional_baselines() -> dict[str, str]:
-    """flex + HybridEP / DeepEP: run only where the packages import; else say why not."""
+    """flex + HybridEP / DeepEP: whether the packages import (else why not)."""
     status = {}
-    for name, module, attr in (("flex+hybridep", "deep_ep", "HybridEPBuffer"),
-                               ("flex+deepep", "deep_ep", "Buffer")):
+    for name, module, attr, where in (
+            ("flex+hybridep", "deep_ep", "HybridEPBuffer", "timed by --suite"),
+            ("flex+deepep", "deep_ep", "Buffer", "not wired into this benchmark")):
         try:
-            mod = __import__(module)
-            getattr(mod, attr)
-            status[name] = "importable, not yet wired into this benchmark"
+            getattr(__import__(module), attr)
+            status[name] = f"importable, {where}"
         except (ImportError, AttributeError) as err:
             status[name] = f"skipped: {err}"
     return status
@@ -332,11 +371,30 @@ def peak_bytes(step) -> int:
     return int(peak.item())
 
 
+def layer_flops(rows: int, hidden: int, ffn: int, gated: bool, backward: bool) -> int:
+    """FLOPs the expert MLPs must do for `rows` routed token copies (tokens x top-k): forward
+    FC1 (2 rows H F1, F1 = 2F for a gated activation's [gate | up], else F) and FC2 (2 rows F
+    H), so 6 rows H F for SwiGLU; backward twice forward (dgrad and wgrad of each GEMM).
+    Recomputing FC1 in backward (backward_inputs: recomputed) is a setting's cost, not work
+    the layer must do: never counted, so '% of roofline' compares settings on the same work."""
+    fc1_rows = 2 * ffn if gated else ffn
+    forward = 2 * rows * hidden * (fc1_rows + ffn)
+    return forward * (3 if backward else 1)
+
+
 def roofline(model, rows, remote_rows, local_experts, peaks, backward: bool) -> dict:
+    """The three-term floor of one call (shared/DESIGN.md section 4) at the peaks measured in
+    this run: tensor cores (layer_flops / the bf16 grouped-GEMM rate, for every recipe), HBM
+    (weights read once per pass, weight gradients written, expert activations) and NVLink (rows
+    that cross GPUs, per direction); the largest binds."""
     H, Fh = model.hidden_size, model.moe_ffn_hidden_size
-    flops = 6 * rows * H * Fh * (3 if backward else 1)
-    weight_bytes = local_experts * 3 * H * Fh * 2
-    act_bytes = rows * (2 * H + 4 * Fh + 2 * Fh) * 2
+    gated = get_activation(model.activation).gated
+    F1 = 2 * Fh if gated else Fh
+    flops = layer_flops(rows, H, Fh, gated, backward)
+    weight_bytes = local_experts * (F1 + Fh) * H * 2
+    # Per row: x read and y written (H each), h written and read (F1 each), act written and
+    # read (F each), bf16.
+    act_bytes = rows * (2 * H + 2 * F1 + 2 * Fh) * 2
     hbm = weight_bytes * (2 if backward else 1) + act_bytes * (2 if backward else 1)
     if backward:
         hbm += weight_bytes  # forward reads the weights too
@@ -352,6 +410,63 @@ def rel_l2(a, b) -> float:
     return ((a.double() - b.double()).norm() / b.double().norm().clamp_min(1e-30)).item()
 
 
+def clear_grads(leaves) -> None:
+    for t in leaves:
+        t.grad = None
+
+
+def layer_outputs(fn, x, ids, probs, w1, w2, dy) -> list[torch.Tensor]:
+    """One forward + backward through `fn` on leaves x, probs, w1, w2: y and the gradients
+    CHECKED names, of the weights the first two experts' only (full clones of several paths'
+    gradients would not fit beside the weights on the largest shapes)."""
+    leaves = (x, probs, w1, w2)
+    clear_grads(leaves)
+    y = fn(x, ids, probs, w1, w2)
+    y.backward(dy)
+    outs = [y.detach(), x.grad.clone(), probs.grad.clone(), w1.grad[:2].clone(),
+            w2.grad[:2].clone()]
+    clear_grads(leaves)
+    return outs
+
+
+def check_errors(outs, reference) -> dict[str, float]:
+    """The relative L2 error of each output CHECKED names against the reference's."""
+    return {f: rel_l2(a, b) for f, a, b in zip(CHECKED, outs, reference)}
+
+
+def forward_step(fn, x, ids, probs, w1, w2):
+    """The no-grad forward that "fwd" times."""
+    def fwd():
+        with torch.no_grad():
+            fn(x, ids, probs, w1, w2)
+    return fwd
+
+
+def train_step(fn, ids, dy, leaves):
+    """Forward + backward on leaves x, probs, w1, w2, their gradients cleared first."""
+    x, probs, w1, w2 = leaves
+
+    def step():
+        clear_grads(leaves)
+        fn(x, ids, probs, w1, w2).backward(dy)
+    return step
+
+
+def measure_path(fn, x, ids, probs, w1, w2, dy, iters: int, warmup: int) -> dict:
+    """fwd and fwd+bwd seconds (`timed`), bwd their difference; the peak memory of each beyond
+    what was allocated before (fwd+bwd's includes the gradients, grad_bytes), and what forward
+    keeps for backward."""
+    leaves = (x, probs, w1, w2)
+    fwd, both = forward_step(fn, x, ids, probs, w1, w2), train_step(fn, ids, dy, leaves)
+    tf, tb = timed(fwd, iters, warmup), timed(both, iters, warmup)
+    clear_grads(leaves)
+    measured = {"fwd_s": tf, "both_s": tb, "bwd_s": tb - tf, "peak_fwd_bytes": peak_bytes(fwd),
+                "peak_both_bytes": peak_bytes(both),
+                "kept_for_backward_bytes": kept_bytes(lambda: fn(x, ids, probs, w1, w2))}
+    clear_grads(leaves)
+    return measured
+
+
 def run_case(model, variant, tokens, peaks, args, group):
     world = dist.get_world_size()
     spec = model if variant == "full" else model.ep64_equivalent(world)
@@ -359,7 +474,7 @@ def run_case(model, variant, tokens, peaks, args, group):
     x, ids, probs, w1, w2, dy = make_problem(model, E, tokens, args.seed)
     rows, remote = row_counts(ids, E)
     paths = {"mok": mok_path(group, tokens, backward_inputs=args.backward_inputs),
-             "alltoall": MegatronAlltoAll(model, E)}
+             "alltoall": MegatronBaseline(model, E)}
     if args.megakernel or args.mxfp8_megakernel or args.fp8_blockwise_megakernel:
         # The BF16 forward megakernel (backward separate): the mxfp8 megakernel's baseline.
         paths["mok_megakernel_fwd_only"] = mok_path(group, tokens, "megakernel", args.comm_sms,
@@ -399,28 +514,13 @@ def run_case(model, variant, tokens, peaks, args, group):
                                comm_sms_backward=args.comm_sms_backward)
     leaves = [x.requires_grad_(), probs.requires_grad_(), w1, w2]
 
-    # Weight gradients are compared on the first experts only: full clones of both paths'
-    # gradients would not fit beside the weights on the largest shapes.
-    outs = {}
-    for name, fn in paths.items():
-        for t in leaves:
-            t.grad = None
-        y = fn(x, ids, probs, w1, w2)
-        y.backward(dy)
-        outs[name] = [y.detach(), x.grad.clone(), probs.grad.clone(), w1.grad[:2].clone(),
-                      w2.grad[:2].clone()]
-        del y
-    for t in leaves:
-        t.grad = None
-    checks = {name: {f: rel_l2(a, b) for f, a, b in zip(("y", "dx", "dprobs", "dw1", "dw2"),
-                                                         outs[name], outs["alltoall"])}
+    outs = {name: layer_outputs(fn, x, ids, probs, w1, w2, dy) for name, fn in paths.items()}
+    checks = {name: check_errors(outs[name], outs["alltoall"])
               for name in outs if name != "alltoall"}
     check = checks["mok"]
-    # BF16 paths agree with alltoall to bf16 rounding; MXFP8 rounds every GEMM operand to 3
-    # mantissa bits (rel-L2 6.8e-2 against alltoall in h200_mxfp8_separate/).
-    bound = {name: 0.15 for name in QUANTIZED_PATHS}
-    worst = torch.tensor(max(max(c.values()) / bound.get(n, 2e-2) for n, c in checks.items()),
-                         device="cuda")
+    bound = {name: CHECK_TOLERANCE[QUANTIZED_PATHS[name][0]] for name in QUANTIZED_PATHS}
+    worst = torch.tensor(max(max(c.values()) / bound.get(n, CHECK_TOLERANCE["bf16"])
+                             for n, c in checks.items()), device="cuda")
     dist.all_reduce(worst, op=dist.ReduceOp.MAX)
     if worst.item() > 1:
         raise RuntimeError(f"{spec.name} T={tokens}: mok and alltoall disagree: {checks}")
@@ -433,35 +533,12 @@ def run_case(model, variant, tokens, peaks, args, group):
         if name != "mok":
             result[f"check_rel_l2_{name}"] = checks[name]
     for name, fn in paths.items():
-        def fwd():
-            with torch.no_grad():
-                fn(x, ids, probs, w1, w2)
-
-        def step_on(step_leaves):
-            """Forward + backward on leaves x, probs, w1, w2, their gradients cleared first."""
-            sx, sprobs, sw1, sw2 = step_leaves
-
-            def step():
-                for t in step_leaves:
-                    t.grad = None
-                fn(sx, ids, sprobs, sw1, sw2).backward(dy)
-            return step
-
-        both = step_on(leaves)
-
-        tf = timed(fwd, args.iters, args.warmup)
-        tb = timed(both, args.iters, args.warmup)
-        for t in leaves:
-            t.grad = None
-        result["paths"][name] = {"fwd_s": tf, "both_s": tb, "bwd_s": tb - tf,
+        fwd, both = forward_step(fn, x, ids, probs, w1, w2), train_step(fn, ids, dy, leaves)
+        result["paths"][name] = {**measure_path(fn, x, ids, probs, w1, w2, dy, args.iters,
+                                                args.warmup),
                                  "dispatch_bytes_per_row": (
                                      fn.dispatch_bytes_per_row(model.hidden_size)
-                                     if isinstance(fn, MokPath) else model.hidden_size * 2),
-                                 "peak_both_bytes": peak_bytes(both),
-                                 "kept_for_backward_bytes": kept_bytes(
-                                     lambda: fn(x, ids, probs, w1, w2))}
-        for t in leaves:
-            t.grad = None
+                                     if isinstance(fn, MokPath) else model.hidden_size * 2)}
         if name in QUANTIZED_PATHS:
             entry = result["paths"][name]
             local = E // world
@@ -484,8 +561,7 @@ def run_case(model, variant, tokens, peaks, args, group):
             entry = result["paths"][name]
             entry["fwd_stream_s"] = streamed_seconds(fwd, args.iters, args.warmup)
             entry["both_stream_s"] = streamed_seconds(both, args.iters, args.warmup)
-            for t in leaves:
-                t.grad = None
+            clear_grads(leaves)
         if args.cuda_graph and name != "alltoall":
             entry = result["paths"][name]
             entry["fwd_graph_s"] = graph_seconds(fwd, args.iters, args.warmup)
@@ -505,16 +581,15 @@ def run_case(model, variant, tokens, peaks, args, group):
             # calls was kept alive; these leaves' accumulators are made in the warm-up.
             graph_leaves = [t.detach().requires_grad_() for t in leaves]
             try:
-                entry["both_graph_s"] = graph_seconds(step_on(graph_leaves), args.iters,
-                                                      args.warmup)
+                entry["both_graph_s"] = graph_seconds(train_step(fn, ids, dy, graph_leaves),
+                                                      args.iters, args.warmup)
                 entry["bwd_graph_s"] = entry["both_graph_s"] - entry["fwd_graph_s"]
             except RuntimeError as err:  # recorded and shown, never replaced by another time
                 entry["both_graph_error"] = f"{type(err).__name__}: {err}"
                 log0(f"{name}: fwd+bwd CUDA graph failed: {entry['both_graph_error']}")
                 traceback.print_exc()
                 torch.cuda.synchronize()
-            for t in leaves + graph_leaves:
-                t.grad = None
+            clear_grads(leaves + graph_leaves)
     for direction, backward, key in (("fwd", False, "fwd_s"), ("both", True, "both_s")):
         roof = roofline(model, rows, remote, E // world, peaks, backward)
         result[f"roofline_{direction}"] = roof
@@ -645,15 +720,27 @@ def chart(results, path: Path):
     fig.savefig(path, dpi=110)
 
 
-def main(argv=None):
+def parse_args(argv) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--models", nargs="+", default=["qwen3_30b_a3b_like", "deepseek_v3_like",
-                                                   "mok_bench"])
+    p.add_argument("--suite", action="store_true",
+                   help="run the benchmark suite (scripts/bench_suite.py): every suite shape x "
+                        "recipe x kernel path and the baselines, correctness first, writing "
+                        "results.json, chart.png, COMMAND.txt and README.md into "
+                        "benchmarks/results/<card>-<date>/ (or --out); --models, --tokens and "
+                        "--recipe narrow it, --iters, --warmup, --seed and --backward-inputs "
+                        "apply, the other flags do not")
+    p.add_argument("--dry-run", action="store_true",
+                   help="with --suite: print the suite's plan and estimated time, run nothing")
+    p.add_argument("--models", nargs="+", default=None,
+                   help=f"models to time (default: {' '.join(DEFAULT_MODELS)}; with --suite, "
+                        f"every suite model)")
     p.add_argument("--tokens", nargs="+", type=int, default=None,
                    help="tokens per GPU (default: each model's bench.tokens_per_gpu)")
     p.add_argument("--variants", nargs="+", default=["full", "ep64"], choices=["full", "ep64"])
-    p.add_argument("--iters", type=int, default=10)
-    p.add_argument("--warmup", type=int, default=3)
+    p.add_argument("--iters", type=int, default=None,
+                   help="timed calls per measurement (default 10; 5 with --suite)")
+    p.add_argument("--warmup", type=int, default=None,
+                   help="untimed calls before them (default 3; 2 with --suite)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--megakernel", action="store_true",
                    help="also time the megakernel path (kernel.forward_kernel and "
@@ -688,8 +775,7 @@ def main(argv=None):
                    help="row-pulling blocks of the forward megakernel (kernel.comm_sms_forward)")
     p.add_argument("--comm-sms-backward", type=int, default=KernelKnobs.comm_sms_backward,
                    help="dY-pulling blocks of the backward megakernel (kernel.comm_sms_backward)")
-    p.add_argument("--backward-inputs", default=KernelKnobs.backward_inputs,
-                   choices=["saved", "recomputed"],
+    p.add_argument("--backward-inputs", default=None, choices=["saved", "recomputed"],
                    help="what the mok paths keep for backward (kernel.backward_inputs; default: "
                         "the recipe's)")
     p.add_argument("--macrobatch-tokens", type=int, default=KernelKnobs.macrobatch_tokens,
@@ -703,14 +789,70 @@ def main(argv=None):
                         "a CUDA graph")
     p.add_argument("--recipe", nargs="+", default=[], choices=["bf16", "mxfp8", "fp8_blockwise"],
                    help="recipes timed next to bf16 (which always runs): mxfp8 is --mxfp8 (the "
-                        "separate kernels), fp8_blockwise is --fp8-blockwise")
-    p.add_argument("--out", type=Path, default=None)
+                        "separate kernels), fp8_blockwise is --fp8-blockwise; with --suite, the "
+                        "only recipes it runs (default: all)")
+    p.add_argument("--out", type=Path, default=None,
+                   help="folder for the results (default: none written; with --suite, "
+                        "benchmarks/results/<card>-<date>/)")
     args = p.parse_args(argv)
+    if args.dry_run and not args.suite:
+        p.error("--dry-run goes with --suite")
+    if args.iters is None:
+        args.iters = 5 if args.suite else 10
+    if args.warmup is None:
+        args.warmup = 2 if args.suite else 3
+    if not args.suite:
+        args.models = args.models or DEFAULT_MODELS
+        args.backward_inputs = args.backward_inputs or KernelKnobs.backward_inputs
     args.mxfp8 = args.mxfp8 or "mxfp8" in args.recipe
     args.fp8_blockwise = args.fp8_blockwise or "fp8_blockwise" in args.recipe
+    return args
 
-    for var, val in (("NCCL_NVLS_ENABLE", "0"), ("TORCH_SYMM_MEM_DISABLE_MULTICAST", "1"),
-                     ("NVSHMEM_DISABLE_NVLS", "1")):
+
+def suite_module():
+    """scripts/bench_suite.py. It imports this module by name; run as a script, this module is
+    __main__, so it is registered under its name first instead of being imported twice."""
+    sys.modules.setdefault("bench_moe", sys.modules[__name__])
+    import bench_suite
+
+    return bench_suite
+
+
+def relaunch_under_torchrun(argv) -> None:
+    """Started without torchrun: the same command again under torchrun, one process per
+    visible GPU (EP = GPUs), NVLink multicast off; exits with its status. The command as typed
+    goes along for the results' metadata."""
+    gpus = torch.cuda.device_count()
+    if gpus == 0:
+        raise SystemExit("bench_moe.py needs a CUDA GPU (--suite --dry-run needs none)")
+    env = {**os.environ, **MULTICAST_OFF, COMMAND_ENV: shlex.join(["python", sys.argv[0], *argv])}
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone",
+           f"--nproc-per-node={gpus}", str(Path(__file__).resolve()), *argv]
+    print(f"bench_moe.py: {gpus} GPU(s), running under torchrun: {shlex.join(cmd)}", flush=True)
+    raise SystemExit(subprocess.call(cmd, env=env))
+
+
+def command_line(world: int) -> str:
+    """The command that started this run: as typed where the script relaunched itself under
+    torchrun, else the torchrun command."""
+    return os.environ.get(COMMAND_ENV) or shlex.join(
+        ["torchrun", "--nproc-per-node", str(world), *sys.argv])
+
+
+def git_commit() -> str:
+    return subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO,
+                          capture_output=True, text=True).stdout.strip()
+
+
+def main(argv=None):
+    argv = sys.argv[1:] if argv is None else argv
+    args = parse_args(argv)
+    if args.dry_run:
+        suite_module().print_plan(args, world=max(1, torch.cuda.device_count()))
+        return
+    if "LOCAL_RANK" not in os.environ:
+        relaunch_under_torchrun(argv)
+    for var, val in MULTICAST_OFF.items():
         if os.environ.get(var) != val:
             raise SystemExit(f"set {var}={val}: NVLink multicast must stay off")
     torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
@@ -731,6 +873,17 @@ def main(argv=None):
     for name, status in others.items():
         log0(f"baseline {name}: {status}")
 
+    if args.suite:
+        suite_module().run(args, group, peaks, others)
+    else:
+        run_cases(args, group, peaks, others)
+    dist.barrier()
+    dist.destroy_process_group()
+
+
+def run_cases(args, group, peaks, others):
+    """The cases the flags ask for, each printed and written as it is measured."""
+    world = dist.get_world_size()
     results = []
     for name in args.models:
         model = load_model(name)
@@ -741,20 +894,16 @@ def main(argv=None):
                 results.append(r)
                 torch.cuda.empty_cache()
                 write_results(args, results, peaks, others, world)
-    dist.barrier()
-    dist.destroy_process_group()
 
 
 def write_results(args, results, peaks, others, world):
     """Rewritten after every case, so a run cut short keeps what it measured."""
     if dist.get_rank() == 0 and args.out is not None:
         args.out.mkdir(parents=True, exist_ok=True)
-        commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO,
-                                capture_output=True, text=True).stdout.strip()
         meta = {"date": datetime.datetime.now(datetime.timezone.utc).isoformat(),
-                "gpu": torch.cuda.get_device_name(), "gpus": world, "commit": commit,
+                "gpu": torch.cuda.get_device_name(), "gpus": world, "commit": git_commit(),
                 "torch": torch.__version__, "host": platform.node(),
-                "command": " ".join(["torchrun", f"--nproc-per-node {world}"] + sys.argv),
+                "command": command_line(world),
                 "peaks": peaks, "baselines": others}
         (args.out / "results.json").write_text(json.dumps({"meta": meta, "results": results},
                                                           indent=1))
