@@ -51,15 +51,15 @@ from __future__ import annotations
 
 import abc
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Callable, Optional, Union
+from typing import Callable, Optional, Union
 
 import torch
 
 from . import ops
 from .mxfp8_weights import MxWeight
 
-if TYPE_CHECKING:
-    from .plan import Plan, Schedule
+# The methods' Plan and Schedule are plan.py's, named in annotations only: plan.py imports this
+# module (a plan holds its operands), never the other way round.
 
 
 @dataclass(frozen=True)
@@ -94,7 +94,7 @@ def _grouped(a: torch.Tensor, b: torch.Tensor, offs: torch.Tensor) -> torch.Tens
     return torch._grouped_mm(a, b, offs=offs)
 
 
-def _rows(sched: "Schedule", cols: int) -> torch.Tensor:
+def _rows(sched: Schedule, cols: int) -> torch.Tensor:
     return _buffer(sched.capacity, cols, sched.row_slot.device)
 
 
@@ -109,16 +109,16 @@ class Bf16Operands:
     # both_ways, the pulled rows from pulled_both_ways (separate_path.pull_operand).
     rounds_both = False
 
-    def both_ways(self, sched: "Schedule", x: torch.Tensor):
+    def both_ways(self, sched: Schedule, x: torch.Tensor):
         """A backward operand (dh) as its dgrad and wgrad read it."""
         return x
 
-    def keep_rows(self, sched: "Schedule", rows: torch.Tensor):
+    def keep_rows(self, sched: Schedule, rows: torch.Tensor):
         """What forward keeps of its pulled rows for backward's wgrad (saved backward inputs,
         the separate backward): the rows themselves."""
         return rows
 
-    def megakernel_weights(self, plan: "Plan") -> dict:
+    def megakernel_weights(self, plan: Plan) -> dict:
         """The forward megakernel's weight arguments (ops.moe_forward_megakernel)."""
         return dict(w1=plan.w1, w2=plan.w2)
 
@@ -127,13 +127,13 @@ class Bf16Operands:
         GEMMs read them (bf16 rows)."""
         return dict(rows=_buffer(n, hidden, device), act=_buffer(n, ffn, device))
 
-    def backward_megakernel_operands(self, plan: "Plan", n: int) -> dict:
+    def backward_megakernel_operands(self, plan: Plan, n: int) -> dict:
         """The backward megakernel's recipe arguments (ops.moe_backward_megakernel: the
         weights, and under an FP8 recipe what its GEMMs read beyond the BF16 launch's, with
         the launch's buffers of n rows of the forms along K)."""
         return dict(w1=plan.w1, w2=plan.w2)
 
-    def fc1(self, plan: "Plan", sched: "Schedule", rows: torch.Tensor):
+    def fc1(self, plan: Plan, sched: Schedule, rows: torch.Tensor):
         """-> (h [cap, F1], act = act(h) * p [cap, F])."""
         h = _grouped(rows, plan.w1.transpose(1, 2), sched.offs)
         act = _rows(sched, plan.ffn)

@@ -330,7 +330,7 @@ def _epilogue_id(activation: Optional[str], row_prob: Optional[torch.Tensor], ra
         _check(row_prob is not None, "an activation epilogue needs row_prob")
         _cuda("row_prob", row_prob, torch.float32)
     _check(0 <= rank < MAX_RANKS, f"rank {rank} outside [0, {MAX_RANKS})")
-    stall_watch.install()
+    stall_watch.install(timeout_reports)
     return -1 if activation is None else ACTIVATION_IDS[activation]
 
 
@@ -511,6 +511,7 @@ def grouped_wgrad_accumulate(a: torch.Tensor, b: torch.Tensor, offsets: torch.Te
         _check(t.dim() == 2, f"{name} must be 2-D [rows, cols], got {tuple(t.shape)}")
     _cuda("offsets", offsets, torch.int32)
     _cuda("grads", grads, torch.int64)
+    stall_watch.install(timeout_reports)
     extension().grouped_wgrad_accumulate(a, b, offsets, grads, a.shape[1], b.shape[1],
                                          timeout_ns, rank)
 
@@ -583,7 +584,7 @@ def moe_forward_megakernel(peer_bases, tokens_offset, slots_offset, offsets, row
     _check(0 <= rank < MAX_RANKS, f"rank {rank} outside [0, {MAX_RANKS})")
     wire_layout = (0, 0, 0) if wire is None else (wire.row_bytes, wire.code_bytes, wire.block)
     precision = "fp8_blockwise" if fp8_blockwise else "mxfp8" if mxfp8 else "bf16"
-    stall_watch.install()
+    stall_watch.install(timeout_reports)
     extension().moe_forward_megakernel(peer_bases, tokens_offset, slots_offset, offsets,
                                        row_slot, row_prob, max_tokens, topk, w1, w2, w1_scales,
                                        w2_scales, precision, *wire_layout,
@@ -671,7 +672,7 @@ def moe_backward_megakernel(peer_bases, tokens_offset: int, inputs_offset: int,
         w1 = f.w1[0]
         along_k = MxBackwardOperands(f.w1_t[0], f.w2_t[0], f.rows_k[0], f.dout_k[0], f.dh_k[0])
         fp8_scales = [f.rows_k[1], f.dout_k[1], f.dh_k[1], f.w1[1], f.w1_t[1], f.w2_t[1]]
-    stall_watch.install()
+    stall_watch.install(timeout_reports)
     extension().moe_backward_megakernel(peer_bases, tokens_offset, inputs_offset, slots_offset,
                                         values_offset, offsets, row_slot, row_prob, max_tokens,
                                         topk, w1, w2, ACTIVATION_IDS[activation], rows, h, act,

@@ -3,7 +3,7 @@
 When a bounded wait inside the forward megakernel or the grouped GEMM engine gives up, the
 kernel writes where it was into host-mapped memory and traps (csrc/gemm/timeout_report.h).
 CUDA itself then only says "unspecified launch failure", at whichever later call synchronizes,
-and every CUDA call after it fails the same way. ``install()``, run by the first launch of
+and every CUDA call after it fails the same way. ``install(ops.timeout_reports)``, run by the first launch of
 such a kernel, makes the process tell the records on stderr before the error's traceback
 (``sys.excepthook``, ``threading.excepthook``) and at exit (``atexit``), wherever the error
 surfaces: reading them is plain host-memory reads, which still work after the trap has ended
@@ -17,10 +17,12 @@ from __future__ import annotations
 import atexit
 import sys
 import threading
+from typing import Callable, Optional
 
 _lock = threading.Lock()
 _told: set[tuple] = set()
 _installed = False
+_read_reports: Optional[Callable[[], list[dict]]] = None
 
 
 def describe(report: dict) -> str:
@@ -35,10 +37,10 @@ def describe(report: dict) -> str:
 
 def tell_new_reports() -> list[str]:
     """Write every report not written yet to stderr; return their lines."""
-    from .ops import timeout_reports
-
+    if _read_reports is None:
+        return []
     try:
-        reports = timeout_reports()
+        reports = _read_reports()
     except RuntimeError:  # no extension (a CPU-only process): nothing can have trapped
         return []
     lines = []
@@ -54,16 +56,17 @@ def tell_new_reports() -> list[str]:
     return lines
 
 
-def install() -> None:
-    """Tell the reports before any uncaught exception's traceback and at exit (once per
-    process; later calls cost a global read)."""
-    global _installed
+def install(read_reports: Callable[[], list[dict]]) -> None:
+    """Tell the reports `read_reports` returns (ops.timeout_reports) before any uncaught
+    exception's traceback and at exit (once per process; later calls cost a global read)."""
+    global _installed, _read_reports
     if _installed:
         return
     with _lock:
         if _installed:
             return
         _installed = True
+        _read_reports = read_reports
         outer_excepthook = sys.excepthook
         outer_thread_excepthook = threading.excepthook
 

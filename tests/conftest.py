@@ -1,5 +1,7 @@
 """Test selection by hardware (markers are declared in pyproject.toml): `gpu` tests skip
-without a CUDA GPU, `dist` tests skip unless torchrun started several processes on GPUs.
+without a CUDA GPU, `dist` tests skip unless torchrun started several processes on GPUs;
+`slow` tests (minutes each) skip unless a -m expression names them (`-m slow`), so the default
+GPU run fits one sitting and the long runs go separately.
 
 The one-GPU suite emulates EP groups with one stream per rank, each rank's barrier waiting
 for kernels on the others' streams. CUDA_DEVICE_MAX_CONNECTIONS=1 (Megatron's scripts export
@@ -53,7 +55,11 @@ def pytest_collection_modifyitems(config, items):
     world_size = int(os.environ.get("WORLD_SIZE", "1"))
     skip_gpu = pytest.mark.skip(reason="needs a CUDA GPU")
     skip_dist = pytest.mark.skip(reason="needs several CUDA GPUs under torchrun")
+    skip_slow = pytest.mark.skip(reason="slow: select it with -m slow")
+    run_slow = "slow" in (config.option.markexpr or "")
     for item in items:
+        if "slow" in item.keywords and not run_slow:
+            item.add_marker(skip_slow)
         if "gpu" in item.keywords and gpus == 0:
             item.add_marker(skip_gpu)
         if "dist" in item.keywords and (gpus < 2 or world_size < 2):

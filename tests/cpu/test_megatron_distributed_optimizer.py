@@ -18,8 +18,6 @@ import megatron_training
 from megatron_harness import run_distributed
 
 pytest.importorskip("megatron.core")
-pytestmark = pytest.mark.slow
-
 WORLD_SIZE, EP, STEPS = 4, 2, 3
 MOK, MOK_ALIGNED, ALLTOALL = ("mok", False), ("mok", True), ("alltoall", False)
 VARIANTS = {"mok": MOK, "mok_aligned": MOK_ALIGNED, "alltoall": ALLTOALL}

@@ -15,8 +15,6 @@ pytest.importorskip("megatron.core")
 
 from megatron_harness import crashed_in_c10d, run_distributed  # noqa: E402
 
-pytestmark = pytest.mark.slow
-
 # Compiled under c10d's path, so that a fault dump lists its frame as torch's. The segfault is
 # a C call (ctypes.memmove through its function pointer: no Python frame of its own).
 _C10D_SOURCE = textwrap.dedent("""

@@ -11,11 +11,11 @@ ROOT = Path(__file__).resolve().parents[2]
 
 _FAKE = """
 import threading
-from mok_megatron import ops, stall_watch
-ops.timeout_reports = lambda: [{"kernel": "forward megakernel", "rank": 3, "role": "rows ready",
-                                "block": 17, "tile": 42, "stage": 5, "timeout_ms": 2000}]
-stall_watch.install()
-stall_watch.install()
+from mok_megatron import stall_watch
+reports = lambda: [{"kernel": "forward megakernel", "rank": 3, "role": "rows ready",
+                    "block": 17, "tile": 42, "stage": 5, "timeout_ms": 2000}]
+stall_watch.install(reports)
+stall_watch.install(reports)
 """
 
 EXPECTED = ("mok_megatron: TIMEOUT rank 3: a 'rows ready' wait of the forward megakernel gave "

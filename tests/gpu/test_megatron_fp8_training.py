@@ -18,7 +18,8 @@ import pytest
 
 pytest.importorskip("megatron.training")
 
-pytestmark = pytest.mark.gpu
+# Three 100-step training runs (about 200 s on an H100): kept out of the default GPU run.
+pytestmark = [pytest.mark.gpu, pytest.mark.slow]
 
 SCRIPTS = Path(__file__).resolve().parents[2] / "scripts"
 STEPS = 100
