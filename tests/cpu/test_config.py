@@ -34,8 +34,8 @@ def test_every_shipped_config_loads(path: Path) -> None:
 def test_all_expected_configs_ship() -> None:
     assert list_configs("recipes") == ["bf16", "fp8_blockwise", "mxfp8"]
     assert list_configs("dispatchers") == ["alltoall", "hybridep", "mok"]
-    assert list_configs("models") == ["deepseek_v3_like", "mok_bench", "qwen3_30b_a3b_like",
-                                      "tiny"]
+    assert list_configs("models") == ["deepseek_v3_like", "gpt_oss_20b_like", "mixtral_8x7b_like",
+                                      "mok_bench", "qwen3_30b_a3b_like", "tiny"]
 
 
 @pytest.mark.parametrize("name", ["bf16", "mxfp8", "fp8_blockwise"])

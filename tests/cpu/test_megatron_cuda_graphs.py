@@ -31,7 +31,9 @@ ACCEPTED = {
         dict(cuda_graph_impl="local", cuda_graph_modules="attn,moe_router"), None),
     "local_deprecated_flag": (dict(enable_cuda_graph=True), None),
     "local_deprecated_scope": (dict(cuda_graph_impl="local", cuda_graph_scope=["attn"]), None),
-    "local_whole_layer_cuda_backend": (dict(cuda_graph_impl="local"), dict(backend="cuda")),
+    "local_whole_layer_cuda_backend": (
+        dict(cuda_graph_impl="local", bf16=True, params_dtype=torch.bfloat16),
+        dict(backend="cuda")),
     # The fused call runs eagerly between the router and postprocess graphs.
     "local_moe_router_reference_backend": (
         dict(cuda_graph_impl="local", cuda_graph_modules=["moe_router"]),
