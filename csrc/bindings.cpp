@@ -1,5 +1,5 @@
 // The Python module mok_megatron._C: one block per area, each op checked again in
-// mok_megatron/ops.py before it gets here.
+// mok_megatron/cuda/ops.py before it gets here.
 #include <torch/extension.h>
 
 #include "ops.h"

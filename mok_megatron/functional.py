@@ -21,7 +21,7 @@ import torch.distributed as dist
 
 from .config import CUDA_PRECISIONS, Recipe, no_cuda_kernels
 from .inputs import Weights, check_call, check_routing_values
-from .reference import reference_forward
+from .reference.moe import reference_forward
 
 
 def resolve_backend(recipe: Recipe, device: torch.device) -> str:
@@ -60,6 +60,6 @@ def moe_experts(
         check_routing_values(call)  # reads the tensors: a host synchronization
     if backend == "reference":
         return reference_forward(call, group, precision=recipe.precision)
-    from .symm_moe import moe_experts_cuda
+    from .cuda.symm_moe import moe_experts_cuda
 
     return moe_experts_cuda(call, group, recipe, accumulate_main_grad)

@@ -38,7 +38,7 @@ def topk_from_routing_map(routing_map: torch.Tensor, probs: torch.Tensor, topk: 
     if not 1 <= topk <= num_experts:
         raise ValueError(f"topk must be in [1, {num_experts}], got {topk}")
     if on_device:
-        from . import ops
+        from .cuda import ops
 
         ops.check_routing_map(routing_map, topk, rank)
     else:

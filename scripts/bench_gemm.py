@@ -14,7 +14,7 @@ activation operand and the once-per-step weight quantization. With --fp8-blockwi
 blockwise FP8 engine (run_fp8_blockwise) next to torch._scaled_mm and cuBLAS's blockwise GEMM,
 with its ring depths and tile orders (RING_VARIANTS). JSON to --out.
 
-    python scripts/bench_gemm.py --out benchmarks/results/h200_gemm/gemm_engine.json
+    python scripts/bench_gemm.py --out benchmarks/results/<card>-<date>-<what>/gemm_engine.json
 """
 
 from __future__ import annotations
@@ -29,10 +29,10 @@ from pathlib import Path
 import torch
 
 from gpu_timing import median_ms
-from mok_megatron import ops
+from mok_megatron.cuda import ops
 from mok_megatron.config import load_model
-from mok_megatron.fp8_blockwise import engine_row_values, engine_weight_values
-from mok_megatron.mxfp8_weights import quantize_pair, quantize_weight, quantize_weight_transposed
+from mok_megatron.recipes.fp8_blockwise import engine_row_values, engine_weight_values
+from mok_megatron.cuda.mxfp8_weights import quantize_pair, quantize_weight, quantize_weight_transposed
 
 
 def per_gpu_experts(model, variant: str, ep: int) -> int:

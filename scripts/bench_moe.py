@@ -6,7 +6,7 @@ HybridEP / DeepEP where importable (reported as skipped otherwise).
 
     NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 \
     torchrun --nproc-per-node 2 scripts/bench_moe.py --models qwen3_30b_a3b_like \
-        --tokens 2048 4096 8192 --out benchmarks/results/h200x2
+        --tokens 2048 4096 8192 --out benchmarks/results/h200x2-<date>-<what>
 
 Each model runs with its full expert count and as its EP64-equivalent. Outputs are checked
 against each other before timing. Times: CUDA events after warm-up (each timing starts after
@@ -24,7 +24,7 @@ times the quantized recipes next to bf16 in the same run (--mxfp8-megakernel add
 forward megakernel, --mxfp8-megakernels on both), with bytes dispatched per row and peak
 memory. --streamed adds each path's time per call with the calls issued back to back (the host
 running ahead, as in training) next to the synchronized per-call times, which count a call's
-host time before its first kernel in full (perf-log session 31).
+host time before its first kernel in full (docs/perf-log.md, Blockwise FP8, 2026-12-05).
 
     python scripts/bench_moe.py --suite
 
@@ -62,8 +62,8 @@ from gpu_timing import mean_seconds, per_call_seconds, precondition  # noqa: E40
 from mok_megatron.activations import get_activation  # noqa: E402
 from mok_megatron.config import KernelKnobs, Recipe, load_dispatcher, load_model  # noqa: E402
 from mok_megatron.functional import moe_experts  # noqa: E402
-from mok_megatron import mxfp8_weights  # noqa: E402
-from mok_megatron.symm_moe import (fp8_wire_row, mxfp8_weight_form,  # noqa: E402
+from mok_megatron.cuda import mxfp8_weights  # noqa: E402
+from mok_megatron.cuda.symm_moe import (fp8_wire_row, mxfp8_weight_form,  # noqa: E402
                                    quantized_operands)
 
 # The quantized recipes' paths: recipe precision, kernel.mxfp8_weights ("auto" for
@@ -89,7 +89,7 @@ QUANTIZED_PATHS = {"mok_mxfp8": ("mxfp8", "auto", "separate", "separate"),
 # Largest relative L2 error against Megatron's alltoall (BF16) a path may show, per recipe
 # precision, in each of y, dx, dprobs and the weight gradients: BF16 paths agree to bf16
 # rounding; MXFP8 rounds every GEMM operand to 3 mantissa bits (rel-L2 6.8e-2 against alltoall
-# in h200_mxfp8_separate/), blockwise FP8 likewise.
+# in docs/perf-log.md, MXFP8 v1, 2026-12-02), blockwise FP8 likewise.
 CHECK_TOLERANCE = {"bf16": 2e-2, "mxfp8": 0.15, "fp8_blockwise": 0.15}
 CHECKED = ("y", "dx", "dprobs", "dw1", "dw2")
 
@@ -576,7 +576,7 @@ def run_case(model, variant, tokens, peaks, args, group):
                 log0(f"{name}: fwd+bwd CUDA graph {entry['both_graph_error']}")
                 continue
             # Leaves of their own (the same storage) for the captured backward: the first
-            # capture in session 32 failed (cudaErrorStreamCaptureImplicit) after PyTorch
+            # capture on 2026-12-05 failed (cudaErrorStreamCaptureImplicit) after PyTorch
             # warned that a gradient accumulator made on another stream by earlier eager
             # calls was kept alive; these leaves' accumulators are made in the warm-up.
             graph_leaves = [t.detach().requires_grad_() for t in leaves]

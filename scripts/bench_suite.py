@@ -40,10 +40,10 @@ import bench_table
 from bench_moe import (CHECK_TOLERANCE, CHECKED, REPO, STARTED, MegatronBaseline, MokPath,
                        check_errors, command_line, git_commit, layer_flops, layer_outputs,
                        log0, make_problem, measure_path, roofline, row_counts)
-from mok_megatron import mxfp8_weights
+from mok_megatron.cuda import mxfp8_weights
 from mok_megatron.activations import get_activation
 from mok_megatron.config import Recipe, load_model, load_recipe, recipe_problems
-from mok_megatron.workspace import release_workspace
+from mok_megatron.cuda.workspace import release_workspace
 
 
 @dataclass(frozen=True)

@@ -53,7 +53,7 @@ def precondition(seconds: float = 0.3) -> None:
     """Dense bf16 matmuls for about `seconds` before a path is timed, so every path starts
     from the clock and power state sustained tensor-core work leaves (training's): timed right
     after lighter work (a weight quantization loop), a compute-bound path ran up to 10% faster
-    than after a heavy one (perf-log session 22, call 7) - the paths' order in a run was
+    than after a heavy one (docs/perf-log.md, MXFP8 on the forward megakernel, 2026-12-04) - the paths' order in a run was
     deciding their ratios."""
     if not _HEAT:
         _HEAT.extend(torch.randn(2, 8192, 8192, device="cuda", dtype=torch.bfloat16).unbind(0))

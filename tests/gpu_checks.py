@@ -12,13 +12,13 @@ from typing import Optional
 import torch
 import torch.distributed as dist
 
-from mok_megatron import mxfp8_weights, ops, symm_moe
-from mok_megatron import workspace as workspace_mod
+from mok_megatron.cuda import mxfp8_weights, ops, symm_moe
+from mok_megatron.cuda import workspace as workspace_mod
 from mok_megatron.config import KernelKnobs, Recipe
 from mok_megatron.functional import moe_experts
 from mok_megatron.testing import (ProblemSpec, compare, concat_ranks, layer_outputs,
                                   run_layer)
-from mok_megatron.workspace import Workspace
+from mok_megatron.cuda.workspace import Workspace
 
 # The kernels round at the same points as the reference (h, act*p, each expert output, y), so
 # the two differ only by summation order inside the GEMMs: observed ~1e-4 (2026-12-01). Against

@@ -38,7 +38,7 @@ def operands(counts, k, n, seed, special: bool):
 
 
 def case_outputs(counts, k, n, activation, seed, special=False):
-    from mok_megatron import ops
+    from mok_megatron.cuda import ops
 
     if activation == "swiglu":
         n = 2 * max(64, n // 128 * 64)  # gated halves: whole 64-row pieces, as the tests

@@ -20,7 +20,7 @@ sys.path[:0] = [str(REPO), str(REPO / "scripts")]
 import torch  # noqa: E402
 
 from bench_gemm import grouped_problem  # noqa: E402
-from mok_megatron import ops  # noqa: E402
+from mok_megatron.cuda import ops  # noqa: E402
 from mok_megatron.config import load_model  # noqa: E402
 
 
@@ -45,7 +45,7 @@ def main(argv=None):
         def fc2():
             ops.grouped_gemm(act, w2, offsets, y)
     elif args.engine == "mxfp8_dequant":
-        from mok_megatron.mxfp8_weights import quantize_weight
+        from mok_megatron.cuda.mxfp8_weights import quantize_weight
 
         q1, q2 = quantize_weight(w1, halves=2), quantize_weight(w2)
         x_r = ops.mx_round_columns(x)

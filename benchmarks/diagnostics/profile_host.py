@@ -1,7 +1,7 @@
 """Host-side cost of one mok forward (CUDA backend, EP=1, no process group): the time the
 host takes to issue a call, a call's time in a stream of calls (what training sees when the
 host runs ahead), a call synchronized alone (what bench_moe times), and where the host time
-goes: per op of mok_megatron.ops (and torch._grouped_mm) the host time of its calls, the rest
+goes: per op of mok_megatron.cuda.ops (and torch._grouped_mm) the host time of its calls, the rest
 of the call's issue time being Python between them; then cProfile, top functions by own time.
 
     python benchmarks/diagnostics/profile_host.py --model qwen3_30b_a3b_like --experts 8 --tokens 2048
@@ -29,12 +29,12 @@ sys.path.insert(0, str(REPO))
 import torch  # noqa: E402
 
 from layer_problem import one_gpu_forward  # noqa: E402
-from mok_megatron import ops  # noqa: E402
+from mok_megatron.cuda import ops  # noqa: E402
 from mok_megatron.config import load_model  # noqa: E402
 
 
 def per_op_host_seconds(forward, calls: int, synchronized: bool = False) -> tuple[dict, float]:
-    """Host seconds per forward spent inside each op of mok_megatron.ops and torch._grouped_mm
+    """Host seconds per forward spent inside each op of mok_megatron.cuda.ops and torch._grouped_mm
     (inclusive, outermost op only), and the forward's whole issue time; the ops are wrapped
     with timers for the measurement and restored after it. `synchronized`: the device idle
     before each call, as bench_moe times it (an op whose launch waits shows there)."""

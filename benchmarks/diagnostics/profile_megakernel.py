@@ -28,7 +28,7 @@ import torch  # noqa: E402
 
 from bench_gemm import per_gpu_experts  # noqa: E402
 from gpu_timing import median_ms  # noqa: E402
-from mok_megatron import ops  # noqa: E402
+from mok_megatron.cuda import ops  # noqa: E402
 from mok_megatron.config import load_model  # noqa: E402
 
 

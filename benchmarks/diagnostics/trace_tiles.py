@@ -39,7 +39,7 @@ sys.path.insert(0, str(REPO))
 
 import torch  # noqa: E402
 
-from mok_megatron import ops  # noqa: E402
+from mok_megatron.cuda import ops  # noqa: E402
 from layer_problem import one_gpu_forward  # noqa: E402
 from profile_megakernel import build, cases, megakernel  # noqa: E402
 

@@ -20,7 +20,7 @@ REPO = Path(__file__).resolve().parents[2]
 sys.path[:0] = [str(REPO), str(REPO / "scripts")]
 
 from gpu_timing import mean_seconds  # noqa: E402
-from mok_megatron import ops  # noqa: E402
+from mok_megatron.cuda import ops  # noqa: E402
 from mok_megatron.config import load_model  # noqa: E402
 
 

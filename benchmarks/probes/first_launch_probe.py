@@ -28,7 +28,7 @@ sys.path.insert(0, str(REPO / "scripts"))
 
 from gpu_timing import precondition  # noqa: E402
 from layer_problem import one_gpu_forward  # noqa: E402
-from mok_megatron import ops  # noqa: E402
+from mok_megatron.cuda import ops  # noqa: E402
 from mok_megatron.config import load_model  # noqa: E402
 
 CU_LIMIT_STACK_SIZE = 0

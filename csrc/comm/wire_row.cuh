@@ -1,4 +1,4 @@
-// The FP8 wire row (mok_megatron/ops.py Fp8WireRow): a token row as a rank publishes it under
+// The FP8 wire row (mok_megatron/cuda/ops.py Fp8WireRow): a token row as a rank publishes it under
 // an FP8 recipe (quant/mx_round.cu, quantize_wire_rows) - its E4M3 codes in the first
 // code_bytes (padded to 16), then one E8M0 scale code per `block` codes of the row. Pulled as
 // it is, one byte per element crosses NVLink; dequantized, each code times its block's scale

@@ -1,5 +1,5 @@
 // Names of the points where a rank waits on its peers; a timeout report names the stage.
-// Mirrored in mok_megatron/ops.py (Stage).
+// Mirrored in mok_megatron/cuda/ops.py (Stage).
 #pragma once
 
 namespace mok {

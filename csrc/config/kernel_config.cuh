@@ -1,5 +1,5 @@
 // Kernel constants of the GPU path (v1 kernels and the sm90 GEMM tile engine), in one place. The Python side
-// mirrors the ones it needs (mok_megatron/ops.py: MAX_RANKS).
+// mirrors the ones it needs (mok_megatron/cuda/ops.py: MAX_RANKS).
 #pragma once
 
 namespace mok {
@@ -105,7 +105,7 @@ constexpr int kTileQueueDepth = 4;
 constexpr int kTileGroupMBlocks = 4;
 // Macrobatches one megakernel launch can walk (the backward megakernel keeps a table of them in
 // shared memory: megakernel/backward_tiles.cuh); a call whose ring would need more is refused
-// before anything runs (mok_megatron/symm_moe.py check_kernel_call, mirrored by
+// before anything runs (mok_megatron/cuda/symm_moe.py check_kernel_call, mirrored by
 // ops.MAX_MACROBATCHES; the launcher checks again).
 constexpr int kMaxMacrobatches = 256;
 // Backward megakernel under the FP8 recipes: columns of one rounding tile, an m-block's 128 rows

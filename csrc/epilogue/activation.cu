@@ -1,5 +1,5 @@
 // Expert activation with the router probability folded in, on the grouped-GEMM rows.
-// Numerics match mok_megatron/reference.py: fp32 math on bf16 inputs,
+// Numerics match mok_megatron/reference/moe.py: fp32 math on bf16 inputs,
 //   a = round_bf16(act(h) * p)                                  (forward)
 //   dh = round_bf16(act'(h) * dA * p),  dp = sum_f dA * act(h)  (backward, fixed order)
 // Only the first *num_rows rows are touched (a device-side count).

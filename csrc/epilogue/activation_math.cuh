@@ -3,7 +3,7 @@
 
 namespace mok {
 
-// Mirrored in mok_megatron/ops.py (ACTIVATION_IDS).
+// Mirrored in mok_megatron/cuda/ops.py (ACTIVATION_IDS).
 enum ActivationId : int { kSwiglu = 0, kGeglu = 1, kSilu = 2, kGelu = 3, kRelu = 4, kSquaredRelu = 5 };
 
 __host__ __device__ constexpr bool is_gated(int act) { return act == kSwiglu || act == kGeglu; }

@@ -1,8 +1,8 @@
 // Host-side checks of an MXFP8 weight as the tile engine reads it (gemm/sm90/mx_weight_stage.cuh,
-// mok_megatron/mxfp8_weights.py lays it out): E4M3 codes [E, N, K] in 16-byte aligned rows and
+// mok_megatron/cuda/mxfp8_weights.py lays it out): E4M3 codes [E, N, K] in 16-byte aligned rows and
 // experts, and E8M0 scale codes [E, ceil(K / kMxBlock), halves, N / halves padded to 16]; and
 // of a blockwise FP8 weight as the FP8 engine reads it (gemm/sm90/fp8_mainloop.cuh,
-// mok_megatron/fp8_block_weights.py): the same codes, one E8M0 code per 128 x 128 block
+// mok_megatron/cuda/fp8_block_weights.py): the same codes, one E8M0 code per 128 x 128 block
 // [E, ceil(N / 128), ceil(K / 128)].
 #pragma once
 
@@ -23,7 +23,7 @@ inline void check_mx_weight(const char* who, const at::Tensor& w, const at::Tens
   MOK_HOST_CHECK(w.stride(0) % 16 == 0 && w.stride(1) % 16 == 0 &&
                      reinterpret_cast<uintptr_t>(w.data_ptr()) % 16 == 0,
                  who, ": MXFP8 weight codes need 16-byte aligned rows and experts (pad K; "
-                 "mok_megatron/mxfp8_weights.py does)");
+                 "mok_megatron/cuda/mxfp8_weights.py does)");
   MOK_HOST_CHECK(w.size(1) % halves == 0, who, ": a gated weight needs an even N");
   const int64_t blocks = (w.size(2) + kMxBlock - 1) / kMxBlock;
   const int64_t half_rows = w.size(1) / halves;
@@ -44,7 +44,7 @@ inline void check_fp8_block_weight(const char* who, const at::Tensor& w,
   MOK_HOST_CHECK(w.stride(0) % 16 == 0 && w.stride(1) % 16 == 0 &&
                      reinterpret_cast<uintptr_t>(w.data_ptr()) % 16 == 0,
                  who, ": blockwise FP8 weight codes need 16-byte aligned rows and experts (pad "
-                 "K; mok_megatron/fp8_block_weights.py does)");
+                 "K; mok_megatron/cuda/fp8_block_weights.py does)");
   const int64_t row_blocks = (w.size(1) + kFp8ScaleBlock - 1) / kFp8ScaleBlock;
   const int64_t k_blocks = (w.size(2) + kFp8ScaleBlock - 1) / kFp8ScaleBlock;
   MOK_HOST_CHECK(scales.is_cuda() && scales.device() == w.device() &&

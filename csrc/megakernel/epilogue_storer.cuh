@@ -277,7 +277,7 @@ __device__ __forceinline__ uint32_t quantize_staged_fp8(const uint8_t* act, uint
   return scale_codes;
 }
 
-// MXFP8's act as FC2 reads it (mok_megatron/mxfp8.py: bf16(act(h) * p) along F): the staged
+// MXFP8's act as FC2 reads it (mok_megatron/recipes/mxfp8.py: bf16(act(h) * p) along F): the staged
 // activation of activate_staged rounded in place, each row's blocks of kMxBlock columns (four
 // chunks; a tile's first column is a multiple of 64, so no block spans two tiles) at the
 // scale of their amax - the values mx_round_columns writes. The columns of the tile past F

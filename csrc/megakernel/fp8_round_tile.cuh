@@ -1,5 +1,5 @@
 // The backward megakernel's rounding tiles under the blockwise recipe (docs/fp8_blockwise.md
-// has the reference; mok_megatron/operands.py says which GEMM reads which form): the role of
+// has the reference; mok_megatron/cuda/operands.py says which GEMM reads which form): the role of
 // mx_round_tile.cuh with blocks of 128 both ways. dY, x and dh go along K into the FP8
 // engine's A operand (codes and transposed scale codes, buffers of their own) and along the
 // rows into bf16 values in place; act only along the rows.

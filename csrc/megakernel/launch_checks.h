@@ -16,7 +16,7 @@
 namespace mok {
 
 // Most m-blocks a schedule of `rows` rows over E experts can have (each expert's last one
-// partial); mirrored by mok_megatron/ops.py _max_mblocks.
+// partial); mirrored by mok_megatron/cuda/ops.py _max_mblocks.
 inline int64_t max_schedule_mblocks(int64_t rows, int64_t experts) {
   return rows / kGemmBlockM + experts + 1;
 }

@@ -28,7 +28,7 @@
 // Operands: dgrad reads the weights as stored (N-major B), wgrad reads rows of dY, act, dh and
 // x with K = the part's rows (both operands MN-major); no transposed copies.
 // MXFP8 (kMx; recomputed inputs only): every GEMM multiplies MXFP8 values in bf16 with fp32
-// accumulation, the separate path's products (mok_megatron/operands.py): rounding tiles
+// accumulation, the separate path's products (mok_megatron/cuda/operands.py): rounding tiles
 // (megakernel/mx_round_tile.cuh) round dY and x once pulled, act once FC1 has stored it and
 // dh once FC2-dgrad has, along K into rows_k / dout_k / dh_k and along the rows in place; the
 // weights come as MXFP8 values quantized once per optimizer step, W1 along H for FC1 as

@@ -1,5 +1,5 @@
 // The backward megakernel's rounding tiles under MXFP8 (docs/mxfp8.md has the reference; the
-// table in mok_megatron/operands.py says which GEMM reads which form). dY, x and dh are read
+// table in mok_megatron/cuda/operands.py says which GEMM reads which form). dY, x and dh are read
 // twice, along K by a dgrad or FC1 (blocks of 32 along each row) and along the expert's rows
 // by a weight gradient (blocks of 32 rows from the expert's first row), act only by dW2
 // (along the rows). Rounding inside every GEMM stage that reads an operand would round each

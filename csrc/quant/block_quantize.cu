@@ -1,5 +1,5 @@
 // The blockwise FP8 recipe's weight quantizer, bit for bit as
-// mok_megatron/fp8_blockwise.py quantize_weight: w [E, N, K] cut into 128 x 128 blocks (the
+// mok_megatron/recipes/fp8_blockwise.py quantize_weight: w [E, N, K] cut into 128 x 128 blocks (the
 // last ones along N and K short), each block one power-of-two scale 2^e from its amax by
 // MXFP8's rule (quant/mx_format.cuh: mx_scale_exponent), its elements the nearest E4M3 codes
 // of v / 2^e. The scale is stored as its E8M0 code (e + 127; 255 for a block holding a NaN or

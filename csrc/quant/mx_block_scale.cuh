@@ -2,7 +2,7 @@
 // passes (quant/mx_round_both.cu) and the forward megakernel's storer, which rounds act along
 // F as FC2 reads it (megakernel/epilogue_storer.cuh): a block's amax from bf16 bit patterns,
 // its scale once per block, two values per conversion. Bit for bit mx_round of quant/mx_round.cu
-// (the reference's semantics, mok_megatron/mxfp8.py).
+// (the reference's semantics, mok_megatron/recipes/mxfp8.py).
 #pragma once
 
 #include <cuda_bf16.h>

@@ -1,4 +1,4 @@
-// MXFP8 rounding of GEMM operands, bit for bit as mok_megatron/mxfp8.py (the reference):
+// MXFP8 rounding of GEMM operands, bit for bit as mok_megatron/recipes/mxfp8.py (the reference):
 // blocks of kMxBlock consecutive elements along the dimension a GEMM reduces over share one
 // power-of-two scale 2^e, e from the block's amax (mxfp8.scale_exponent), and every element
 // becomes the E4M3 value nearest (ties to even, saturating at +-448) to v / 2^e. The kernels

@@ -1,5 +1,5 @@
 // One operand rounded both ways in one pass: the separate path's backward under an FP8 recipe
-// (mok_megatron/operands.py). Backward reads dY, dh and the recomputed token rows twice, along
+// (mok_megatron/cuda/operands.py). Backward reads dY, dh and the recomputed token rows twice, along
 // K by a dgrad or FC1 (blocks along each row) and along each expert's rows by wgrad (blocks
 // from the segment's first row). Rounding them once per reader (quant/mx_round.cu) read each
 // operand twice and wrote it twice after the pull or kernel that produced it: 1.8 ms of a

@@ -1,5 +1,5 @@
 // Rows kept for backward as FP8 (saved backward inputs under an FP8 recipe,
-// mok_megatron/operands.py SegmentCodes): forward's pulled token rows are read in backward only
+// mok_megatron/cuda/operands.py SegmentCodes): forward's pulled token rows are read in backward only
 // by dW1, along each expert's rows (Q_n), so forward keeps them as exactly that - E4M3 codes
 // and one E8M0 scale code per block of `kBlock` rows of a column, blocks from each segment's
 // (expert's) first row, the last one short - and backward dequantizes them for wgrad: bit for

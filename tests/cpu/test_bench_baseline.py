@@ -51,7 +51,6 @@ def baseline_against_reference(dispatcher: str):
                                                                 w2, dy))
 
 
-@pytest.mark.slow
 @pytest.mark.parametrize("world", [1, 2])
 def test_alltoall_baseline_computes_the_layer(world):
     for errors in run_distributed(world, baseline_against_reference, "alltoall"):
@@ -59,7 +58,6 @@ def test_alltoall_baseline_computes_the_layer(world):
         assert max(errors.values()) <= bench_moe.CHECK_TOLERANCE["bf16"], errors
 
 
-@pytest.mark.slow
 def test_hybridep_baseline_without_hybridep_is_unavailable():
     if importlib.util.find_spec("deep_ep") is not None:
         pytest.skip("DeepEP is installed here")

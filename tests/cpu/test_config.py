@@ -346,7 +346,7 @@ def test_cli_runs_as_module() -> None:
 def test_cuda_precisions_are_the_ones_the_cuda_backend_builds_operands_for():
     """config.CUDA_PRECISIONS (what the backend accepts) and symm_moe's operand table (what it
     runs) name the same precisions: one cannot grow without the other."""
-    from mok_megatron import symm_moe
+    from mok_megatron.cuda import symm_moe
     from mok_megatron.config import CUDA_PRECISIONS
 
     assert set(CUDA_PRECISIONS) == {"bf16", *symm_moe.QUANTIZED_OPERANDS}
@@ -357,8 +357,8 @@ def test_mxfp8_weight_form_auto_picks_by_rows_per_local_expert():
     average rows per local expert (tokens x topk / local experts) up, codes below; a forced
     form is kept whatever the shape."""
     from mok_megatron.config import MXFP8_ROUNDED_MIN_ROWS, KernelKnobs, Recipe
-    from mok_megatron.mxfp8_weights import quantize_pair, round_pair
-    from mok_megatron.symm_moe import mxfp8_weight_form, quantized_operands
+    from mok_megatron.cuda.mxfp8_weights import quantize_pair, round_pair
+    from mok_megatron.cuda.symm_moe import mxfp8_weight_form, quantized_operands
 
     auto = Recipe(precision="mxfp8")
     at = MXFP8_ROUNDED_MIN_ROWS
@@ -373,19 +373,19 @@ def test_mxfp8_weight_form_auto_picks_by_rows_per_local_expert():
 
 
 def test_mxfp8_weight_form_is_logged_once_per_call_shape(caplog):
-    """auto's pick is said (INFO, mok_megatron.symm_moe) the first time a call shape meets it,
+    """auto's pick is said (INFO, mok_megatron.cuda.symm_moe) the first time a call shape meets it,
     not at every call."""
     import logging
 
     from mok_megatron.config import Recipe
-    from mok_megatron.symm_moe import quantized_operands
+    from mok_megatron.cuda.symm_moe import quantized_operands
 
     auto = Recipe(precision="mxfp8")
-    with caplog.at_level(logging.INFO, logger="mok_megatron.symm_moe"):
+    with caplog.at_level(logging.INFO, logger="mok_megatron.cuda.symm_moe"):
         for _ in range(3):
             quantized_operands(auto, 1000, 8, 4)  # 2000 rows per expert: rounded
         quantized_operands(auto, 24, 8, 4)  # 48: codes
-    said = [r.getMessage() for r in caplog.records if r.name == "mok_megatron.symm_moe"]
+    said = [r.getMessage() for r in caplog.records if r.name == "mok_megatron.cuda.symm_moe"]
     assert len(said) == 2, said
     assert "weights as rounded for 1000 tokens" in said[0] and "2000 rows" in said[0]
     assert "weights as codes for 24 tokens" in said[1]

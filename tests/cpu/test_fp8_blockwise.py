@@ -1,4 +1,4 @@
-"""The blockwise FP8 reference (mok_megatron/fp8_blockwise.py) against an independent scalar
+"""The blockwise FP8 reference (mok_megatron/recipes/fp8_blockwise.py) against an independent scalar
 implementation of its documented rules (the scale from its definition, the E4M3 grid
 enumerated), on random blocks and the edge cases its docstring lists; its expert MLP against
 the formulas written out and against the BF16 recipe; the recipe file, the demo and the
@@ -11,7 +11,8 @@ import math
 import pytest
 import torch
 
-from mok_megatron import config, demo, fp8_blockwise as fb
+from mok_megatron import config, demo
+from mok_megatron.recipes import fp8_blockwise as fb
 from mok_megatron.config import ConfigError, load_recipe
 from mok_megatron.functional import resolve_backend
 from mok_megatron.testing import expert_grads, expert_problem
@@ -290,7 +291,7 @@ def test_expert_mlp_follows_the_documented_formulas():
 def test_expert_mlp_against_bf16_within_the_recipe_bounds():
     """Against the BF16 recipe: sum|d| / sum|ref| <= 0.1 and gradient cosine >= 0.996, and
     the same bits on a second run."""
-    from mok_megatron.reference import expert_mlp as bf16_mlp
+    from mok_megatron.reference.moe import expert_mlp as bf16_mlp
 
     problem = expert_problem(256, 256, 128, seed=13)
     ref = expert_grads(bf16_mlp, *problem)

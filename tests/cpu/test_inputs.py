@@ -6,7 +6,7 @@ with its message. Checked on CPU tensors: every check here is shapes, dtypes and
 import pytest
 import torch
 
-from mok_megatron import symm_moe
+from mok_megatron.cuda import symm_moe
 from mok_megatron.config import KernelKnobs, Recipe
 from mok_megatron.inputs import check_call
 from mok_megatron.testing import ProblemSpec

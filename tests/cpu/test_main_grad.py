@@ -1,4 +1,4 @@
-"""When the weight gradients go into Megatron's main_grad (mok_megatron/main_grad.py), and what
+"""When the weight gradients go into Megatron's main_grad (mok_megatron/cuda/main_grad.py), and what
 autograd gets then. The kernel side (the backward megakernel's in-place fp32 adds) is tested on
 a GPU: tests/gpu/test_backward_megakernel.py, tests/gpu/test_megatron_graph_replay.py."""
 
@@ -7,8 +7,8 @@ import logging
 import pytest
 import torch
 
-from mok_megatron import main_grad
-from mok_megatron.main_grad import main_grad_targets, placeholder_grads
+from mok_megatron.cuda import main_grad
+from mok_megatron.cuda.main_grad import main_grad_targets, placeholder_grads
 
 E, F1, H, F = 3, 8, 4, 4
 
@@ -57,7 +57,7 @@ def test_not_fused_without_main_grad():
 def test_bf16_main_grad_not_fused_said_once(caplog, monkeypatch):
     monkeypatch.setattr(main_grad, "_said", set())  # what earlier tests said is forgotten
     w1, w2 = _per_expert(dtype=torch.bfloat16)
-    with caplog.at_level(logging.WARNING, logger="mok_megatron.main_grad"):
+    with caplog.at_level(logging.WARNING, logger="mok_megatron.cuda.main_grad"):
         for _ in range(2):
             assert main_grad_targets((*w1, *w2), [0, 1, 2]) is None
     said = [r.getMessage() for r in caplog.records if "DDP adds them" in r.getMessage()]

@@ -1,4 +1,4 @@
-"""The MXFP8 reference quantizer (mok_megatron/mxfp8.py) against an independent scalar
+"""The MXFP8 reference quantizer (mok_megatron/recipes/mxfp8.py) against an independent scalar
 implementation of the same rules (math.frexp, the E4M3 grid enumerated), on random blocks and
 on the edge cases its docstring documents."""
 
@@ -8,7 +8,7 @@ import random
 import pytest
 import torch
 
-from mok_megatron import mxfp8
+from mok_megatron.recipes import mxfp8
 from mok_megatron.testing import expert_grads, expert_problem
 
 
@@ -149,7 +149,7 @@ def test_expert_mlp_follows_the_documented_formulas():
 def test_expert_mlp_against_bf16_within_the_recipe_bounds():
     """The issue's bounds against the BF16 recipe: sum|d| / sum|ref| <= 0.1 and gradient
     cosine >= 0.996; and the same bits on a second run."""
-    from mok_megatron.reference import expert_mlp as bf16_mlp
+    from mok_megatron.reference.moe import expert_mlp as bf16_mlp
 
     problem = expert_problem(256, 256, 128, seed=6)
     ref = expert_grads(bf16_mlp, *problem)
@@ -181,7 +181,7 @@ def test_mxfp8_megakernels_the_recipe_allows(tmp_path):
     from mok_megatron.config import ConfigError, load_recipe
     from mok_megatron.functional import resolve_backend
     from mok_megatron.inputs import check_call
-    from mok_megatron.symm_moe import check_kernel_call, mxfp8_weight_form
+    from mok_megatron.cuda.symm_moe import check_kernel_call, mxfp8_weight_form
 
     recipe = load_recipe("mxfp8")
     assert resolve_backend(recipe, torch.device("cuda")) == "cuda"
@@ -228,7 +228,7 @@ def test_weight_cache_invalidation(monkeypatch):
     step (any torch optimizer), a version bump, new addresses or shapes, weights_changed();
     the entry lives with its owner tensor. (The quantizer itself is a CUDA kernel, tested on
     the GPU; here it is replaced by a counter.)"""
-    from mok_megatron import mxfp8_weights as mw
+    from mok_megatron.cuda import mxfp8_weights as mw
 
     made = []
     monkeypatch.setattr(mw, "quantize_pair", lambda w1, w2, gated: made.append(None) or object())
@@ -270,9 +270,9 @@ def test_backward_megakernel_operands_per_recipe():
     and codes + scale-code buffers of n rows along K (H for x and dY, F1 for dh)."""
     from types import SimpleNamespace
 
-    from mok_megatron import fp8_block_weights
-    from mok_megatron.mxfp8_weights import MxWeight, Mxfp8Weights, RoundedWeights
-    from mok_megatron.operands import Bf16Operands, Fp8BlockwiseOperands, Mxfp8Operands
+    from mok_megatron.cuda import fp8_block_weights
+    from mok_megatron.cuda.mxfp8_weights import MxWeight, Mxfp8Weights, RoundedWeights
+    from mok_megatron.cuda.operands import Bf16Operands, Fp8BlockwiseOperands, Mxfp8Operands
 
     E, F1, H, F, n = 2, 16, 8, 8, 256
     plan = SimpleNamespace(w1=torch.randn(E, F1, H), w2=torch.randn(E, H, F))

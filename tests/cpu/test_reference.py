@@ -13,7 +13,7 @@ import torch
 from dist_utils import global_view
 
 from mok_megatron.functional import moe_experts
-from mok_megatron.reference import moe_reference
+from mok_megatron.reference.moe import moe_reference
 from mok_megatron.routing import topk_from_routing_map
 from mok_megatron.testing import (
     ACTIVATION_NAMES,

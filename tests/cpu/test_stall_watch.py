@@ -11,7 +11,7 @@ ROOT = Path(__file__).resolve().parents[2]
 
 _FAKE = """
 import threading
-from mok_megatron import stall_watch
+from mok_megatron.cuda import stall_watch
 reports = lambda: [{"kernel": "forward megakernel", "rank": 3, "role": "rows ready",
                     "block": 17, "tile": 42, "stage": 5, "timeout_ms": 2000}]
 stall_watch.install(reports)

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from mok_megatron import ops
+from mok_megatron.cuda import ops
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks" / "diagnostics"))
 import trace_tiles  # noqa: E402

@@ -1,4 +1,4 @@
-"""The symmetric workspace's layout (mok_megatron/workspace.py): regions in order, aligned,
+"""The symmetric workspace's layout (mok_megatron/cuda/workspace.py): regions in order, aligned,
 not overlapping; the `inputs` region only where backward recomputes from the token rows. The
 rows a rank's schedule holds (kernel.schedule_capacity), the barriers a group launches, and
 the publish op's argument checks."""
@@ -6,10 +6,10 @@ the publish op's argument checks."""
 import pytest
 import torch
 
-from mok_megatron import ops
+from mok_megatron.cuda import ops
 from mok_megatron.config import KernelKnobs, Recipe
-from mok_megatron.symm_moe import fp8_wire_row, schedule_rows, workspace_layout
-from mok_megatron.workspace import Workspace, WorkspaceLayout
+from mok_megatron.cuda.symm_moe import fp8_wire_row, schedule_rows, workspace_layout
+from mok_megatron.cuda.workspace import Workspace, WorkspaceLayout
 
 
 def test_regions_are_aligned_and_disjoint():

@@ -28,7 +28,7 @@ import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
 
 import gpu_checks  # noqa: E402
-from mok_megatron import ops, stall_watch  # noqa: E402
+from mok_megatron.cuda import ops, stall_watch  # noqa: E402
 
 KNOBS = {"forward_kernel": "megakernel", "comm_sms_forward": 8, "spin_timeout_ms": 2000}
 

@@ -23,7 +23,7 @@ sys.path[:0] = [os.path.dirname(os.path.dirname(os.path.abspath(__file__)))]
 import torch  # noqa: E402
 
 import gpu_checks  # noqa: E402
-from mok_megatron import ops  # noqa: E402
+from mok_megatron.cuda import ops  # noqa: E402
 
 BAD_TOKEN, BAD_SLOT = 3, 1
 MEGAKERNEL = {"forward_kernel": "megakernel", "comm_sms_forward": 8, "backward_inputs": "saved"}

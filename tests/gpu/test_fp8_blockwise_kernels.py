@@ -1,4 +1,4 @@
-"""The blockwise FP8 recipe's kernels against its reference (mok_megatron/fp8_blockwise.py):
+"""The blockwise FP8 recipe's kernels against its reference (mok_megatron/recipes/fp8_blockwise.py):
 the 1 x 128 row quantizer and the 128 x 128 weight quantizer bit for bit, and the FP8 grouped
 GEMM (csrc/gemm/fp8_grouped_gemm.cu) against the products of the dequantized operands in
 fp32, rounded as the engine rounds.
@@ -14,8 +14,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from mok_megatron import fp8_blockwise, ops
-from mok_megatron.fp8_blockwise import e8m0_values, engine_row_values, engine_weight_values
+from mok_megatron.recipes import fp8_blockwise
+from mok_megatron.cuda import ops
+from mok_megatron.recipes.fp8_blockwise import e8m0_values, engine_row_values, engine_weight_values
 from mok_megatron.activations import get_activation
 
 pytestmark = pytest.mark.gpu

@@ -16,7 +16,8 @@ import pytest
 import torch
 
 import gpu_checks
-from mok_megatron import fp8_blockwise, fp8_block_weights, mxfp8_weights, ops
+from mok_megatron.recipes import fp8_blockwise
+from mok_megatron.cuda import fp8_block_weights, mxfp8_weights, ops
 from mok_megatron.functional import moe_experts
 from test_backward_megakernel import ODD_SPECS
 from test_symm_moe import SPECS

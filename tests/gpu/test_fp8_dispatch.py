@@ -13,9 +13,9 @@ bf16 rows."""
 import pytest
 import torch
 
-from mok_megatron import ops
-from mok_megatron.fp8_blockwise import e8m0_values
-from mok_megatron.workspace import Workspace, WorkspaceLayout
+from mok_megatron.cuda import ops
+from mok_megatron.recipes.fp8_blockwise import e8m0_values
+from mok_megatron.cuda.workspace import Workspace, WorkspaceLayout
 from test_mxfp8_kernels import _edge_rows
 
 pytestmark = pytest.mark.gpu

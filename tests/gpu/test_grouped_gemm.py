@@ -8,7 +8,7 @@ most, ~1e-3 in rel-L2); against the float64 oracle the bf16 rounding alone gives
 import pytest
 import torch
 
-from mok_megatron import ops
+from mok_megatron.cuda import ops
 from mok_megatron.activations import get_activation
 
 pytestmark = pytest.mark.gpu

@@ -12,7 +12,7 @@ import pytest
 import torch
 
 import gpu_checks
-from mok_megatron import ops
+from mok_megatron.cuda import ops
 from test_symm_moe import SPECS
 
 pytestmark = pytest.mark.gpu

@@ -69,7 +69,7 @@ CASES = {
                                           knobs={"forward_kernel": "megakernel",
                                                  "backward_kernel": "megakernel"}),
     # Gradient-accumulation fusion: the backward megakernel adds the expert weight gradients
-    # into DDP's fp32 main_grads in place (mok_megatron/main_grad.py). Also compared with the
+    # into DDP's fp32 main_grads in place (mok_megatron/cuda/main_grad.py). Also compared with the
     # unfused run of the same weights and batches (expert main_grads within bf16 rounding,
     # every other main_grad and the losses bit-identical).
     "local_whole_layer_megakernels_main_grad": dict(
@@ -241,7 +241,7 @@ class Counters:
         import torch
         from megatron.core.transformer import cuda_graphs
 
-        from mok_megatron import ops
+        from mok_megatron.cuda import ops
         from mok_megatron.megatron.dispatcher import MokTokenDispatcher
 
         self.counts = {}

@@ -1,5 +1,5 @@
 """A training step through Megatron's MoELayer with mok's kernels gives the gradients the
-reference backend (mok_megatron/reference.py) gives, on one GPU (EP=1).
+reference backend (mok_megatron/reference/moe.py) gives, on one GPU (EP=1).
 
 Two copies of the same small GPT-MoE (test_megatron_graph_replay.py's model: Megatron's local
 spec, bf16, SwiGLU experts and a shared expert, DDP with fp32 gradient buffers) train for
@@ -71,7 +71,7 @@ def run_case(name: str) -> None:
             f.write(f"precision: {case['precision']}\n")
     model_setup.init_one_gpu_megatron(recipe_path)
 
-    from mok_megatron import ops
+    from mok_megatron.cuda import ops
     from mok_megatron.config import load_recipe
 
     # Launches of the kernel the case is about (the reference backend launches none of them).

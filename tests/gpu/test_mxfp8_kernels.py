@@ -13,7 +13,8 @@ import pytest
 import torch
 
 import gpu_checks
-from mok_megatron import fp8_blockwise, mxfp8, ops
+from mok_megatron.recipes import fp8_blockwise, mxfp8
+from mok_megatron.cuda import ops
 from mok_megatron.activations import get_activation
 from mok_megatron.functional import moe_experts
 from test_backward_megakernel import ODD_SPECS
@@ -392,7 +393,7 @@ def test_quantize_columns_codes_bit_exact(cols):
 def test_quantize_rows_transposed_bit_exact(r, c):
     """Each matrix of w [E, r, c] along its rows, written as codes [E, c, r]: what
     mxfp8.quantize(w[e], dim=0) gives, transposed; short last blocks, edge values."""
-    from mok_megatron.mxfp8_weights import quantize_weight_transposed
+    from mok_megatron.cuda.mxfp8_weights import quantize_weight_transposed
 
     g = torch.Generator().manual_seed(r + c)
     E = 3
@@ -414,7 +415,7 @@ _COUNTS = [0, 1, 63, 64, 65, 130, 0, 257]
 def test_mx_weight_gemm_equals_engine_on_rounded_weights(activation, k, n):
     """The tile engine with weight codes dequantized in shared memory gives, bit for bit, the
     engine's result on the weights mx_round_columns rounds (out and h), every run."""
-    from mok_megatron.mxfp8_weights import quantize_weight
+    from mok_megatron.cuda.mxfp8_weights import quantize_weight
 
     g = torch.Generator(device="cuda").manual_seed(k + n)
     E, rows = len(_COUNTS), sum(_COUNTS)
@@ -459,7 +460,7 @@ def test_weight_codes_dequantize_bit_exact_at_every_scale(activation):
     2^-127 (bf16 subnormal results) to 2^120 and a NaN block: one-hot rows make the GEMM's
     out (or h) the weight's transpose, so every dequantized value is compared bit for bit
     with the engine on the weights mx_round_columns rounds."""
-    from mok_megatron.mxfp8_weights import quantize_weight
+    from mok_megatron.cuda.mxfp8_weights import quantize_weight
 
     g = torch.Generator(device="cuda").manual_seed(11)
     k, n = 256, 128
@@ -517,7 +518,7 @@ def test_dequantizing_engine_matches_products_of_mxfp8_values(activation, k, n):
     non-finite activation block and a NaN weight; NaN exactly where one reaches; rows outside
     the experts untouched; bit-identical over 3 runs. "odd": K not a multiple of 32, a gated F
     of 40."""
-    from mok_megatron.mxfp8_weights import quantize_weight
+    from mok_megatron.cuda.mxfp8_weights import quantize_weight
 
     g = torch.Generator(device="cuda").manual_seed(k + n)
     E, rows = len(_COUNTS), sum(_COUNTS)
@@ -575,7 +576,7 @@ def test_dequantizing_engine_dgrad_orientation(r, c):
     quantize_weight_transposed (codes [E, c, r], blocks along r), against fp32 products of the
     reference's MXFP8 values (W rounded along its rows), rel-L2 <= 2e-3, NaN where a NaN
     weight block reaches, bit-identical over 3 runs."""
-    from mok_megatron.mxfp8_weights import quantize_weight_transposed
+    from mok_megatron.cuda.mxfp8_weights import quantize_weight_transposed
 
     g = torch.Generator(device="cuda").manual_seed(r + c)
     E, rows = len(_COUNTS), sum(_COUNTS)
@@ -608,7 +609,7 @@ def test_dequantizing_engine_dgrad_orientation(r, c):
 def test_fp8_engine_refuses_mxfp8_scales():
     """The FP8 engine runs the blockwise recipe only: MXFP8 weight scales (per 32 of K) are
     refused by name before anything runs."""
-    from mok_megatron.mxfp8_weights import quantize_weight
+    from mok_megatron.cuda.mxfp8_weights import quantize_weight
 
     w = torch.randn(2, 128, 256, device="cuda").bfloat16()
     q = quantize_weight(w)
@@ -634,7 +635,7 @@ def test_rounded_weights_are_the_reference_values():
     the reference quantizer's values (mxfp8.fake_quantize along K for forward, along the
     weight's rows for dgrad, stored transposed as the codes are), odd sizes, blocks far apart
     in scale, NaN where a NaN or Inf block is."""
-    from mok_megatron import mxfp8_weights as mw
+    from mok_megatron.cuda import mxfp8_weights as mw
 
     g = torch.Generator(device="cuda").manual_seed(11)
     w1 = torch.randn(3, 96, 200, device="cuda", generator=g) * 0.05
@@ -662,7 +663,7 @@ def _same_codes(a, b) -> bool:
 def test_weight_cache_quantizes_once_per_step():
     """layer_weights hands back the same codes until an optimizer steps, the weights change
     in place, or weights_changed() is called; under CUDA-graph capture it never caches."""
-    from mok_megatron import mxfp8_weights as mw
+    from mok_megatron.cuda import mxfp8_weights as mw
 
     g = torch.Generator(device="cuda").manual_seed(5)
     w1 = torch.randn(3, 128, 64, device="cuda", generator=g).to(torch.bfloat16)

@@ -10,8 +10,8 @@ import sys
 import pytest
 import torch
 
-from mok_megatron import ops
-from mok_megatron.workspace import WorkspaceLayout
+from mok_megatron.cuda import ops
+from mok_megatron.cuda.workspace import WorkspaceLayout
 
 pytestmark = pytest.mark.gpu
 

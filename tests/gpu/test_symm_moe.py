@@ -8,9 +8,9 @@ import pytest
 import torch
 
 import gpu_checks
-from mok_megatron import ops
+from mok_megatron.cuda import ops
 from mok_megatron.testing import ProblemSpec
-from mok_megatron.workspace import WorkspaceLayout
+from mok_megatron.cuda.workspace import WorkspaceLayout
 
 pytestmark = pytest.mark.gpu
 
@@ -67,7 +67,7 @@ def test_recomputed_backward_bit_identical_to_saved(spec, forward_kernel):
 
 
 def test_workspace_release_and_recreate():
-    from mok_megatron import workspace
+    from mok_megatron.cuda import workspace
 
     first = gpu_checks.run_cuda(SPECS[0].build(), 0, None, max_tokens=512)
     device = torch.device("cuda", torch.cuda.current_device())

@@ -44,7 +44,7 @@ ACTIVATION_IDS = {"swiglu": 0, "geglu": 1, "silu": 2, "gelu": 3, "relu": 4, "squ
 def extension():
     """The compiled extension, or an error that says why it is missing and what to do."""
     try:
-        from . import _C
+        from .. import _C
     except ImportError as err:
         raise RuntimeError(
             "mok_megatron's CUDA extension is not built (import failed: "
@@ -58,7 +58,7 @@ def extension():
 
 def _check(cond: bool, msg: str) -> None:
     if not cond:
-        raise ValueError(f"mok_megatron.ops: {msg}")
+        raise ValueError(f"mok_megatron.cuda.ops: {msg}")
 
 
 def _cuda(name: str, t: torch.Tensor, dtype: Optional[torch.dtype] = None) -> None:

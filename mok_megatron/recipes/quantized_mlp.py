@@ -17,7 +17,7 @@ from typing import Callable
 
 import torch
 
-from .activations import get_activation, weighted_activation_backward
+from ..activations import get_activation, weighted_activation_backward
 
 
 def accumulation_dtype(dtype: torch.dtype) -> torch.dtype:

@@ -27,10 +27,10 @@ from typing import Optional
 import torch
 import torch.distributed as dist
 
-from . import fp8_blockwise, mxfp8
-from .activations import get_activation
-from .inputs import MoECall, Weights, check_call, check_routing_values
-from .quantized_mlp import accumulation_dtype
+from ..activations import get_activation
+from ..inputs import MoECall, Weights, check_call, check_routing_values
+from ..recipes import fp8_blockwise, mxfp8
+from ..recipes.quantized_mlp import accumulation_dtype
 
 
 def _matmul_nt(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:

@@ -32,11 +32,11 @@ import torch
 import torch.distributed as dist
 
 from . import fp8_block_weights, megakernel_path, mxfp8_weights, ops, separate_path
-from .activations import get_activation
-from .config import (CUDA_PRECISIONS, MXFP8_ROUNDED_MIN_ROWS, Recipe, no_cuda_kernels,
+from ..activations import get_activation
+from ..config import (CUDA_PRECISIONS, MXFP8_ROUNDED_MIN_ROWS, Recipe, no_cuda_kernels,
                      recipe_problems)
 from .expert_weights import stack_expert_pair
-from .inputs import MoECall, check_call, check_routing_values
+from ..inputs import MoECall, check_call, check_routing_values
 from .main_grad import main_grad_targets, placeholder_grads
 from .mxfp8_weights import layer_weights
 from .operands import Bf16Operands, Fp8BlockwiseOperands, Mxfp8Operands, SegmentCodes
