@@ -90,17 +90,18 @@ class KernelKnobs:
     # sized by it) and a routing that needs more stops with an error naming the rows it
     # needed - no token is ever dropped.
     schedule_capacity: float = _bounded(1.0, gt=0.0, max=1.0)
-    # Forward kernels: "separate" (v1: row movers, torch grouped GEMMs, epilogue kernels) or
+    # Forward kernels: "separate" (v1: row movers, torch grouped GEMMs, epilogue kernels),
     # "megakernel" (one persistent launch; comm_sms_forward blocks pull rows; every precision,
-    # mxfp8 and fp8_blockwise with backward_inputs: recomputed).
-    forward_kernel: Literal["separate", "megakernel"] = "separate"
-    # Backward kernels: "separate" (v1) or "megakernel" (one persistent launch: dgrad with
+    # mxfp8 and fp8_blockwise with backward_inputs: recomputed), or "auto" (resolve_kernels:
+    # the faster one by the committed measurements). Both give the same bits.
+    forward_kernel: Literal["auto", "separate", "megakernel"] = "auto"
+    # Backward kernels: "separate" (v1), "megakernel" (one persistent launch: dgrad with
     # the activation backward, dX and dprob pushes and both weight gradients;
     # comm_sms_backward blocks pull dY rows, and x rows with backward_inputs: recomputed, which
-    # it reruns FC1 on inside the launch). With backward_inputs: saved the megakernel also
-    # keeps forward's act (F more bf16 per row). Precisions bf16 and mxfp8, the latter with
-    # backward_inputs: recomputed and mxfp8_weights rounded (or auto, which then picks it).
-    backward_kernel: Literal["separate", "megakernel"] = "separate"
+    # it reruns FC1 on inside the launch; with backward_inputs: saved it also keeps forward's
+    # act, F more bf16 per row; every precision, the FP8 ones with backward_inputs: recomputed
+    # and under mxfp8 the weights rounded), or "auto" (resolve_kernels).
+    backward_kernel: Literal["auto", "separate", "megakernel"] = "auto"
     # What backward starts from. "recomputed" (the default: what a many-layer model can hold):
     # forward keeps only the schedule (8 bytes per row); backward pulls the token rows again
     # and recomputes h (one more row pull and FC1 per backward, bit-identical gradients).
@@ -334,13 +335,13 @@ def _check_bounds(bounds: dict[str, float], value: Any, key: str) -> None:
 # move one from its default only where it is read, so nobody tunes a setting that changes
 # nothing.
 _CONDITIONAL_KNOBS = (
-    ("comm_sms_backward", lambda k: k.backward_kernel == "megakernel",
-     "only backward_kernel: megakernel reads it"),
+    ("comm_sms_backward", lambda k: k.backward_kernel != "separate",
+     "only backward_kernel: megakernel (or auto) reads it"),
     ("minibatch_tokens",
-     lambda k: k.forward_kernel == "megakernel" or k.backward_kernel == "megakernel",
+     lambda k: k.forward_kernel != "separate" or k.backward_kernel != "separate",
      "only the megakernels read it"),
     ("macrobatch_tokens",
-     lambda k: ("megakernel" in (k.forward_kernel, k.backward_kernel)
+     lambda k: ((k.forward_kernel, k.backward_kernel) != ("separate", "separate")
                 and k.backward_inputs == "recomputed"),
      "only a megakernel with backward_inputs: recomputed reads it"),
 )
@@ -385,6 +386,27 @@ def _model_problems(m: ModelConfig) -> Iterator[tuple[str, str]]:
     if m.bench.ep64_experts_per_gpu > m.num_experts:
         yield ("bench.ep64_experts_per_gpu", f"must be <= num_experts ({m.num_experts}), "
                                              f"got {m.bench.ep64_experts_per_gpu}")
+
+
+def resolve_kernels(r: Recipe, world: int) -> Recipe:
+    """The recipe with its "auto" kernels replaced by the path measured faster (both give the
+    same bits, so the choice is speed alone). The rule, from the committed measurements
+    (docs/perf-log.md; the README's table):
+      - at EP > 1, the separate kernels: the megakernels have not run on several GPUs yet;
+      - forward: the megakernel at EP = 1 (faster than the separate forward on the measured
+        shapes under every recipe), where the recipe allows it (an FP8 recipe's needs
+        backward_inputs: recomputed);
+      - backward: the separate kernels (the backward megakernel is slower on every measured
+        shape).
+    Explicit choices stay as they are."""
+    k = r.kernel
+    if "auto" not in (k.forward_kernel, k.backward_kernel):
+        return r
+    fp8_saved = r.precision in FP8_PRECISIONS and k.backward_inputs != "recomputed"
+    forward = "megakernel" if world == 1 and not fp8_saved else "separate"
+    return dataclasses.replace(r, kernel=dataclasses.replace(
+        k, forward_kernel=forward if k.forward_kernel == "auto" else k.forward_kernel,
+        backward_kernel="separate" if k.backward_kernel == "auto" else k.backward_kernel))
 
 
 def recipe_problems(r: Recipe) -> Iterator[tuple[str, str]]:

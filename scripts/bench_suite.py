@@ -40,9 +40,10 @@ import bench_table
 from bench_moe import (CHECK_TOLERANCE, CHECKED, REPO, STARTED, MegatronBaseline, MokPath,
                        check_errors, command_line, git_commit, layer_flops, layer_outputs,
                        log0, make_problem, measure_path, roofline, row_counts)
-from mok_megatron.cuda import mxfp8_weights
 from mok_megatron.activations import get_activation
-from mok_megatron.config import Recipe, load_model, load_recipe, recipe_problems
+from mok_megatron.config import (Recipe, load_model, load_recipe, recipe_problems,
+                                 resolve_kernels)
+from mok_megatron.cuda import mxfp8_weights
 from mok_megatron.cuda.workspace import release_workspace
 
 
@@ -122,11 +123,17 @@ def configurations(recipes: tuple[str, ...]) -> list[tuple[str, str]]:
             + [(recipe, path) for recipe in recipes for path in PATHS])
 
 
-def default_paths(recipes: tuple[str, ...]) -> dict[str, str]:
-    """Each recipe's path as shipped (its yaml's forward_kernel and backward_kernel)."""
+def default_paths(recipes: tuple[str, ...], world: int,
+                  backward_inputs: Optional[str] = None) -> dict[str, str]:
+    """Each recipe's path as shipped at EP = world: its yaml's forward_kernel and
+    backward_kernel, "auto" resolved as a call resolves it (config.resolve_kernels)."""
     out = {}
     for name in recipes:
-        k = load_recipe(name).kernel
+        shipped = load_recipe(name)
+        if backward_inputs:
+            shipped = dataclasses.replace(shipped, kernel=dataclasses.replace(
+                shipped.kernel, backward_inputs=backward_inputs))
+        k = resolve_kernels(shipped, world).kernel
         out[name] = next(p for p, kernels in PATHS.items()
                          if kernels == (k.forward_kernel, k.backward_kernel))
     return out
@@ -570,7 +577,7 @@ def run_meta(args, card: str, world: int, peaks: dict, others: dict, recipes, sh
             "timing": "eager, each call synchronized",
             "recipes": list(recipes), "paths": list(PATHS), "baselines": others,
             "tolerance": {r: CHECK_TOLERANCE[load_recipe(r).precision] for r in recipes},
-            "default_paths": default_paths(recipes), "checked": list(CHECKED), "peaks": peaks,
+            "default_paths": default_paths(recipes, world, args.backward_inputs), "checked": list(CHECKED), "peaks": peaks,
             "shapes": [dataclasses.asdict(s) for s in shapes], "estimated_s": estimate_s,
             "elapsed_s": 0.0, "complete": False}
 
@@ -587,7 +594,7 @@ def run(args, group, peaks, others) -> None:
     if dist.get_rank() == 0:
         meta = run_meta(args, torch.cuda.get_device_name(), world, peaks, others, recipes,
                         shapes, estimate)
-        writer = SuiteWriter(out, meta, default_paths(recipes))
+        writer = SuiteWriter(out, meta, default_paths(recipes, world, args.backward_inputs))
         log0(f"writing {out}")
     complete = False
     try:

@@ -63,8 +63,10 @@ def ep_specs(world: int) -> list[ProblemSpec]:
 
 
 def recipe(max_tokens: int, backend: str = "cuda", precision: str = "bf16", **knobs) -> Recipe:
-    """`knobs`: further KernelKnobs fields (forward_kernel, comm_sms_forward, ...)."""
-    knobs = {"max_tokens_per_rank": max_tokens, "spin_timeout_ms": 20000, **knobs}
+    """`knobs`: further KernelKnobs fields (forward_kernel, comm_sms_forward, ...). The kernel
+    paths are the separate ones unless named (forward_kernel="auto" tests the default)."""
+    knobs = {"max_tokens_per_rank": max_tokens, "spin_timeout_ms": 20000,
+             "forward_kernel": "separate", "backward_kernel": "separate", **knobs}
     return Recipe(name="test", precision=precision, backend=backend,
                   kernel=KernelKnobs(**knobs))
 

@@ -34,7 +34,7 @@ import torch.distributed as dist
 from . import fp8_block_weights, megakernel_path, mxfp8_weights, ops, separate_path
 from ..activations import get_activation
 from ..config import (CUDA_PRECISIONS, MXFP8_ROUNDED_MIN_ROWS, Recipe, no_cuda_kernels,
-                     recipe_problems)
+                     recipe_problems, resolve_kernels)
 from .expert_weights import stack_expert_pair
 from ..inputs import MoECall, check_call, check_routing_values
 from .main_grad import main_grad_targets, placeholder_grads
@@ -245,6 +245,7 @@ def workspace_layout(topk: int, hidden: int, recipe: Recipe) -> WorkspaceLayout:
 def moe_experts_cuda(call: MoECall, group: Optional[dist.ProcessGroup], recipe: Recipe,
                      accumulate_main_grad: bool = False) -> torch.Tensor:
     """A checked call (inputs.check_call) on the group's workspace, created on first use."""
+    recipe = resolve_kernels(recipe, call.world)
     check_kernel_call(call, recipe)
     ws = get_workspace(group, call.x.device, workspace_layout(call.topk, call.hidden, recipe),
                        recipe.kernel.spin_timeout_ms)
@@ -259,6 +260,7 @@ def moe_experts_on_workspace(ws: Workspace, x, ids, probs, w1, w2, *, activation
     call = check_call(x, ids, probs, w1, w2, activation=activation, world=ws.world)
     if recipe.kernel.check_inputs:
         check_routing_values(call)
+    recipe = resolve_kernels(recipe, call.world)
     check_kernel_call(call, recipe)
     if not ws.layout.matches(workspace_layout(call.topk, call.hidden, recipe)):
         raise ValueError("the workspace's layout does not match this call's shapes and recipe")

@@ -60,8 +60,14 @@ def test_configurations_baselines_first():
     configs = bench_suite.configurations(bench_suite.RECIPES)
     assert configs[:2] == [("bf16", "alltoall"), ("bf16", "flex+hybridep")]
     assert len(configs) == 2 + 3 * 4
-    assert bench_suite.default_paths(bench_suite.RECIPES) == {
+    # The shipped recipes' "auto": the forward megakernel at EP = 1, separate at EP > 1, and
+    # separate forward under an FP8 recipe with saved backward inputs (config.resolve_kernels).
+    assert bench_suite.default_paths(bench_suite.RECIPES, 1) == {
+        "bf16": "fwd_megakernel", "mxfp8": "fwd_megakernel", "fp8_blockwise": "fwd_megakernel"}
+    assert bench_suite.default_paths(bench_suite.RECIPES, 2) == {
         "bf16": "separate", "mxfp8": "separate", "fp8_blockwise": "separate"}
+    assert bench_suite.default_paths(bench_suite.RECIPES, 1, "saved") == {
+        "bf16": "fwd_megakernel", "mxfp8": "separate", "fp8_blockwise": "separate"}
 
 
 @pytest.mark.parametrize("recipe", bench_suite.RECIPES)

@@ -119,14 +119,8 @@ BROKEN = [
      "must be >= 1, got 0"),
     ("recipes", "bf16", "kernel.minibatch_tokens", 32768, "kernel.minibatch_tokens",
      "must be <= macrobatch_tokens (16384), got 32768"),
-    ("recipes", "bf16", "kernel.minibatch_tokens", 256, "kernel.minibatch_tokens",
-     "only the megakernels read it: leave it at 128"),
-    ("recipes", "bf16", "kernel.comm_sms_backward", 32, "kernel.comm_sms_backward",
-     "only backward_kernel: megakernel reads it: leave it at 16"),
     ("recipes", "bf16", "kernel.backward_kernel", "fused", "kernel.backward_kernel",
-     "expected one of 'separate', 'megakernel'"),
-    ("recipes", "bf16", "kernel.macrobatch_tokens", 32768, "kernel.macrobatch_tokens",
-     "only a megakernel with backward_inputs: recomputed reads it: leave it at 16384"),
+     "expected one of 'auto', 'separate', 'megakernel'"),
     ("recipes", "bf16", "kernel.schedule_capacity", 2.0, "kernel.schedule_capacity",
      "must be <= 1.0, got 2.0"),
     ("recipes", "bf16", "kernel.backward_inputs", "dropped", "kernel.backward_inputs",
@@ -174,6 +168,37 @@ def test_broken_file_names_file_and_key(tmp_path: Path, kind: str, base: str, do
     with pytest.raises(ConfigError) as err:
         LOADERS[kind](path)
     assert str(err.value).startswith(f"{path}: {key}: {problem}")
+
+
+# Knobs only some kernel paths read: (setting, value, the paths set first, problem).
+SEPARATE = {"kernel.forward_kernel": "separate", "kernel.backward_kernel": "separate"}
+UNREAD = [
+    ("kernel.minibatch_tokens", 256, SEPARATE, "only the megakernels read it: leave it at 128"),
+    ("kernel.comm_sms_backward", 32, {"kernel.backward_kernel": "separate"},
+     "only backward_kernel: megakernel (or auto) reads it: leave it at 16"),
+    ("kernel.macrobatch_tokens", 32768, SEPARATE,
+     "only a megakernel with backward_inputs: recomputed reads it: leave it at 16384"),
+]
+
+
+@pytest.mark.parametrize("dotted, value, paths, problem", UNREAD,
+                         ids=[f"{c[0]}={c[1]}" for c in UNREAD])
+def test_knob_no_path_reads_is_refused(tmp_path: Path, dotted: str, value: Any, paths: dict,
+                                       problem: str) -> None:
+    """A knob moved from its default where the recipe's kernel paths never read it; with the
+    paths at auto (the shipped recipes) a megakernel may run, so the knob is read."""
+    data = _shipped("recipes", "bf16")
+    _set(data, dotted, value)
+    path = tmp_path / "auto.yaml"
+    path.write_text(yaml.safe_dump(data))
+    assert LOADERS["recipes"](path).kernel.forward_kernel == "auto"
+    for key, kernel in paths.items():
+        _set(data, key, kernel)
+    path = tmp_path / "unread.yaml"
+    path.write_text(yaml.safe_dump(data))
+    with pytest.raises(ConfigError) as err:
+        LOADERS["recipes"](path)
+    assert str(err.value).startswith(f"{path}: {dotted}: {problem}")
 
 
 def test_error_message_format(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -389,3 +414,26 @@ def test_mxfp8_weight_form_is_logged_once_per_call_shape(caplog):
     assert len(said) == 2, said
     assert "weights as rounded for 1000 tokens" in said[0] and "2000 rows" in said[0]
     assert "weights as codes for 24 tokens" in said[1]
+
+
+@pytest.mark.parametrize("precision", ["bf16", "mxfp8", "fp8_blockwise"])
+@pytest.mark.parametrize("backward_inputs", ["recomputed", "saved"])
+def test_auto_kernels_resolve_by_the_stated_rule(precision, backward_inputs):
+    """auto: the forward megakernel at EP = 1 where the recipe allows it (an FP8 recipe's needs
+    recomputed inputs), the separate backward; separate everywhere at EP > 1; explicit choices
+    stay. What it resolves to never breaks the recipe's own checks."""
+    from mok_megatron.config import recipe_problems, resolve_kernels
+
+    recipe = Recipe(precision=precision, kernel=KernelKnobs(backward_inputs=backward_inputs))
+    assert (recipe.kernel.forward_kernel, recipe.kernel.backward_kernel) == ("auto", "auto")
+    fp8_saved = precision != "bf16" and backward_inputs == "saved"
+    for world, forward in ((1, "separate" if fp8_saved else "megakernel"), (2, "separate"),
+                           (4, "separate")):
+        resolved = resolve_kernels(recipe, world)
+        assert (resolved.kernel.forward_kernel, resolved.kernel.backward_kernel) == \
+            (forward, "separate"), world
+        assert next(recipe_problems(resolved), None) is None
+        assert dataclasses.replace(resolved, kernel=recipe.kernel) == recipe  # nothing else
+    explicit = dataclasses.replace(recipe, kernel=dataclasses.replace(
+        recipe.kernel, forward_kernel="separate", backward_kernel="megakernel"))
+    assert resolve_kernels(explicit, 1) is explicit

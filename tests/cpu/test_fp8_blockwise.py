@@ -313,10 +313,10 @@ def test_expert_without_rows():
 
 # ---- the recipe ---------------------------------------------------------------------------
 
-def test_recipe_loads_for_the_separate_kernels():
+def test_recipe_loads_with_auto_kernels():
     recipe = load_recipe("fp8_blockwise")
     assert recipe.precision == "fp8_blockwise" and recipe.backend == "auto"
-    assert (recipe.kernel.forward_kernel, recipe.kernel.backward_kernel) == ("separate",) * 2
+    assert (recipe.kernel.forward_kernel, recipe.kernel.backward_kernel) == ("auto",) * 2
     assert resolve_backend(recipe, torch.device("cpu")) == "reference"
 
 

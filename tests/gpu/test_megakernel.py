@@ -189,3 +189,23 @@ def test_stalled_megakernel_reports_where():
     assert "FAILED" in proc.stdout, proc.stdout + proc.stderr
     roles = ("rows ready", "gemm mma", "tile queue", "fc1 done")
     assert any(f"'role': '{r}'" in proc.stdout for r in roles), proc.stdout + proc.stderr
+
+
+@pytest.mark.parametrize("precision", ["bf16", "mxfp8", "fp8_blockwise"])
+def test_auto_kernels_give_the_bits_of_both_choices(precision):
+    """kernel.forward_kernel / backward_kernel: auto (the default) picks a path by speed alone
+    (config.resolve_kernels: at EP = 1 the forward megakernel and the separate backward): its
+    y, dx, dprobs and weight gradients are the bits of that explicit choice, and y those of the
+    other forward kernel too (the two forwards give the same bits)."""
+    spec = SPECS[1]  # zipf
+    problem = spec.build()
+    max_tokens = max(spec.tokens_per_rank)
+
+    def run(forward, backward):
+        return gpu_checks.run_cuda(problem, 0, None, max_tokens, precision=precision,
+                                   forward_kernel=forward, backward_kernel=backward)
+
+    auto = run("auto", "auto")
+    gpu_checks.assert_same_bits(run("megakernel", "separate"), auto,
+                                f"({precision}) auto against its resolved choice")
+    assert torch.equal(run("separate", "separate")["y"], auto["y"]), precision

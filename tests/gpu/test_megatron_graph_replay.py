@@ -96,8 +96,9 @@ def _free_port() -> int:
 def _write_recipe(knobs: dict) -> str:
     path = Path(tempfile.mkdtemp(prefix="mok_cuda_graphs_")) / "recipe.yaml"
     lines = ["backend: cuda\n"]
-    if knobs:
-        lines += ["kernel:\n"] + [f"  {k}: {v}\n" for k, v in knobs.items()]
+    # The separate kernels unless the case names a path.
+    knobs = {"forward_kernel": "separate", "backward_kernel": "separate", **knobs}
+    lines += ["kernel:\n"] + [f"  {k}: {v}\n" for k, v in knobs.items()]
     path.write_text("".join(lines))
     return str(path)
 
