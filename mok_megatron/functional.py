@@ -48,8 +48,8 @@ def moe_experts(
     accumulate_main_grad: bool = False,
 ) -> torch.Tensor:
     """`accumulate_main_grad` (Megatron's gradient_accumulation_fusion): where the weights carry
-    fp32 ``main_grad`` tensors, the cuda backend's backward megakernel adds the weight
-    gradients into them in place and autograd gets Megatron's placeholders (main_grad.py);
+    fp32 ``main_grad`` tensors, the cuda backend's backward (either kernel path) adds the
+    weight gradients into them in place and autograd gets Megatron's placeholders (main_grad.py);
     elsewhere, and on the reference backend, the gradients go through autograd."""
     recipe = recipe or Recipe()
     world = 1 if group is None else dist.get_world_size(group)

@@ -23,7 +23,8 @@ orientations (mxfp8_weights.py) and kept in one of two forms (kernel.mxfp8_weigh
 - rounded (their bf16 values, two bytes each): the same tile engine multiplying them as
   plain bf16 weights, no per-tile conversion - faster where a weight tile is reused by many
   rows (auto picks by the call's rows per local expert, config.MXFP8_ROUNDED_MIN_ROWS).
-Wgrad rounds both operands along the expert's rows and runs torch._grouped_mm. What forward
+Wgrad rounds both operands along the expert's rows and runs torch._grouped_mm (or, into
+Megatron's fp32 main_grads, ops.grouped_wgrad_accumulate). What forward
 keeps for backward stays BF16.
 
 fp8_blockwise: the same table with 1 x 128 blocks along each row for the activation operands,

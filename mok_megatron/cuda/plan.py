@@ -32,7 +32,7 @@ class Plan:
     ring_mblocks: int  # m-blocks per macrobatch of the megakernels' rings; 0: no ring
     minibatch_rows: int  # megakernels: rows their pull publishes together
     schedule_capacity: float  # rows of the schedule and forward buffers, of the worst case
-    # Megatron's main_grads the backward megakernel adds the weight gradients into, or None:
+    # Megatron's main_grads the backward adds the weight gradients into, or None:
     # bf16 gradients through autograd (main_grad.py)
     main_grads: Optional[MainGradTargets] = None
     # The separate path's GEMMs under the recipe's precision (operands.py)

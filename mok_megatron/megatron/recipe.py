@@ -58,16 +58,13 @@ def _load(source: str) -> Recipe:
 
 def is_bf16_layer(config, layer_number: Optional[int]) -> bool:
     """Whether Megatron keeps the MoE layer of transformer layer ``layer_number`` (1-based and
-    global, as ``MoELayer.layer_number``) in BF16: ``--first-last-layers-bf16`` with
-    ``--num-layers-at-start-in-bf16`` / ``--num-layers-at-end-in-bf16`` (Megatron's
-    fp8_utils.is_first_last_bf16_layer on layer_number - 1). None (a multi-token-prediction
-    layer, or a MoE layer outside a transformer block) runs outside that rule, in the model's
-    FP8, as in Megatron."""
-    if not config.first_last_layers_bf16 or layer_number is None:
-        return False
-    index = layer_number - 1
-    return index >= 0 and (index < config.num_layers_at_start_in_bf16
-            or index >= config.num_layers - config.num_layers_at_end_in_bf16)
+    global, as ``MoELayer.layer_number``) in BF16 (``--first-last-layers-bf16``): its own
+    fp8_utils.is_first_last_bf16_layer on layer_number - 1, as its transformer block asks.
+    None (a multi-token-prediction layer, or a MoE layer outside a transformer block) runs
+    outside that rule, in the model's FP8, as in Megatron."""
+    from megatron.core.fp8_utils import is_first_last_bf16_layer
+
+    return layer_number is not None and is_first_last_bf16_layer(config, layer_number - 1)
 
 
 def layer_recipe(recipe: Recipe, config, layer_number: Optional[int]) -> Recipe:

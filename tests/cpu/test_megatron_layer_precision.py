@@ -32,19 +32,16 @@ def test_first_and_last_layers_run_bf16_experts(outs):
         assert not torch.equal(outs[("fp8_blockwise", number)], outs[("bf16", number)]), number
 
 
-@pytest.mark.parametrize("start,end", [(1, 1), (2, 0), (0, 3), (0, 0)])
-def test_bf16_layers_are_megatrons(start, end):
-    """The rule is Megatron's own (fp8_utils.is_first_last_bf16_layer on layer_number - 1)."""
-    from megatron.core.fp8_utils import is_first_last_bf16_layer
+def test_layers_outside_the_block_keep_the_recipe():
+    """A MoE layer without a block's layer number (multi-token prediction, a standalone layer)
+    runs the FP8 recipe, as Megatron runs it under its model-wide FP8 context."""
     from megatron.core.transformer.transformer_config import TransformerConfig
 
-    config = TransformerConfig(**{**MOK_CONFIG, "num_layers": 6, "first_last_layers_bf16": True,
-                                  "num_layers_at_start_in_bf16": start,
-                                  "num_layers_at_end_in_bf16": end})
-    for number in range(1, 7):
-        assert is_bf16_layer(config, number) == is_first_last_bf16_layer(config, number - 1)
-    config.first_last_layers_bf16 = False
-    assert not any(is_bf16_layer(config, n) for n in range(1, 7))
+    config = TransformerConfig(**{**MOK_CONFIG, "num_layers": 3, "first_last_layers_bf16": True})
+    recipe = Recipe(name="bw", precision="fp8_blockwise")
+    assert not is_bf16_layer(config, None)
+    assert layer_recipe(recipe, config, None) is recipe
+    assert is_bf16_layer(config, 1) and not is_bf16_layer(config, 2) and is_bf16_layer(config, 3)
 
 
 def test_layer_recipe_keeps_the_knobs():

@@ -68,10 +68,10 @@ CASES = {
     "local_whole_layer_megakernels": dict(impl="local", modules=[], layer="TransformerLayer",
                                           knobs={"forward_kernel": "megakernel",
                                                  "backward_kernel": "megakernel"}),
-    # Gradient-accumulation fusion: the backward megakernel adds the expert weight gradients
-    # into DDP's fp32 main_grads in place (mok_megatron/cuda/main_grad.py). Also compared with the
-    # unfused run of the same weights and batches (expert main_grads within bf16 rounding,
-    # every other main_grad and the losses bit-identical).
+    # Gradient-accumulation fusion: the backward (here the megakernel) adds the expert weight
+    # gradients into DDP's fp32 main_grads in place (mok_megatron/cuda/main_grad.py). Also
+    # compared with the unfused run of the same weights and batches (expert main_grads within
+    # bf16 rounding, every other main_grad and the losses bit-identical).
     "local_whole_layer_megakernels_main_grad": dict(
         impl="local", modules=[], layer="TransformerLayer", grad_accum_fusion=True,
         knobs={"forward_kernel": "megakernel", "backward_kernel": "megakernel"}),
