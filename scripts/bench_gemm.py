@@ -12,7 +12,11 @@ recipe's dgrads on it (the weights in their transposed orientation, against torc
 on the rounded operands and next to the BF16 recipe's torch dgrads), the 1 x 32 rounding of an
 activation operand and the once-per-step weight quantization. With --fp8-blockwise, the
 blockwise FP8 engine (run_fp8_blockwise) next to torch._scaled_mm and cuBLAS's blockwise GEMM,
-with its ring depths and tile orders (RING_VARIANTS). JSON to --out.
+with its ring depths and tile orders (RING_VARIANTS). With --fp8-baselines, only the blockwise
+FP8 grouped GEMMs of the layer (FC1, FC2 and both dgrads, ragged expert sizes) next to the
+public Hopper kernels on the same operands: CUTLASS's grouped blockwise GEMM, DeepGEMM's
+m-grouped contiguous GEMM and cuBLAS's blockwise GEMM on the dense equivalent
+(run_fp8_baselines; benchmarks/probes/cutlass_fp8_grouped/README.md). JSON to --out.
 
     python scripts/bench_gemm.py --out benchmarks/results/<card>-<date>-<what>/gemm_engine.json
 """
@@ -20,6 +24,7 @@ with its ring depths and tile orders (RING_VARIANTS). JSON to --out.
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import platform
 import sys
@@ -28,7 +33,8 @@ from pathlib import Path
 
 import torch
 
-from gpu_timing import median_ms
+import fp8_grouped_baselines as baselines
+from gpu_timing import mean_seconds, median_ms
 from mok_megatron.cuda import ops
 from mok_megatron.config import load_model
 from mok_megatron.recipes.fp8_blockwise import engine_row_values, engine_weight_values
@@ -319,6 +325,168 @@ def dense_blockwise(rows: int, n: int, k: int, **engine_options):
     return engine, cublas, rel_l2(out, got)
 
 
+def ragged_counts(rows: int, experts: int, seed: int) -> torch.Tensor:
+    """Rows per expert (int64, summing to `rows`) with the cases a grouped GEMM must handle:
+    expert 0 gets none, expert 1 fewer than 128 (100), the others a Zipf-like share (weight
+    1 / (i + 1)^0.7, shuffled by `seed`), so most sizes are no multiple of 128."""
+    counts = torch.zeros(experts, dtype=torch.int64)
+    if experts < 3:
+        counts[-1] = rows
+        return counts
+    counts[1] = min(rows, 100)
+    rest = rows - int(counts[1])
+    g = torch.Generator().manual_seed(seed)
+    weights = (torch.arange(experts - 2, dtype=torch.float64) + 1) ** -0.7
+    weights = weights[torch.randperm(experts - 2, generator=g)]
+    share = torch.floor(rest * weights / weights.sum()).to(torch.int64)
+    share[-1] += rest - int(share.sum())
+    counts[2:] = share
+    return counts
+
+
+# What the baselines get done before timing, as the results record it.
+BASELINES_UNTIMED = ("outside the timed region: E8M0 scale codes -> fp32 scales in each kernel's "
+                     "layout; CUTLASS's per-group tables (device fill) and kernel parameters; "
+                     "DeepGEMM's rows copied into its layout, each expert padded to 128 rows")
+
+
+# The GEMMs of one expert layer, timed against the public kernels: (operand width K, output
+# width N, whose weight) per name; the dgrads read the weights' transposed orientation.
+LAYER_GEMMS = {"fc1": ("H", "2F", "w1"), "fc2": ("F", "H", "w2"),
+               "dgrad_fc2": ("H", "F", "w2t"), "dgrad_fc1": ("2F", "H", "w1t")}
+
+
+def run_fp8_baselines(model, local: int, tokens: int, iters: int, warmup: int,
+                      seed: int) -> dict:
+    """Our blockwise FP8 grouped GEMM (plain: no epilogue) next to the public Hopper kernels on
+    the same operands, for each GEMM of LAYER_GEMMS: rows = tokens x topk over `local`
+    experts with ragged sizes (ragged_counts: an empty expert and one under 128 rows).
+    - CUTLASS's sm90 grouped GEMM with blockwise scaling (fp8_grouped_baselines): the
+      fastest of its compiled variants and raster orders, chosen by a short mean timing;
+    - DeepGEMM's m_grouped_fp8_gemm_nt_contiguous, rows padded per expert to 128;
+    - cuBLAS's blockwise GEMM through torch on the dense equivalent (all rows one expert),
+      with our engine on that dense problem beside it (dense_blockwise).
+    Operand conversions (fp32 scales, padding, the kernels' group tables) happen once before
+    timing. Every output is first compared (rel-L2, MAX_REL_L2) with the product of the
+    dequantized operands (dequantized_product; cuBLAS's dense one with ours on the dense
+    problem); a baseline that disagrees or fails is reported and not timed, ours disagreeing
+    stops the run."""
+    H, F, K = model.hidden_size, model.moe_ffn_hidden_size, model.topk
+    rows = tokens * K
+    width = {"H": H, "F": F, "2F": 2 * F}
+    counts = ragged_counts(rows, local, seed)
+    offsets = torch.zeros(local + 1, dtype=torch.int32)
+    offsets[1:] = counts.cumsum(0)
+    offsets = offsets.cuda()
+    g = torch.Generator(device="cuda").manual_seed(seed)
+    weights = {}
+    for name, n, k in (("w1", 2 * F, H), ("w2", H, F)):
+        w = (torch.randn(local, n, k, device="cuda", generator=g) * k**-0.5).bfloat16()
+        codes, scales, codes_t, scales_t = ops.fp8_quantize_weight_blocks(w, transposed=True)
+        weights[name], weights[name + "t"] = (codes, scales), (codes_t, scales_t)
+        del w
+    cutlass, deep_gemm = baselines.load_cutlass(), baselines.load_deep_gemm()
+    skipped = {name: why for name, why in (("cutlass", cutlass), ("deepgemm", deep_gemm))
+               if isinstance(why, str)}
+    result = {"local_experts": local, "tokens": tokens, "rows": rows,
+              "rows_per_expert": counts.tolist(), "skipped": skipped,
+              "untimed": BASELINES_UNTIMED, "gemms": {}}
+    for gemm, (k_name, n_name, w_name) in LAYER_GEMMS.items():
+        k, n = width[k_name], width[n_name]
+        w_codes, w_scales = weights[w_name]
+        a_codes, a_scales = ops.fp8_quantize_rows(
+            torch.randn(rows, k, device="cuda", generator=g).bfloat16())
+        ref = dequantized_product(a_codes, a_scales, w_codes, w_scales, counts)
+        errors, timed, notes = {}, {}, {}
+        out = torch.empty(rows, n, device="cuda", dtype=torch.bfloat16)
+        timed["ours"] = functools.partial(ops.fp8_grouped_gemm, a_codes, a_scales, w_codes,
+                                          w_scales, offsets, out)
+        timed["ours"]()
+        errors["ours"] = rel_l2(out, ref)
+        check_agreement({"ours": errors["ours"]}, f"{gemm}: the FP8 engine and the reference")
+        if "cutlass" not in skipped:
+            out_c = torch.full_like(out, float("nan"))
+            try:
+                launch, chosen, tried = baselines.cutlass_launch(
+                    cutlass, a_codes, a_scales, w_codes, w_scales, offsets, out_c,
+                    lambda fn: mean_seconds(fn, iters=10, warmup=2))
+                launch()
+                errors["cutlass"] = rel_l2(out_c, ref)
+                notes["cutlass_variant"], notes["cutlass_candidates_s"] = chosen, tried
+                timed["cutlass"] = launch
+            except RuntimeError as e:
+                notes["cutlass_failed"] = str(e)[:400]
+        if "deepgemm" not in skipped:
+            try:
+                launch, output = baselines.deepgemm_launch(deep_gemm, a_codes, a_scales,
+                                                           w_codes, w_scales, offsets, n)
+                launch()
+                errors["deepgemm"] = rel_l2(output(), ref)
+                timed["deepgemm"] = launch
+            except RuntimeError as e:
+                notes["deepgemm_failed"] = str(e)[:400]
+        engine, cublas, agree = dense_blockwise(rows, n, k)
+        timed["ours_dense"] = engine
+        if isinstance(cublas, str):
+            notes["cublas_dense_unavailable"] = cublas
+        else:
+            timed["cublas_dense"], errors["cublas_dense"] = cublas, agree
+        disagree = {b: e for b, e in errors.items() if not e <= MAX_REL_L2}
+        for b in disagree:
+            timed.pop(b)
+        ms = {b: median_ms(fn, iters, warmup) for b, fn in timed.items()}
+        tflops = {b: 2 * rows * n * k / t / 1e9 for b, t in ms.items()}
+        grouped = [tflops[b] for b in ("cutlass", "deepgemm") if b in tflops]
+        any_public = grouped + [tflops[b] for b in ("cublas_dense",) if b in tflops]
+        result["gemms"][gemm] = {
+            "n": n, "k": k, "ms": ms, "tflops": tflops, "errors": errors,
+            "disagree": disagree, **notes,
+            "ours_vs_best_grouped": tflops["ours"] / max(grouped) if grouped else None,
+            "ours_vs_best_public": tflops["ours"] / max(any_public) if any_public else None}
+        del ref, out, a_codes, a_scales, timed
+        torch.cuda.empty_cache()
+    return result
+
+
+def dequantized_product(a_codes, a_scales, w_codes, w_scales, counts) -> torch.Tensor:
+    """The reference: each expert's rows times its weight's transpose on the dequantized
+    values (bf16, exact: an E4M3 value times a power of two is a bf16), one torch matmul per
+    expert (empty experts included), fp32 accumulation, bf16 out."""
+    a = engine_row_values(a_codes, a_scales, torch.bfloat16)
+    out = torch.empty(a.shape[0], w_codes.shape[1], device=a.device, dtype=torch.bfloat16)
+    first = 0
+    for e, m in enumerate(counts.tolist()):
+        w = engine_weight_values(w_codes[e:e + 1], w_scales[e:e + 1], torch.bfloat16)[0]
+        torch.matmul(a[first:first + m], w.t(), out=out[first:first + m])
+        first += m
+    return out
+
+
+def print_baselines(r: dict) -> None:
+    """One line per GEMM: TFLOP/s of each kernel, ours / the best grouped and the best public
+    kernel, the errors, and what disagreed, failed or was skipped."""
+    for gemm, b in r["gemms"].items():
+        tf = b["tflops"]
+        line = " ".join(f"{name} {tf[name]:5.0f}" for name in
+                        ("ours", "cutlass", "deepgemm", "cublas_dense", "ours_dense")
+                        if name in tf)
+        for key, label in (("ours_vs_best_grouped", "grouped"), ("ours_vs_best_public", "any")):
+            if b[key] is not None:
+                line += f" | ours/best {label} x{b[key]:.2f}"
+        line += " | rel-L2 " + " ".join(f"{k} {v:.1e}" for k, v in b["errors"].items())
+        if b["disagree"]:
+            line += f" | DISAGREE, not timed: {sorted(b['disagree'])}"
+        if "cutlass_variant" in b:
+            line += f" | cutlass {b['cutlass_variant']}"
+        for name in ("cutlass", "deepgemm"):
+            if f"{name}_failed" in b:
+                line += f" | {name} FAILED: {b[f'{name}_failed']}"
+        print(f"{'':31s} {gemm:9s} N={b['n']:5d} K={b['k']:5d} TF/s: {line}", flush=True)
+    for name, why in r["skipped"].items():
+        print(f"{'':31s} {name} skipped: {why}", flush=True)
+    print(f"{'':31s} {r['untimed']}", flush=True)
+
+
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--models", nargs="+",
@@ -332,6 +500,9 @@ def main(argv=None):
     p.add_argument("--mxfp8", action="store_true", help="also the engine on MXFP8 weights")
     p.add_argument("--fp8-blockwise", action="store_true",
                    help="also the blockwise FP8 engine and torch._scaled_mm")
+    p.add_argument("--fp8-baselines", action="store_true",
+                   help="only the blockwise FP8 grouped GEMMs next to CUTLASS, DeepGEMM and "
+                        "cuBLAS (run_fp8_baselines)")
     p.add_argument("--out", type=Path, default=None)
     args = p.parse_args(argv)
 
@@ -341,6 +512,17 @@ def main(argv=None):
         for variant in args.variants:
             local = per_gpu_experts(model, variant, args.ep)
             for tokens in args.tokens:
+                if args.fp8_baselines:
+                    r = run_fp8_baselines(model, local, tokens, args.iters, args.warmup,
+                                          args.seed)
+                    r.update(model=name, variant=variant)
+                    results.append(r)
+                    print(f"{name:20s} {variant:4s} E={local:3d} T={tokens:5d} | blockwise FP8 "
+                          f"grouped GEMMs, rows per expert {r['rows_per_expert'][:6]}...",
+                          flush=True)
+                    print_baselines(r)
+                    write_results(args.out, results)
+                    continue
                 r = run_case(model, local, tokens, args.iters, args.warmup, args.seed,
                              args.mxfp8)
                 r.update(model=name, variant=variant)
@@ -392,12 +574,16 @@ def main(argv=None):
                           f"default), FC1/FC2 TF: {ring} (same bits: "
                           f"{b['ring_variants_same_bits']})", flush=True)
                 torch.cuda.empty_cache()
-                if args.out:
-                    args.out.parent.mkdir(parents=True, exist_ok=True)
-                    args.out.write_text(json.dumps({
-                        "date": date.today().isoformat(), "command": " ".join(sys.argv),
-                        "gpu": torch.cuda.get_device_name(), "torch": torch.__version__,
-                        "host": platform.node(), "results": results}, indent=1))
+                write_results(args.out, results)
+
+
+def write_results(out: Path, results: list) -> None:
+    if out:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text(json.dumps({
+            "date": date.today().isoformat(), "command": " ".join(sys.argv),
+            "gpu": torch.cuda.get_device_name(), "torch": torch.__version__,
+            "host": platform.node(), "results": results}, indent=1))
 
 
 if __name__ == "__main__":
