@@ -182,7 +182,9 @@ void moe_forward_megakernel(const at::Tensor& peer_bases, int64_t tokens_offset,
 // (megakernel/macrobatch_ring.cuh), with carry (fp32) holding weight-gradient tiles between
 // macrobatches. Each weight gradient is bf16 (dw1 / dw2, stacked) or added into fp32 tensors
 // whose addresses dw1_fp32 / dw2_fp32 list per expert. counters: int32 zeros
-// (ops.backward_megakernel_counters sizes them, and ops.backward_carry the carry).
+// (ops.backward_megakernel_counters sizes them, and ops.backward_carry the carry). trace
+// (optional): int64 [SMs, BackwardTrace::kBlockValues] receiving timestamps
+// (megakernel/backward_trace.cuh).
 void moe_backward_megakernel(const at::Tensor& peer_bases, int64_t tokens_offset,
                              int64_t inputs_offset, int64_t slots_offset, int64_t values_offset,
                              const at::Tensor& offsets, const at::Tensor& row_slot,
@@ -202,6 +204,7 @@ void moe_backward_megakernel(const at::Tensor& peer_bases, int64_t tokens_offset
                              const c10::optional<at::Tensor>& dh_k,
                              const std::vector<at::Tensor>& fp8_scales, at::Tensor& counters,
                              int64_t comm_blocks, int64_t minibatch_rows, int64_t ring_mblocks,
-                             int64_t ring_slots, int64_t timeout_ns, int64_t rank);
+                             int64_t ring_slots, int64_t timeout_ns, int64_t rank,
+                             const c10::optional<at::Tensor>& trace);
 
 }  // namespace mok

@@ -390,6 +390,34 @@ def check_trace_stamps(trace: torch.Tensor) -> list[int]:
     return seen
 
 
+def check_backward_trace_stamps(trace: torch.Tensor) -> list[int]:
+    """A traced backward megakernel launch's stamps (ops.backward_trace_buffer, on the CPU)
+    are consistent: every block started and ended on the global timer, tickets are a
+    permutation, each traced tile's kind is a BackwardKind, its consumer stamps (those its
+    path passes; the entry's always) are in order and its producer's are all there, in order.
+    Returns the traced tiles' indices."""
+    tiles, head = ops.backward_trace_parts(trace)
+    h = {name: head[:, i] for i, name in enumerate(ops.TRACE_HEADER)}
+    assert (h["start_ns"] > 0).all() and (h["end_ns"] >= h["start_ns"]).all()
+    assert (h["end_clock"] > h["start_clock"]).all()
+    assert sorted(h["ticket"].tolist()) == list(range(trace.shape[0]))
+    slot = {name: i for i, name in enumerate(ops.BACKWARD_TRACE_SLOTS)}
+    consumer = [slot[n] for n in ("tile_start", "tile_queued", "inputs_ready", "mainloop_end",
+                                  "epilogue1", "epilogue2", "epilogue3", "tile_end")]
+    producer = [slot[n] for n in ("producer_start", "taken", "pushed", "ready", "loads_issued")]
+    seen = []
+    for row in tiles[tiles[:, :, slot["tile_end"]] != 0]:
+        assert row[slot["tile_start"]] != 0 and row[slot["tile_queued"]] != 0
+        stamps = [int(row[i]) for i in consumer if row[i] != 0]
+        assert stamps == sorted(stamps), stamps
+        stamps = [int(row[i]) for i in producer]
+        assert 0 not in stamps and stamps == sorted(stamps), stamps
+        tile_id = int(row[slot["tile_id"]])
+        assert tile_id % 8 < len(ops.BACKWARD_KINDS), tile_id
+        seen.append(tile_id // 8)
+    return seen
+
+
 def assert_same_bits(expected: dict, got: dict, what: str) -> None:
     """Every output of two runs (NAMES) equal bit for bit; `what` names the difference."""
     for name in NAMES:

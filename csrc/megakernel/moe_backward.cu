@@ -69,6 +69,7 @@
 #include "gemm/sm90/wgrad.cuh"
 #include "gemm/timeout_report.h"
 #include "megakernel/backward_tiles.cuh"
+#include "megakernel/backward_trace.cuh"
 #include "megakernel/dgrad_epilogue.cuh"
 #include "megakernel/fp8_round_tile.cuh"
 #include "megakernel/launch_checks.h"
@@ -155,6 +156,8 @@ struct BackwardArgs {
   int minibatch_rows;         // rows the pull publishes at once
   uint64_t timeout_ns;
   int* report;
+  int64_t* trace;             // [grid, BackwardTrace::kBlockValues] timestamps
+                              // (backward_trace.cuh), or null
 };
 
 struct SharedStorage {
@@ -191,7 +194,9 @@ __device__ __forceinline__ int wait_role(int p) {
 // tiles' included. The unit's column maxima live in the first one's staging buffer.
 static_assert(sizeof(WideColumnMaxima) <= kStagedBufBytes, "the maxima fit a staging buffer");
 
-template <int kAct, int kOperands>
+// kDiagnostic: the kernel that records a trace (a.trace); the production kernel has no stamps
+// (forward's reason: their code costs registers even where it never runs).
+template <int kAct, bool kDiagnostic, int kOperands>
 __global__ void __launch_bounds__(kGemmThreads, 1)
     moe_backward_kernel(const __grid_constant__ BackwardMaps m, const BackwardArgs a) {
   constexpr bool kMx = kOperands == kBackwardMxfp8;
@@ -205,6 +210,7 @@ __global__ void __launch_bounds__(kGemmThreads, 1)
   static_assert(!kFp8 || kDgrad2Cols == kFp8BlockN, "an FC2-dgrad tile is one FP8 tile");
   extern __shared__ uint8_t smem_raw[];
   SharedStorage& s = aligned_smem<SharedStorage>(smem_raw);
+  int64_t* const trace_buffer = kDiagnostic ? a.trace : nullptr;
   const int E = a.num_experts;
   const bool recompute = a.ring_mblocks > 0;
   if (threadIdx.x < 32) build_mblock_table(a.offsets, E, s.row_begin, s.mblock_begin);
@@ -212,7 +218,11 @@ __global__ void __launch_bounds__(kGemmThreads, 1)
   const PullRing pull_ring{s.epilogue.out[0], s.pull_full, s.pull_empty, slots,
                            min(32, max(1, slots / kPullLanesDivisor))};
   if (threadIdx.x == 32) {
+    const BackwardTrace block_trace = BackwardTrace::make(trace_buffer);
+    block_trace.header_ns(kTrStartNs);
+    block_trace.header_clock(kTrStartClock);
     s.ticket = atomicAdd(a.arrivals, 1u);
+    block_trace.header_value(kTrTicket, s.ticket);
     if (s.ticket < a.comm_blocks) init_pull_ring(pull_ring);
     init_tile_queue(s.queue);
     for (int c = 0; c < kGemmConsumers; ++c) mbar_init(&s.h_full[c], 1);
@@ -241,6 +251,7 @@ __global__ void __launch_bounds__(kGemmThreads, 1)
     // Its rows are pulled (every slot's bulk store has completed): the block's shared memory
     // is free, and it joins the tiles below.
     __syncthreads();
+    if (threadIdx.x == 0) BackwardTrace::make(trace_buffer).header_clock(kTrPullEndClock);
   }
 
   const int end_tile = s.macros.tile_begin[ring.n_macro];
@@ -312,9 +323,11 @@ __global__ void __launch_bounds__(kGemmThreads, 1)
       if (acquired) fence_proxy_async_global();
     };
     int it = 0;
+    const BackwardTrace trace = BackwardTrace::make(trace_buffer);
     // One index taken ahead, as in forward: the atomic's round trip overlaps this tile's loads.
     int ahead = take_tile(a.tile_counter, end_tile);
     for (int seq = 0;; ++seq) {
+      trace.stamp(seq, kBtProducerStart);
       const int tile = ahead;
       if (tile < 0) {
         push_tile(s.queue, seq, BackwardTile{-1}, a.timeout_ns, a.report);
@@ -322,8 +335,11 @@ __global__ void __launch_bounds__(kGemmThreads, 1)
       }
       ahead = take_tile(a.tile_counter, end_tile);
       const BackwardTile w = backward_tile_at(order, ring, table, s.macros, tile);
+      trace.stamp(seq, kBtTaken);
       push_tile(s.queue, seq, w, a.timeout_ns, a.report);
+      trace.stamp(seq, kBtPushed);
       wait_inputs(w);
+      trace.stamp(seq, kBtReady);
       if constexpr (kFp8) {
         if (w.kind == kFc1 || w.kind == kDgrad2 || w.kind == kDgrad1) {
           Fp8RingOverStages fp8_ring = Fp8RingOverStages::over(s.ring);
@@ -340,6 +356,7 @@ __global__ void __launch_bounds__(kGemmThreads, 1)
                                     &m.dh_k_scales, &m.w1_dgrad, w.row0,
                                     w.n_block * kDgrad1Cols, w.expert, a.timeout_ns, a.report);
           }
+          trace.stamp(seq, kBtLoadsIssued);
           continue;
         }
       }
@@ -388,6 +405,7 @@ __global__ void __launch_bounds__(kGemmThreads, 1)
             }
           },
           bytes);
+      trace.stamp(seq, kBtLoadsIssued);
     }
     return;
   }
@@ -398,6 +416,8 @@ __global__ void __launch_bounds__(kGemmThreads, 1)
   const bool leader = t == 0;
   uint8_t* buf = s.epilogue.out[consumer];
   const int staging = kStagingBarrier + consumer;
+  const BackwardTrace trace =
+      leader && consumer == 0 ? BackwardTrace::make(trace_buffer) : BackwardTrace{nullptr};
   float acc[kAccRegs];  // BF16 FC2-dgrad tiles use the first kDgrad2Cols / 2 (m64n128)
   // The FP8 engine's tiles (kFp8) take their MMAs' partial sums in the first kFp8AccRegs
   // (m64n128) and accumulate into the rest: the BF16 tiles' wgmmas keep all of acc live, and
@@ -439,7 +459,7 @@ __global__ void __launch_bounds__(kGemmThreads, 1)
   // (whole 32-row blocks). kFp8: the two round the whole m-block together (its 128-row blocks
   // along the rows span them), each once its own staging buffer is free (the units' scratch
   // is the first one's).
-  auto round_tile = [&](const BackwardTile& w) {
+  auto round_tile = [&](const BackwardTile& w, int seq) {
     const int input = round_tile_input(w.kind);
     const uint32_t* ready = &a.per_mblock[input][w.block];
     if (leader) {
@@ -453,6 +473,7 @@ __global__ void __launch_bounds__(kGemmThreads, 1)
       named_barrier_sync(staging, 128);
     }
     ld_acquire_gpu_u32(ready);
+    trace.stamp(seq, kBtInputsReady);
     // The operand and its columns: dY then x (round in), act, dh.
     const bool dout = w.kind == kRoundIn && w.n_block < order.nb_round_h;
     const int col0 = (w.kind == kRoundIn && !dout ? w.n_block - order.nb_round_h : w.n_block) *
@@ -488,6 +509,7 @@ __global__ void __launch_bounds__(kGemmThreads, 1)
         round_tile_rows<true, true>(a.dh, a.dh_k, a.dh, a.f1, row0, rows_valid, col0, t);
       }
     }
+    trace.stamp(seq, kBtMainloopEnd);
     __threadfence();
     named_barrier_sync(staging, 128);
     if (leader) {
@@ -498,13 +520,19 @@ __global__ void __launch_bounds__(kGemmThreads, 1)
     }
   };
   for (int seq = 0;; ++seq) {
+    trace.stamp(seq, kBtTileStart);
     const BackwardTile w = wait_tile(s.queue, seq, a.timeout_ns, a.report);
+    trace.stamp(seq, kBtTileQueued);
     release_tile(s.queue, seq);
     if (ring.on && (w.tile < 0 || w.macro != done_macro)) {
       release_done();
       done_macro = w.macro;
     }
     if (w.tile < 0) break;
+    trace.tile_value(seq, kBtTileId, int64_t(w.tile) * 8 + w.kind);
+    trace.tile_value(seq, kBtMacro, w.macro);
+    trace.tile_value(seq, kBtRows, w.rows);
+    trace.tile_value(seq, kBtPart, w.part);
     // The staging buffer is free once this warpgroup's bulk stores of it (any thread's) have
     // read it: waited for where it is next written, so the reads overlap this tile's MMAs.
     auto staging_free = [&] {
@@ -517,7 +545,7 @@ __global__ void __launch_bounds__(kGemmThreads, 1)
       // Its work holds no accumulators, but the compiler keeps the last tile's live through
       // it (an instruction that ended their life would serialize every wgmma of the kernel:
       // ptxas C7515), so it runs in what registers remain and spills some.
-      if constexpr (kRounds) round_tile(w);
+      if constexpr (kRounds) round_tile(w, seq);
     } else if (w.kind == kFc1 || w.kind == kDgrad2 || w.kind == kDgrad1) {
       const int row0 = w.row0 + kStagedRows * consumer;    // in the row buffers
       const int srow0 = w.srow0 + kStagedRows * consumer;  // in the schedule
@@ -535,6 +563,7 @@ __global__ void __launch_bounds__(kGemmThreads, 1)
         // Forward's FC1 tile, epilogue and all: the same h and act bits forward had (kFp8:
         // the FP8 engine's tile of the separate path's FC1, whose act the forward megakernel
         // quantizes; here act stays bf16 for dW2's rounding tile).
+        trace.stamp(seq, kBtInputsReady);
         float p[2];
         load_row_probs<kAct>(a.row_prob, srow0, rows_valid, p);
         const EpilogueTensor act_out{&m.act_store, a.act, a.ffn}, h_out{&m.h_tile, a.h, a.f1};
@@ -544,14 +573,17 @@ __global__ void __launch_bounds__(kGemmThreads, 1)
                                              w.n_block * kFc1Cols);
           consume_fp8_tile<kGated>(fp8_ring, it, k_blocks, w.tile, consumer, leader, ws, w.row0,
                                    acc8, partial8, a.timeout_ns, a.report);
+          trace.stamp(seq, kBtMainloopEnd);
           store_rows_staged<kAct, kFp8BlockN>(acc8, buf, act_out, h_out, row0, full, rows_valid,
                                               w.n_block * kFc1Cols, a.ffn, p, consumer, leader);
         } else {
           consume_tile(s.ring, it, k_blocks, w.tile, consumer, leader, acc, a.timeout_ns,
                        a.report);
+          trace.stamp(seq, kBtMainloopEnd);
           store_rows_staged<kAct>(acc, buf, act_out, h_out, row0, full, rows_valid,
                                   w.n_block * kFc1Cols, a.ffn, p, consumer, leader);
         }
+        trace.stamp(seq, kBtEpilogue1);
       } else if (w.kind == kDgrad2) {
         const int col0 = w.n_block * kDgrad2Cols;
         staging_free();
@@ -565,6 +597,7 @@ __global__ void __launch_bounds__(kGemmThreads, 1)
           fence_proxy_async_shared();
           prefetch_h_tile<kGated>(buf, &m.h_tile, &s.h_full[consumer], row0, col0);
         }
+        trace.stamp(seq, kBtInputsReady);
         float p[2];
         load_row_probs<kAct>(a.row_prob, srow0, rows_valid, p);
         if constexpr (kFp8) {
@@ -577,8 +610,10 @@ __global__ void __launch_bounds__(kGemmThreads, 1)
           consume_tile<kDgrad2Cols, false, !kMx>(s.ring, it, k_blocks, w.tile, consumer, leader,
                                                  acc, a.timeout_ns, a.report);
         }
+        trace.stamp(seq, kBtMainloopEnd);
         mbar_wait(&s.h_full[consumer], h_phase, a.timeout_ns, kWaitHTile, w.tile, consumer,
                   a.report);
+        trace.stamp(seq, kBtEpilogue1);
         h_phase ^= 1;
         float dp[2];
         if constexpr (kFp8) activation_backward_staged<kAct>(acc8, buf, t, p, dp);
@@ -592,6 +627,7 @@ __global__ void __launch_bounds__(kGemmThreads, 1)
             }
           }
         }
+        trace.stamp(seq, kBtEpilogue2);
         fence_proxy_async_shared();
         named_barrier_sync(staging, 128);
         const EpilogueTensor dh{&m.dh_store, a.dh, a.f1};
@@ -603,7 +639,9 @@ __global__ void __launch_bounds__(kGemmThreads, 1)
             copy_staged_rows<kDgrad2Cols>(src, dh, half, row0, rows_valid, col0, a.ffn, t, 128);
           }
         }
+        trace.stamp(seq, kBtEpilogue3);
       } else {
+        trace.stamp(seq, kBtInputsReady);
         const int col0 = w.n_block * kDgrad1Cols;
         if constexpr (kFp8) {
           const WeightBlockScales<false> ws(a.w1_t_block_scales, w.expert,
@@ -615,11 +653,13 @@ __global__ void __launch_bounds__(kGemmThreads, 1)
           consume_tile<kGemmBlockN, false, !kMx>(s.ring, it, k_blocks, w.tile, consumer, leader,
                                                  acc, a.timeout_ns, a.report);
         }
+        trace.stamp(seq, kBtMainloopEnd);
         staging_free();
         if constexpr (kFp8) write_scatter_staged<kDgrad1Cols>(acc8, buf, t);
         else write_scatter_staged<kDgrad1Cols>(acc, buf, t);
         fence_proxy_async_shared();
         named_barrier_sync(staging, 128);
+        trace.stamp(seq, kBtEpilogue1);
         if (t < rows_valid) {
           const int flat = a.row_slot[srow0 + t];
           char* slot = source_slot(a.peer_bases, a.per_rank, flat, a.slots_offset,
@@ -638,6 +678,7 @@ __global__ void __launch_bounds__(kGemmThreads, 1)
                 source_slot(a.peer_bases, a.per_rank, flat, a.values_offset, 4)) = dprob;
           }
         }
+        trace.stamp(seq, kBtEpilogue2);
       }
       if (w.kind != kDgrad1) {
         // h and act (FC1), or dh and the partials (FC2-dgrad), are in memory before the
@@ -668,32 +709,39 @@ __global__ void __launch_bounds__(kGemmThreads, 1)
                        w.macro, a.report);
           load_carry(acc, carry_data(w, w.macro - 1));
         }
+        trace.stamp(seq, kBtInputsReady);
         consume_tile<kGemmBlockN, true, true>(
             s.ring, it, k_blocks, w.tile, consumer, leader, acc, a.timeout_ns, a.report,
             KTailZero<kGemmBlockN / 64>{&s.ring, k_blocks,
                                         w.rows - (k_blocks - 1) * kGemmBlockK, consumer},
             carry_in);
       }
+      trace.stamp(seq, kBtMainloopEnd);
       const int M = wgrad2 ? a.hidden : a.f1, N = wgrad2 ? a.ffn : a.hidden;
       const int m0 = w.block * kGemmBlockM + kStagedRows * consumer;
       const int rows_valid = max(0, min(kStagedRows, M - m0));
       const int n0 = w.n_block * kGemmBlockN;
       const int64_t* fp32 = wgrad2 ? a.dw2_fp32 : a.dw1_fp32;
       if (w.part & kPartCarryOut) {
+        trace.stamp(seq, kBtEpilogue1);
         store_carry(acc, carry_data(w, w.macro));
+        trace.stamp(seq, kBtEpilogue2);
         __threadfence();
         named_barrier_sync(staging, 128);
         if (leader) red_release_gpu_add_u32(carry_flag(w, w.macro), 1);
       } else if (fp32 != nullptr) {
+        trace.stamp(seq, kBtEpilogue1);
         if (k_blocks > 0) {
           accumulate_fp32(acc, reinterpret_cast<float*>(fp32[w.expert]), m0, n0, rows_valid, N);
         }
+        trace.stamp(seq, kBtEpilogue2);
       } else if (rows_valid > 0) {
         const EpilogueTensor out{wgrad2 ? &m.dw2_store : &m.dw1_store, wgrad2 ? a.dw2 : a.dw1,
                                  N};
         const int row0 = w.expert * M + m0;
         const bool full = m0 + kStagedRows <= M;
         staging_free();
+        trace.stamp(seq, kBtEpilogue1);
         // An expert without rows has dW = 0, written without touching the accumulators (a
         // non-wgmma write to them makes ptxas serialize every wgmma of the kernel).
         store_round<kGemmBlockN>(buf, out, 0, row0, full, rows_valid, n0, N, consumer, leader,
@@ -703,18 +751,28 @@ __global__ void __launch_bounds__(kGemmThreads, 1)
                                                                       acc[4 * j + 2 * i + 1])
                                               : __floats2bfloat162_rn(0.f, 0.f);
                                  });
+        trace.stamp(seq, kBtEpilogue2);
       }
     }
     // The tile has read what it needs of its macrobatch's ring slot (its TMA loads have
     // landed, its plain loads returned): counted once per warpgroup for the pull's reuse.
     ++done_tiles;
+    trace.stamp(seq, kBtTileEnd);
   }
   bulk_wait<0>();  // this thread's stores (peers' slots among them) complete before exit
+  trace.header_ns(kTrEndNs);
+  trace.header_clock(kTrEndClock);
+}
+
+template <int kAct, bool kDiagnostic, int kOperands>
+void launch_kernel(const BackwardMaps& maps, const BackwardArgs& args) {
+  launch_persistent(moe_backward_kernel<kAct, kDiagnostic, kOperands>, kSharedBytes, maps, args);
 }
 
 template <int kAct, int kOperands>
-void launch_backward(const BackwardMaps& maps, const BackwardArgs& args) {
-  launch_persistent(moe_backward_kernel<kAct, kOperands>, kSharedBytes, maps, args);
+void launch_backward(bool diagnostic, const BackwardMaps& maps, const BackwardArgs& args) {
+  if (diagnostic) launch_kernel<kAct, true, kOperands>(maps, args);
+  else launch_kernel<kAct, false, kOperands>(maps, args);
 }
 
 // A blockwise weight's codes as read (check_fp8_block_weight) with N x K = n x k.
@@ -755,7 +813,8 @@ void moe_backward_megakernel(const at::Tensor& peer_bases, int64_t tokens_offset
                              const c10::optional<at::Tensor>& dh_k,
                              const std::vector<at::Tensor>& fp8_scales, at::Tensor& counters,
                              int64_t comm_blocks, int64_t minibatch_rows, int64_t ring_mblocks,
-                             int64_t ring_slots, int64_t timeout_ns, int64_t rank) {
+                             int64_t ring_slots, int64_t timeout_ns, int64_t rank,
+                             const c10::optional<at::Tensor>& trace) {
   const int64_t E = w1.size(0), H = rows.size(1), F = w2.size(2);
   const bool gated = is_gated(static_cast<int>(activation));
   const int64_t F1 = gated ? 2 * F : F;
@@ -862,6 +921,11 @@ void moe_backward_megakernel(const at::Tensor& peer_bases, int64_t tokens_offset
                  " zeros");
   MOK_HOST_CHECK(comm_blocks >= 1 && comm_blocks < sms, "moe_backward_megakernel: comm_blocks ",
                  comm_blocks, " must be in [1, ", sms - 1, "]");
+  MOK_HOST_CHECK(!trace || (trace->is_cuda() && trace->scalar_type() == at::kLong &&
+                              trace->is_contiguous() &&
+                              trace->numel() >= int64_t(sms) * BackwardTrace::kBlockValues),
+                 "moe_backward_megakernel: trace must be a contiguous int64 GPU tensor of >= ",
+                 int64_t(sms) * BackwardTrace::kBlockValues, " values");
   c10::cuda::CUDAGuard guard(rows.device());
 
   BackwardArgs args{};
@@ -934,6 +998,7 @@ void moe_backward_megakernel(const at::Tensor& peer_bases, int64_t tokens_offset
   args.minibatch_rows = static_cast<int>(minibatch_rows);
   args.timeout_ns = static_cast<uint64_t>(timeout_ns);
   args.report = timeout_report_device(kReportBackwardMegakernel, rank, timeout_ns);
+  args.trace = trace ? trace->data_ptr<int64_t>() : nullptr;
 
   BackwardMaps maps{};
   const int halves = gated ? 2 : 1;
@@ -980,13 +1045,17 @@ void moe_backward_megakernel(const at::Tensor& peer_bases, int64_t tokens_offset
   maps.rows_mn = mn_major_rows_map(rows.data_ptr(), buffer_rows, H, H);
   if (dw2) maps.dw2_store = staged_rows_map(dw2->data_ptr(), E * H, F, 1, F);
   if (dw1) maps.dw1_store = staged_rows_map(dw1->data_ptr(), E * F1, H, 1, H);
+  const bool diagnostic = trace.has_value();
   if (blockwise) {
-    MOK_DISPATCH_ACTIVATION(activation, KACT,
-                            (launch_backward<KACT, kBackwardFp8Blockwise>(maps, args)));
+    MOK_DISPATCH_ACTIVATION(
+        activation, KACT,
+        (launch_backward<KACT, kBackwardFp8Blockwise>(diagnostic, maps, args)));
   } else if (mx) {
-    MOK_DISPATCH_ACTIVATION(activation, KACT, (launch_backward<KACT, kBackwardMxfp8>(maps, args)));
+    MOK_DISPATCH_ACTIVATION(activation, KACT,
+                            (launch_backward<KACT, kBackwardMxfp8>(diagnostic, maps, args)));
   } else {
-    MOK_DISPATCH_ACTIVATION(activation, KACT, (launch_backward<KACT, kBackwardBf16>(maps, args)));
+    MOK_DISPATCH_ACTIVATION(activation, KACT,
+                            (launch_backward<KACT, kBackwardBf16>(diagnostic, maps, args)));
   }
 }
 

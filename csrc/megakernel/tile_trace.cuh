@@ -1,7 +1,8 @@
-// Optional timestamps of the forward megakernel's blocks (benchmarks/diagnostics/trace_tiles.py
-// reads them).
+// Optional timestamps of a megakernel's blocks (BlockTrace), and the forward megakernel's
+// layout of them (benchmarks/diagnostics/trace_tiles.py reads it; the backward's is
+// backward_trace.cuh).
 // Given a trace buffer, every block records clock64 at the phase boundaries of its first
-// kTraceTiles tiles, and a header: globaltimer and clock64 at its start and end (a time base
+// kTiles tiles, and a header: globaltimer and clock64 at its start and end (a time base
 // shared by all SMs, and the SM clock's rate), when its pull ended and its ticket. Without
 // one (null), each stamp is one uniform branch; none sits inside a k-loop.
 #pragma once
@@ -45,30 +46,35 @@ enum TraceHeader : int {
   kTraceHeader
 };
 
-constexpr int kTraceBlockValues = kTraceTiles * kTraceSlots + kTraceHeader;
+// One block's trace: its first kTiles tiles of kSlots values each, then the header.
+template <int kTiles, int kSlots>
+struct BlockTrace {
+  static constexpr int kBlockValues = kTiles * kSlots + kTraceHeader;
+  int64_t* block;  // this block's kBlockValues, or null: not tracing
 
-struct TileTrace {
-  int64_t* block;  // this block's kTraceBlockValues, or null: not tracing
-
-  __device__ static TileTrace make(int64_t* buffer) {
-    return {buffer ? buffer + int64_t(blockIdx.x) * kTraceBlockValues : nullptr};
+  __device__ static BlockTrace make(int64_t* buffer) {
+    return {buffer ? buffer + int64_t(blockIdx.x) * kBlockValues : nullptr};
   }
   // The timers are read only when tracing (they are volatile reads the compiler keeps).
   __device__ void stamp(int seq, int slot) const {
-    if (block != nullptr && seq < kTraceTiles) block[seq * kTraceSlots + slot] = clock64();
+    if (block != nullptr && seq < kTiles) block[seq * kSlots + slot] = clock64();
   }
   __device__ void tile_value(int seq, int slot, int64_t value) const {
-    if (block != nullptr && seq < kTraceTiles) block[seq * kTraceSlots + slot] = value;
+    if (block != nullptr && seq < kTiles) block[seq * kSlots + slot] = value;
   }
   __device__ void header_clock(int slot) const {
-    if (block != nullptr) block[kTraceTiles * kTraceSlots + slot] = clock64();
+    if (block != nullptr) block[kTiles * kSlots + slot] = clock64();
   }
   __device__ void header_ns(int slot) const {
-    if (block != nullptr) block[kTraceTiles * kTraceSlots + slot] = int64_t(globaltimer_ns());
+    if (block != nullptr) block[kTiles * kSlots + slot] = int64_t(globaltimer_ns());
   }
   __device__ void header_value(int slot, int64_t value) const {
-    if (block != nullptr) block[kTraceTiles * kTraceSlots + slot] = value;
+    if (block != nullptr) block[kTiles * kSlots + slot] = value;
   }
 };
+
+// The forward megakernel's.
+using TileTrace = BlockTrace<kTraceTiles, kTraceSlots>;
+constexpr int kTraceBlockValues = TileTrace::kBlockValues;
 
 }  // namespace mok

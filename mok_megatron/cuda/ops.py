@@ -611,7 +611,7 @@ def moe_backward_megakernel(peer_bases, tokens_offset: int, inputs_offset: int,
                             carry=None, mxfp8: Optional[MxBackwardOperands] = None,
                             fp8_blockwise: Optional[Fp8BackwardOperands] = None,
                             minibatch_rows: int = MEGAKERNEL_BLOCK_M, ring_mblocks: int = 0,
-                            rank: int = 0) -> None:
+                            rank: int = 0, trace: Optional[torch.Tensor] = None) -> None:
     """Pull dY + FC2-dgrad with the activation backward + dW2 + FC1-dgrad (dX rows and dprobs
     pushed to their (token, k) slots) + dW1 in one persistent launch
     (csrc/megakernel/moe_backward.cu). ``ring_mblocks`` == 0: ``rows``, ``h``, ``act`` are
@@ -631,7 +631,10 @@ def moe_backward_megakernel(peer_bases, tokens_offset: int, inputs_offset: int,
     along the rows. ``fp8_blockwise`` (ring only): the blockwise recipe's operands
     (Fp8BackwardOperands; ``w1`` and ``w2`` stay the bf16 weights, which give the shapes): the
     launch quantizes dY, x and dh along K into its buffers and rounds them, and act, along the
-    rows in place, as under mxfp8."""
+    rows in place, as under mxfp8. ``trace``: ``backward_trace_buffer(...)`` to record the
+    blocks' timestamps (``BACKWARD_TRACE_SLOTS``, ``TRACE_HEADER``;
+    benchmarks/diagnostics/trace_backward.py reads them) in the launch's diagnostic kernel, or
+    None."""
     _cuda("peer_bases", peer_bases, torch.int64)
     _cuda("offsets", offsets, torch.int32)
     _cuda("row_slot", row_slot, torch.int32)
@@ -678,8 +681,9 @@ def moe_backward_megakernel(peer_bases, tokens_offset: int, inputs_offset: int,
                                         topk, w1, w2, ACTIVATION_IDS[activation], rows, h, act,
                                         dout, dh, dprob_part, dw1, dw2, dw1_fp32, dw2_fp32,
                                         carry, along_k.w1_t, along_k.w2_t, along_k.rows_k,
-                                        along_k.dout_k, along_k.dh_k, fp8_scales, counters, comm_blocks, minibatch_rows,
-                                        ring_mblocks, MACROBATCH_RING_SLOTS, timeout_ns, rank)
+                                        along_k.dout_k, along_k.dh_k, fp8_scales, counters,
+                                        comm_blocks, minibatch_rows, ring_mblocks,
+                                        MACROBATCH_RING_SLOTS, timeout_ns, rank, trace)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -779,7 +783,7 @@ def backward_carry(rows: int, num_experts: int, ring_mblocks: int, wgrad_tiles: 
 PROFILE_SKIP = {"pull": 1, "waits": 2, "fc1": 4, "fc2": 8, "stores": 16, "mma": 32,
                 "loads": 64}  # csrc ProfileSkip
 
-# The megakernel's trace layout (csrc/megakernel/tile_trace.cuh): per block, TRACE_TILES tiles
+# The forward megakernel's trace layout (csrc/megakernel/tile_trace.cuh): per block, TRACE_TILES tiles
 # of TRACE_SLOTS values (clock64, except "tile_id" = tile * 2 + fc1), then TRACE_HEADER.
 TRACE_TILES = 64
 TRACE_SLOTS = ("tile_start", "tile_queued", "mainloop_end", "tile_end", "tile_id",
@@ -787,20 +791,49 @@ TRACE_SLOTS = ("tile_start", "tile_queued", "mainloop_end", "tile_end", "tile_id
                "storer_h_out", "storer_activated", "storer_released", "storer_done")
 TRACE_HEADER = ("start_ns", "start_clock", "end_ns", "end_clock", "pull_end_clock", "ticket")
 
+# The backward megakernel's (csrc/megakernel/backward_trace.cuh): "tile_id" = tile * 8 + kind
+# (BACKWARD_KINDS), "macro", "rows" and "part" values, the rest clock64; the same header.
+BACKWARD_TRACE_TILES = 512
+BACKWARD_TRACE_SLOTS = ("tile_start", "tile_queued", "inputs_ready", "mainloop_end",
+                        "epilogue1", "epilogue2", "epilogue3", "tile_end", "tile_id", "macro",
+                        "rows", "part", "producer_start", "taken", "pushed", "ready",
+                        "loads_issued")
+BACKWARD_KINDS = ("fc1", "dgrad2", "wgrad2", "dgrad1", "wgrad1", "round_in", "round_act",
+                  "round_dh")  # csrc BackwardKind
+
+
+def _trace_buffer(device, tiles: int, slots: int) -> torch.Tensor:
+    sms = torch.cuda.get_device_properties(device).multi_processor_count
+    return torch.zeros(sms, tiles * slots + len(TRACE_HEADER), dtype=torch.int64, device=device)
+
+
+def _trace_parts(trace: torch.Tensor, tiles: int, slots: int):
+    cut = tiles * slots
+    return trace[:, :cut].view(trace.shape[0], tiles, slots), trace[:, cut:]
+
 
 def megakernel_trace_buffer(device) -> torch.Tensor:
     """Zeroed int64 [SMs, TRACE_TILES * len(TRACE_SLOTS) + len(TRACE_HEADER)] for a traced
     megakernel launch (one row per block of its SM-count grid)."""
-    sms = torch.cuda.get_device_properties(device).multi_processor_count
-    values = TRACE_TILES * len(TRACE_SLOTS) + len(TRACE_HEADER)
-    return torch.zeros(sms, values, dtype=torch.int64, device=device)
+    return _trace_buffer(device, TRACE_TILES, len(TRACE_SLOTS))
 
 
 def megakernel_trace_parts(trace: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """Views of a trace buffer (megakernel_trace_buffer): the tiles' stamps [blocks,
     TRACE_TILES, len(TRACE_SLOTS)] and the blocks' headers [blocks, len(TRACE_HEADER)]."""
-    cut = TRACE_TILES * len(TRACE_SLOTS)
-    return trace[:, :cut].view(trace.shape[0], TRACE_TILES, len(TRACE_SLOTS)), trace[:, cut:]
+    return _trace_parts(trace, TRACE_TILES, len(TRACE_SLOTS))
+
+
+def backward_trace_buffer(device) -> torch.Tensor:
+    """Zeroed int64 [SMs, BACKWARD_TRACE_TILES * len(BACKWARD_TRACE_SLOTS) +
+    len(TRACE_HEADER)] for a traced backward megakernel launch."""
+    return _trace_buffer(device, BACKWARD_TRACE_TILES, len(BACKWARD_TRACE_SLOTS))
+
+
+def backward_trace_parts(trace: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Views of a backward trace buffer (backward_trace_buffer): the tiles' stamps [blocks,
+    BACKWARD_TRACE_TILES, len(BACKWARD_TRACE_SLOTS)] and the blocks' headers."""
+    return _trace_parts(trace, BACKWARD_TRACE_TILES, len(BACKWARD_TRACE_SLOTS))
 
 
 # Macrobatches the megakernel's ring holds at once: FC2 lags FC1 by one macrobatch and the
