@@ -363,16 +363,32 @@ def check_weight_lists(spec: ProblemSpec, rank: int, group) -> None:
             assert torch.equal(stacked[name], listed[name]), f"{name}: {layout} differs"
 
 
+def run_cuda_traced(monkeypatch, launch: str, trace: torch.Tensor, problem, max_tokens: int,
+                    **knobs) -> dict:
+    """run_cuda (rank 0, no group) with ops.<launch> (moe_forward_megakernel,
+    moe_backward_megakernel) recording into `trace`: its diagnostic kernel."""
+    original = getattr(ops, launch)
+    monkeypatch.setattr(ops, launch,
+                        lambda *args, **kwargs: original(*args, **kwargs, trace=trace))
+    return run_cuda(problem, 0, None, max_tokens, **knobs)
+
+
+def check_trace_headers(head: torch.Tensor) -> None:
+    """Every block of a traced launch started and ended on the global timer and the SM clock,
+    and the blocks' tickets are a permutation."""
+    h = {name: head[:, i] for i, name in enumerate(ops.TRACE_HEADER)}
+    assert (h["start_ns"] > 0).all() and (h["end_ns"] >= h["start_ns"]).all()
+    assert (h["end_clock"] > h["start_clock"]).all()
+    assert sorted(h["ticket"].tolist()) == list(range(head.shape[0]))
+
+
 def check_trace_stamps(trace: torch.Tensor) -> list[int]:
     """A traced forward megakernel launch's stamps (ops.megakernel_trace_buffer, on the CPU)
     are consistent: every block started and ended on the global timer, tickets are a
     permutation, each traced tile's consumer stamps are in order and its storer's follow its
     mainloop in order. Returns the traced tiles' indices."""
     tiles, head = ops.megakernel_trace_parts(trace)
-    h = {name: head[:, i] for i, name in enumerate(ops.TRACE_HEADER)}
-    assert (h["start_ns"] > 0).all() and (h["end_ns"] >= h["start_ns"]).all()
-    assert (h["end_clock"] > h["start_clock"]).all()
-    assert sorted(h["ticket"].tolist()) == list(range(trace.shape[0]))
+    check_trace_headers(head)
     order = [ops.TRACE_SLOTS.index(n) for n in
              ("tile_start", "tile_queued", "mainloop_end", "staged", "tile_end")]
     # Consumer 0's storer takes the tile after its mainloop ended, then releases and counts
@@ -397,10 +413,7 @@ def check_backward_trace_stamps(trace: torch.Tensor) -> list[int]:
     path passes; the entry's always) are in order and its producer's are all there, in order.
     Returns the traced tiles' indices."""
     tiles, head = ops.backward_trace_parts(trace)
-    h = {name: head[:, i] for i, name in enumerate(ops.TRACE_HEADER)}
-    assert (h["start_ns"] > 0).all() and (h["end_ns"] >= h["start_ns"]).all()
-    assert (h["end_clock"] > h["start_clock"]).all()
-    assert sorted(h["ticket"].tolist()) == list(range(trace.shape[0]))
+    check_trace_headers(head)
     slot = {name: i for i, name in enumerate(ops.BACKWARD_TRACE_SLOTS)}
     consumer = [slot[n] for n in ("tile_start", "tile_queued", "inputs_ready", "mainloop_end",
                                   "epilogue1", "epilogue2", "epilogue3", "tile_end")]

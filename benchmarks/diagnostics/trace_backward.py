@@ -37,11 +37,11 @@ import torch  # noqa: E402
 from mok_megatron.config import KernelKnobs, Recipe  # noqa: E402
 from mok_megatron.cuda import ops  # noqa: E402
 from mok_megatron.functional import moe_experts  # noqa: E402
+from block_trace import block_spans, blocks_line, traced  # noqa: E402
 from profile_backward import problem  # noqa: E402
 from profile_megakernel import cases  # noqa: E402
 
 SLOT = {name: i for i, name in enumerate(ops.BACKWARD_TRACE_SLOTS)}
-HEADER = {name: i for i, name in enumerate(ops.TRACE_HEADER)}
 CARRY_OUT = 2  # csrc kPartCarryOut
 # Consumer 0's stamps in order, and the phase each one ends (consumer shares).
 CONSUMER = ("tile_start", "tile_queued", "inputs_ready", "mainloop_end", "epilogue1",
@@ -87,38 +87,20 @@ def summarize(trace: torch.Tensor) -> dict:
     """Per-block spans, per-kind phase medians (µs) and consumer 0's time split by kind from
     one traced launch (on the CPU)."""
     tiles, head = ops.backward_trace_parts(trace)
-    ns = head[:, HEADER["end_ns"]] - head[:, HEADER["start_ns"]]
-    cycles = head[:, HEADER["end_clock"]] - head[:, HEADER["start_clock"]]
-    ghz = float(cycles.sum()) / float(ns.sum())
+    ghz, blocks, counts, whole = block_spans(tiles, head, SLOT["tile_start"], SLOT["tile_end"],
+                                             ops.BACKWARD_TRACE_TILES)
     us = lambda c: c / ghz / 1e3  # noqa: E731  (clock64 cycles -> µs)
-    t0 = int(head[:, HEADER["start_ns"]].min())
-    blocks, phases, rows = [], {}, {}
+    phases, rows = {}, {}
     shares: dict[str, float] = {}
-    consumer_cycles, whole_blocks = 0, 0
-    for b in range(trace.shape[0]):
-        n = int((tiles[b, :, SLOT["tile_end"]] != 0).sum())
-        start_clock = int(head[b, HEADER["start_clock"]])
-        block = {"start_us": (int(head[b, HEADER["start_ns"]]) - t0) / 1e3,
-                 "end_us": (int(head[b, HEADER["end_ns"]]) - t0) / 1e3, "tiles": n,
-                 "ticket": int(head[b, HEADER["ticket"]])}
-        if int(head[b, HEADER["pull_end_clock"]]):
-            block["pull_us"] = us(int(head[b, HEADER["pull_end_clock"]]) - start_clock)
-        if n:
-            block["first_tile_us"] = us(int(tiles[b, 0, SLOT["tile_start"]]) - start_clock)
-            block["tail_us"] = us(int(head[b, HEADER["end_clock"]])
-                                  - int(tiles[b, n - 1, SLOT["tile_end"]]))
-        blocks.append(block)
-        whole = 0 < n < ops.BACKWARD_TRACE_TILES
-        if whole:
-            whole_blocks += 1
-            consumer_cycles += (int(head[b, HEADER["end_clock"]])
-                                - int(tiles[b, 0, SLOT["tile_start"]]))
+    consumer_cycles = sum(c for c in whole if c is not None)
+    whole_blocks = sum(c is not None for c in whole)
+    for b, n in enumerate(counts):
         for row in tiles[b, :n].tolist():  # plain ints: per-element tensor reads are slow
             kind = kind_of(row)
             for name, c in tile_phases(row, kind).items():
                 phases.setdefault(kind, {}).setdefault(name, []).append(us(c))
             rows.setdefault(kind, []).append(int(row[SLOT["rows"]]))
-            if whole:
+            if whole[b] is not None:
                 # Each interval between present stamps goes to the phase its later one ends.
                 stamps = [(name, int(row[SLOT[name]])) for name in CONSUMER if row[SLOT[name]]]
                 for (_, a), (name, z) in zip(stamps, stamps[1:]):
@@ -159,26 +141,14 @@ def traced_backward(model, experts: int, tokens: int, precision: str, inputs: st
     torch.cuda.synchronize()
     trace = ops.backward_trace_buffer("cuda")
     y = forward()
-    launch = ops.moe_backward_megakernel
-    ops.moe_backward_megakernel = lambda *a, **k: launch(*a, **k, trace=trace)
-    try:
+    with traced("moe_backward_megakernel", trace):
         y.backward(dy)
-    finally:
-        ops.moe_backward_megakernel = launch
     torch.cuda.synchronize()
     return trace.cpu()
 
 
 def print_case(title: str, s: dict) -> None:
-    b = s["blocks"]
-    span = max(x["end_us"] for x in b) - min(x["start_us"] for x in b)
-    pulls = [x["pull_us"] for x in b if "pull_us" in x]
-    print(f"{title}: clock {s['clock_ghz']:.2f} GHz, blocks span {span:.1f} us (last start "
-          f"+{max(x['start_us'] for x in b):.1f}, median first tile "
-          f"+{statistics.median(x.get('first_tile_us', 0) for x in b):.1f}, median tail "
-          f"{statistics.median(x.get('tail_us', 0) for x in b):.1f}"
-          + (f", pull {statistics.median(pulls):.1f}-{max(pulls):.1f}" if pulls else "") + ")",
-          flush=True)
+    print(f"{title}: " + blocks_line(s["clock_ghz"], s["blocks"]), flush=True)
     share = s["consumer_share"]
     if share:
         kinds = sorted({k.rsplit("_", 1)[0] for k in share if k != "rest"})

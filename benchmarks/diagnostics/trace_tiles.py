@@ -27,7 +27,6 @@ block weights; no h), the launch made with a trace buffer added.
 from __future__ import annotations
 
 import argparse
-import functools
 import json
 import statistics
 import sys
@@ -40,11 +39,11 @@ sys.path.insert(0, str(REPO))
 import torch  # noqa: E402
 
 from mok_megatron.cuda import ops  # noqa: E402
+from block_trace import block_spans, blocks_line, traced  # noqa: E402
 from layer_problem import one_gpu_forward  # noqa: E402
 from profile_megakernel import build, cases, megakernel  # noqa: E402
 
 SLOT = {name: i for i, name in enumerate(ops.TRACE_SLOTS)}
-HEADER = {name: i for i, name in enumerate(ops.TRACE_HEADER)}
 TILE_PHASES = {"queue": ("tile_start", "tile_queued"), "mainloop": ("tile_queued", "mainloop_end"),
                "epilogue": ("mainloop_end", "tile_end"), "staging": ("mainloop_end", "staged"),
                "push": ("producer_start", "pushed"), "ready": ("pushed", "ready"),
@@ -71,12 +70,8 @@ def traced_layer_launch(model, experts: int, tokens: int, comm_blocks: int, seed
     forward(), forward()
     torch.cuda.synchronize()
     trace = ops.megakernel_trace_buffer("cuda")
-    launch = ops.moe_forward_megakernel
-    ops.moe_forward_megakernel = functools.partial(launch, trace=trace)
-    try:
+    with traced("moe_forward_megakernel", trace):
         forward()
-    finally:
-        ops.moe_forward_megakernel = launch
     torch.cuda.synchronize()
     return trace.cpu()
 
@@ -84,35 +79,15 @@ def traced_layer_launch(model, experts: int, tokens: int, comm_blocks: int, seed
 def summarize(trace: torch.Tensor) -> dict:
     """Per-block spans and per-tile phase medians (µs) from one traced launch."""
     tiles, head = ops.megakernel_trace_parts(trace)
-    ns = head[:, HEADER["end_ns"]] - head[:, HEADER["start_ns"]]
-    cycles = head[:, HEADER["end_clock"]] - head[:, HEADER["start_clock"]]
-    ghz = float(cycles.sum()) / float(ns.sum())
+    ghz, blocks, counts, whole = block_spans(tiles, head, SLOT["tile_start"], SLOT["tile_end"],
+                                             ops.TRACE_TILES)
     us = lambda c: c / ghz / 1e3  # noqa: E731  (clock64 cycles -> µs)
-    t0 = int(head[:, HEADER["start_ns"]].min())
-    blocks = []
     phases: dict[str, dict[str, list]] = {"fc1": {}, "fc2": {}}
     # Consumer 0's time from its first tile to the block's end, summed over the blocks whose
     # every tile is traced, split into each tile kind's queue / mainloop / epilogue.
     shares: dict[str, float] = {}
-    consumer_cycles = 0
-    for b in range(trace.shape[0]):
-        done = tiles[b, :, SLOT["tile_end"]] != 0
-        n = int(done.sum())
-        start_clock = int(head[b, HEADER["start_clock"]])
-        block = {"start_us": (int(head[b, HEADER["start_ns"]]) - t0) / 1e3,
-                 "end_us": (int(head[b, HEADER["end_ns"]]) - t0) / 1e3, "tiles": n,
-                 "ticket": int(head[b, HEADER["ticket"]])}
-        if int(head[b, HEADER["pull_end_clock"]]):
-            block["pull_us"] = us(int(head[b, HEADER["pull_end_clock"]]) - start_clock)
-        if n:
-            block["first_tile_us"] = us(int(tiles[b, 0, SLOT["tile_start"]]) - start_clock)
-            block["tail_us"] = us(int(head[b, HEADER["end_clock"]])
-                                  - int(tiles[b, n - 1, SLOT["tile_end"]]))
-        blocks.append(block)
-        whole = 0 < n < ops.TRACE_TILES
-        if whole:
-            consumer_cycles += (int(head[b, HEADER["end_clock"]])
-                                - int(tiles[b, 0, SLOT["tile_start"]]))
+    consumer_cycles = sum(c for c in whole if c is not None)
+    for b, n in enumerate(counts):
         for s in range(n):
             row = tiles[b, s]
             kind = "fc1" if int(row[SLOT["tile_id"]]) % 2 else "fc2"
@@ -120,7 +95,7 @@ def summarize(trace: torch.Tensor) -> dict:
                 if int(row[SLOT[a]]) and int(row[SLOT[z]]):
                     cycles = int(row[SLOT[z]] - row[SLOT[a]])
                     phases[kind].setdefault(name, []).append(us(cycles))
-                    if whole and name in ("queue", "mainloop", "epilogue"):
+                    if whole[b] is not None and name in ("queue", "mainloop", "epilogue"):
                         shares[f"{kind}_{name}"] = shares.get(f"{kind}_{name}", 0) + cycles
     medians = {kind: {name: statistics.median(v) for name, v in d.items()}
                for kind, d in phases.items() if d}
@@ -148,19 +123,10 @@ def run_case(model, variant: str, experts: int, tokens: int, comm_blocks: int, s
     else:
         trace = traced_layer_launch(model, experts, tokens, comm_blocks, seed, precision)
     s = summarize(trace)
-    b = s["blocks"]
-    span = max(x["end_us"] for x in b) - min(x["start_us"] for x in b)
-    late_start = max(x["start_us"] for x in b)
-    pulls = [x["pull_us"] for x in b if "pull_us" in x]
     print(f"{model.name} {variant} E={experts} T={tokens} comm={comm_blocks}"
           + (f" skip={'+'.join(skip_names)}" if skip_names else "") + (" no h" if no_h else "")
           + (f" {precision}" if precision != "bf16" else "")
-          + ": "
-          f"clock {s['clock_ghz']:.2f} GHz, blocks span {span:.1f} us (last start +{late_start:.1f}"
-          f", median first tile +{statistics.median(x.get('first_tile_us', 0) for x in b):.1f}, "
-          f"median tail {statistics.median(x.get('tail_us', 0) for x in b):.1f}"
-          + (f", pull {statistics.median(pulls):.1f}-{max(pulls):.1f}" if pulls else "") + ")",
-          flush=True)
+          + ": " + blocks_line(s["clock_ghz"], s["blocks"]), flush=True)
     if s["consumer_share"]:
         print("    consumer 0's time (blocks with every tile traced): "
               + " ".join(f"{k} {v:.0%}" for k, v in s["consumer_share"].items()), flush=True)

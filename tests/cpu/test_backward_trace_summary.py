@@ -16,8 +16,9 @@ from mok_megatron.cuda import ops
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO / "benchmarks" / "diagnostics"))
 import trace_backward  # noqa: E402
+from block_trace import HEADER  # noqa: E402
 
-SLOT, HEADER = trace_backward.SLOT, trace_backward.HEADER
+SLOT = trace_backward.SLOT
 TAIL = 40
 
 

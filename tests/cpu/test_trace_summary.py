@@ -12,8 +12,9 @@ from mok_megatron.cuda import ops
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks" / "diagnostics"))
 import trace_tiles  # noqa: E402
+from block_trace import HEADER  # noqa: E402
 
-SLOT, HEADER = trace_tiles.SLOT, trace_tiles.HEADER
+SLOT = trace_tiles.SLOT
 # Per tile (cycles): queue, mainloop, staging, rest of the epilogue.
 FC1_TILE = (10, 300, 5, 5)
 FC2_TILE = (20, 100, 10, 10)

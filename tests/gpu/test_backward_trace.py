@@ -26,10 +26,8 @@ def test_traced_launch_same_bits_and_ordered_stamps(setting, monkeypatch):
     knobs = SETTINGS[setting]
     expected = gpu_checks.run_cuda(problem, 0, None, max_tokens, **knobs)
     trace = ops.backward_trace_buffer("cuda")
-    launch = ops.moe_backward_megakernel
-    monkeypatch.setattr(ops, "moe_backward_megakernel",
-                        lambda *args, **kwargs: launch(*args, **kwargs, trace=trace))
-    traced = gpu_checks.run_cuda(problem, 0, None, max_tokens, **knobs)
+    traced = gpu_checks.run_cuda_traced(monkeypatch, "moe_backward_megakernel", trace, problem,
+                                        max_tokens, **knobs)
     gpu_checks.assert_same_bits(expected, traced, f"({spec.name}, {setting}) traced against "
                                 "untraced")
     seen = gpu_checks.check_backward_trace_stamps(trace.cpu())

@@ -123,10 +123,8 @@ def test_traced_forward_megakernel_same_bits(monkeypatch):
     max_tokens = max(spec.tokens_per_rank)
     expected = gpu_checks.run_cuda(problem, 0, None, max_tokens, **MEGAKERNEL)
     trace = ops.megakernel_trace_buffer("cuda")
-    launch = ops.moe_forward_megakernel
-    monkeypatch.setattr(ops, "moe_forward_megakernel",
-                        lambda *args, **kwargs: launch(*args, **kwargs, trace=trace))
-    traced = gpu_checks.run_cuda(problem, 0, None, max_tokens, **MEGAKERNEL)
+    traced = gpu_checks.run_cuda_traced(monkeypatch, "moe_forward_megakernel", trace, problem,
+                                        max_tokens, **MEGAKERNEL)
     gpu_checks.assert_same_bits(expected, traced, f"({spec.name}) traced against untraced")
     seen = gpu_checks.check_trace_stamps(trace.cpu())
     assert seen and len(set(seen)) == len(seen), seen
