@@ -26,7 +26,7 @@ from .functional import moe_experts, resolve_backend
 from .testing import ROUTINGS, ProblemSpec, compare, concat_ranks, run_layer, run_ranks
 
 MAX_GPUS = 4
-FP8_TOLERANCE = 0.1  # issue 17: sum|d| / sum|ref| against the BF16 reference
+FP8_TOLERANCE = 0.1  # the FP8 recipes' bound: sum|d| / sum|ref| against the BF16 reference
 
 
 def _run_rank(rank, world_size, group, spec: ProblemSpec, recipe: Recipe, device_type: str):

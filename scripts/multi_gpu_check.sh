@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# What issue 18 asks of a multi-GPU machine: the torchrun suite (tests/dist: every path and
+# What a multi-GPU machine is asked first: the torchrun suite (tests/dist: every path and
 # recipe against the reference at EP = every visible GPU, bit-identical reruns and settings,
 # graph replay, a killed and a stalled rank), the side-by-side benchmark with the megakernels
 # (eager and graph-replayed), Megatron's training loop under mok and alltoall (loss curves and
@@ -7,7 +7,7 @@
 # package importable (extension built, megatron-core installed); each step's output goes to
 # OUT_DIR and a summary line to stdout.
 #     scripts/multi_gpu_check.sh OUT_DIR
-# A device call is limited to 10 minutes, so STEPS picks the steps of one call (default: all,
+# Where a machine is lent 10 minutes at a time, STEPS picks the steps of one run (default: all,
 # in this order) and each step has a time limit (seconds, STEP_TIMEOUT overrides all):
 #     STEPS="dist failures" scripts/multi_gpu_check.sh OUT_DIR
 #     STEPS="bench" scripts/multi_gpu_check.sh OUT_DIR

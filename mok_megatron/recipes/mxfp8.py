@@ -1,5 +1,5 @@
 """MXFP8 (OCP microscaling) quantization, the reference every MXFP8 kernel is checked against
-(issue 17; shared/DESIGN.md section 5). Plain PyTorch, CPU or GPU.
+(shared/DESIGN.md section 5). Plain PyTorch, CPU or GPU.
 
 A tensor is cut into blocks of BLOCK = 32 consecutive elements along one dimension (the
 reduction dimension of the GEMM that reads it); each block gets one shared scale 2^e, stored as

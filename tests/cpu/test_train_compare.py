@@ -1,6 +1,6 @@
 """scripts/train_compare.py's reading of Megatron's training log: the loss and the throughput
 of every logged iteration, from lines in the format megatron/training/training.py's
-training_log writes (what the multi-GPU run of issue 18 reports side by side)."""
+training_log writes (what scripts/multi_gpu_check.sh's training step reports side by side)."""
 
 import math
 import sys
