@@ -75,9 +75,10 @@ __device__ __forceinline__ void init_staging_handoff(StagingHandoff& h) {
 struct StorerTargets {
   const float* row_prob;
   const CUtensorMap* act_map;  // act's store map (kActFp8Codes: of its codes)
-  const CUtensorMap* h_map;
+  const CUtensorMap* h_map;   // h kept for backward, rows by schedule row (h_rows of them)
   __nv_bfloat16* act;
-  __nv_bfloat16* h;
+  __nv_bfloat16* h;          // or null: no h kept
+  int h_rows;                // the schedule's first rows whose h is kept
   int ffn, f1, hidden;       // act row width, h row width (2F gated), FC2 row width
   const int32_t* row_slot;   // FC2 rows: flat (source, token, k) slot
   const int64_t* peer_bases;
@@ -313,6 +314,47 @@ __device__ __forceinline__ void mx_round_staged(uint8_t* slot, int lane) {
   }
 }
 
+// One part of a staged FC1 tile's h (kCols columns from `src`: half `half` of h at column
+// col0) into the kept h, rows by schedule row: one TMA box per 64 columns when the warpgroup's
+// 64 rows are consecutive (the map's edge, h_rows, clips the rows past it), else its rows below
+// h_rows copied out.
+template <int kCols>
+__device__ __forceinline__ void store_kept_h_part(const uint8_t* src, const StagedRecord& r,
+                                                  const StorerTargets& tg, int half, int col0,
+                                                  int lane) {
+  const sm90::EpilogueTensor h{tg.h_map, tg.h, tg.f1};
+  if (r.full) {
+    if (lane == 0) sm90::issue_staged_boxes(h, src, kCols / 64, half, r.prob_row0, col0, tg.ffn);
+  } else {
+    sm90::copy_staged_rows<kCols>(src, h, half, r.prob_row0,
+                                  min(r.rows_valid, tg.h_rows - r.prob_row0), col0, tg.ffn,
+                                  lane, 32);
+  }
+}
+
+// An FC1 tile's h, as its consumer staged it, into the kept h (the rows below tg.h_rows; the
+// caller checks that the tile has some). The slots hold h as [gate | up] halves of the tile's
+// columns, one per slot; the blockwise gated tile holds 64 act columns per slot instead, each
+// slot's two boxes its gate and its up columns (activate_staged_fp8 reads them so).
+template <int kAct, int kActForm>
+__device__ __forceinline__ void store_kept_h(const uint8_t* buf, const StagedRecord& r,
+                                             const StorerTargets& tg, int lane) {
+  constexpr bool kGated = sm90::gated_epilogue<kAct>();
+  if constexpr (kActForm == kActFp8Codes && kGated) {
+    for (int slot = 0; slot < 2; ++slot) {
+      for (int half = 0; half < 2; ++half) {
+        store_kept_h_part<64>(buf + slot * kStagedSlotBytes + half * sm90::kStagedBoxBytes, r,
+                              tg, half, r.col0 + 64 * slot, lane);
+      }
+    }
+  } else {
+    constexpr int kCols = kActForm == kActFp8Codes ? kFp8ScaleBlock : sm90::tile_cols<kAct>();
+    for (int half = 0; half < (kGated ? 2 : 1); ++half) {
+      store_kept_h_part<kCols>(buf + half * kStagedSlotBytes, r, tg, half, r.col0, lane);
+    }
+  }
+}
+
 // Stores a blockwise FC1 tile's act (slots as activate_staged_fp8 leaves them, backward's h
 // not kept): its codes quantized into slot 1, stored as one TMA box when all 64 rows are
 // consecutive (r.full), else copied out row by row; its scale codes into the transposed
@@ -352,7 +394,6 @@ __device__ __forceinline__ void store_fp8_act(uint8_t* slots, const StagedRecord
 template <int kAct, int kActForm>
 __device__ __forceinline__ void run_storer(StagingHandoff& hand, uint8_t* buf,
                                            const StorerTargets& tg, const TileTrace& trace) {
-  constexpr bool kGated = sm90::gated_epilogue<kAct>();
   constexpr int kFc1Cols = sm90::tile_cols<kAct>();
   constexpr int kFc2Cols = kActForm == kActFp8Codes ? kFp8BlockN : kGemmBlockN;
   const int lane = threadIdx.x % 32;
@@ -380,22 +421,11 @@ __device__ __forceinline__ void run_storer(StagingHandoff& hand, uint8_t* buf,
     }
     trace.stamp(seq, kTrStorerTook);
     if (r.kind == kStagedFc1 && r.has_rows) {
-      const sm90::EpilogueTensor h{tg.h_map, tg.h, tg.f1};
-      constexpr int kHalves = kGated ? 2 : 1;  // h's halves: gate and up, or the one
       const float p_lo = lane < r.rows_valid ? tg.row_prob[r.prob_row0 + lane] : 0.f;
       const float p_hi = lane + 32 < r.rows_valid ? tg.row_prob[r.prob_row0 + lane + 32] : 0.f;
-      if (tg.h != nullptr) {  // backward keeps h: store it before it is overwritten
-        for (int half = 0; half < kHalves; ++half) {
-          const uint8_t* src = buf + half * kStagedSlotBytes;
-          if (r.full) {
-            if (lane == 0) {
-              sm90::issue_staged_boxes(h, src, kFc1Cols / 64, half, r.row0, r.col0, tg.ffn);
-            }
-          } else {
-            sm90::copy_staged_rows<kFc1Cols>(src, h, half, r.row0, r.rows_valid, r.col0, tg.ffn,
-                                             lane, 32);
-          }
-        }
+      // Backward keeps h of these rows: stored before the activation overwrites it.
+      if (tg.h != nullptr && r.prob_row0 < tg.h_rows) {
+        store_kept_h<kAct, kActForm>(buf, r, tg, lane);
         if (lane == 0) sm90::bulk_wait_read<0>();
         __syncwarp();
       }

@@ -539,13 +539,14 @@ def moe_forward_megakernel(peer_bases, tokens_offset, slots_offset, offsets, row
     pull copies the ``wire`` rows' codes into ``rows`` and their scale codes into
     ``rows_scales`` (``megakernel_fp8_rows``), act is stored as codes into ``act`` with
     ``act_scales``, the weights are their blockwise codes with ``w1_scales``/``w2_scales``
-    per 128 x 128 block (fp8_block_weights), and no ``h_out`` or ``profile_skip``.
-    ``h_out``: FC1's output for backward, or None (not
-    kept). ``counters``: ``megakernel_counters(...)``, zeroed before every launch.
+    per 128 x 128 block (fp8_block_weights), and no ``profile_skip``.
+    ``h_out``: FC1's output h for backward ``[rows, F1]`` by schedule row, or None (not
+    kept): every schedule row's, or with the ring the first rows' (kernel.kept_h_tokens).
+    ``counters``: ``megakernel_counters(...)``, zeroed before every launch.
     ``minibatch_rows``: rows the pull copies and publishes together (the overlap unit).
     ``ring_mblocks`` > 0: ``rows`` and ``act`` are a ring of MACROBATCH_RING_SLOTS macrobatches
-    of that many 128-row m-blocks (``macrobatch_ring_rows`` rows; needs ``h_out=None``);
-    0: they hold every schedule row. ``rank``: the EP rank launching it, named by its timeout
+    of that many 128-row m-blocks (``macrobatch_ring_rows`` rows); 0: they hold every schedule
+    row. ``rank``: the EP rank launching it, named by its timeout
     report (stall_watch.py). ``profile_skip``
     (timing only, results meaningless when set): PROFILE_SKIP bits of stages to leave out.
     ``trace``: ``megakernel_trace_buffer(...)`` to record the blocks' timestamps
@@ -562,13 +563,12 @@ def moe_forward_megakernel(peer_bases, tokens_offset, slots_offset, offsets, row
         for name, t in (("rows", rows), ("act", act)):
             _check(t.is_cuda and t.dtype == torch.float8_e4m3fn,
                    f"{name} must be float8_e4m3fn codes on the GPU (megakernel_fp8_rows)")
-        _check(h_out is None and profile_skip == 0,
-               "fp8_blockwise keeps no h_out (backward recomputes it) and has no profiling "
-               "variants (traces only)")
+        _check(profile_skip == 0, "fp8_blockwise has no profiling variants (traces only)")
     else:
-        for name, t in (("rows", rows), ("act", act), ("h_out", h_out)):
-            if t is not None:
-                _cuda(name, t, torch.bfloat16)
+        for name, t in (("rows", rows), ("act", act)):
+            _cuda(name, t, torch.bfloat16)
+    if h_out is not None:
+        _cuda("h_out", h_out, torch.bfloat16)
     _check(fp8_blockwise == (rows_scales is not None) == (act_scales is not None),
            "rows_scales and act_scales come with fp8_blockwise, and only with it")
     codes = w1_scales is not None
