@@ -437,7 +437,11 @@ def fp8_grouped_gemm(a: torch.Tensor, a_scales: torch.Tensor, w: torch.Tensor,
     for name, t in (("a", a), ("w", w)):
         _check(t.is_cuda and t.dtype == torch.float8_e4m3fn,
                f"{name} must be float8_e4m3fn codes on the GPU, got {t.dtype} on {t.device}")
-    _cuda("a_scales", a_scales, torch.uint8)
+    # a_scales may be a column range of a larger one (a row range of a's, transposed: the
+    # recompute past kept h); the launcher checks its strides.
+    _check(a_scales.is_cuda and a_scales.dtype == torch.uint8 and a_scales.stride(-1) == 1,
+           f"a_scales must be uint8 on the GPU with unit column stride, got {a_scales.dtype} "
+           f"on {a_scales.device}, strides {a_scales.stride()}")
     _cuda("w_scales", w_scales, torch.uint8)
     _cuda("out", out, torch.bfloat16)
     _cuda("offsets", offsets, torch.int32)
