@@ -180,11 +180,17 @@ UNREAD = [
      "only backward_kernel: megakernel (or auto) reads it: leave it at 16"),
     ("kernel.macrobatch_tokens", 32768, SEPARATE,
      "only a megakernel with backward_inputs: recomputed reads it: leave it at 16384"),
+    ("kernel.kept_h_tokens", 4096, {"kernel.backward_inputs": "saved"},
+     "only backward_inputs: recomputed reads it (saved inputs keep every row's h): leave it "
+     "at 0"),
+    ("kernel.kept_h_tokens", 4096, {"kernel.backward_kernel": "megakernel"},
+     "the backward megakernel recomputes every macrobatch of its ring; only the separate "
+     "backward reads kept h: set backward_kernel to separate or auto, or leave it at 0"),
 ]
 
 
 @pytest.mark.parametrize("dotted, value, paths, problem", UNREAD,
-                         ids=[f"{c[0]}={c[1]}" for c in UNREAD])
+                         ids=[f"{c[0]}={c[1]}:{','.join(c[2].values())}" for c in UNREAD])
 def test_knob_no_path_reads_is_refused(tmp_path: Path, dotted: str, value: Any, paths: dict,
                                        problem: str) -> None:
     """A knob moved from its default where the recipe's kernel paths never read it; with the
@@ -201,36 +207,6 @@ def test_knob_no_path_reads_is_refused(tmp_path: Path, dotted: str, value: Any, 
     with pytest.raises(ConfigError) as err:
         LOADERS["recipes"](path)
     assert str(err.value).startswith(f"{path}: {dotted}: {problem}")
-
-
-KEPT_H_UNREAD = [
-    ({"kernel.backward_inputs": "saved"},
-     "only backward_inputs: recomputed reads it (saved inputs keep every row's h): leave it "
-     "at 0"),
-    ({"kernel.backward_kernel": "megakernel"},
-     "the backward megakernel recomputes every macrobatch of its ring; only the separate "
-     "backward reads kept h: set backward_kernel to separate or auto, or leave it at 0"),
-]
-
-
-@pytest.mark.parametrize("precision", ["bf16", "mxfp8", "fp8_blockwise"])
-@pytest.mark.parametrize("settings, problem", KEPT_H_UNREAD, ids=["saved", "megakernel"])
-def test_kept_h_only_where_the_separate_backward_recomputes(tmp_path: Path, precision: str,
-                                                            settings: dict, problem: str) -> None:
-    """kernel.kept_h_tokens loads with the shipped recipes' kernels (auto: the separate
-    backward) and is refused, naming it, where no backward reads it."""
-    data = _shipped("recipes", precision)
-    _set(data, "kernel.kept_h_tokens", 4096)
-    path = tmp_path / "kept.yaml"
-    path.write_text(yaml.safe_dump(data))
-    assert LOADERS["recipes"](path).kernel.kept_h_tokens == 4096
-    for key, value in settings.items():
-        _set(data, key, value)
-    path = tmp_path / "unread.yaml"
-    path.write_text(yaml.safe_dump(data))
-    with pytest.raises(ConfigError) as err:
-        LOADERS["recipes"](path)
-    assert str(err.value).startswith(f"{path}: kernel.kept_h_tokens: {problem}")
 
 
 def test_error_message_format(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
