@@ -4,9 +4,9 @@ config.recipe_problems).
 
 forward   csrc/megakernel/moe_forward.cu: pull x rows | FC1 + act * p | FC2 | push result
           rows to their (source rank, token, k) slots
-recompute pull x rows again | FC1 + act * p by the same tile engine (bit-identical h) on
-          the rows past the h forward kept (kernel.kept_h_tokens): for the separate backward;
-          the backward megakernel recomputes inside its launch
+recompute pull x rows again | FC1 by the same tile engine (bit-identical h) on the rows past
+          the h forward kept (kernel.kept_h_tokens): for the separate backward, which makes
+          act itself; the backward megakernel recomputes inside its launch
 backward  csrc/megakernel/moe_backward.cu: pull dY rows (and x, recomputing) | FC1 again
           (recomputing) | FC2-dgrad + act backward | dW2 | FC1-dgrad, dX rows and dprobs
           pushed to the source slots | dW1; recomputing, macrobatch by macrobatch through a
@@ -56,10 +56,11 @@ def forward(plan: Plan, sched: Schedule, keep: bool, kept_h_rows: int = 0) -> Ex
 def recompute(plan: Plan, sched: Schedule, head: Optional[torch.Tensor] = None
               ) -> ExpertInputs:
     """The rows and h forward had, bit for bit: the megakernel's FC1 tiles are the tile
-    engine's, so the standalone engine reproduces them - past `head`, the h of the first rows
-    forward kept (then h is a SplitH). Under a quantized recipe (forward dispatched FP8 wire
-    rows) the separate path's FC1 is that engine on the same operands already (operands.py).
-    act is left to the separate backward (separate_path.recompute)."""
+    engine's, so the standalone engine reproduces them - as a plain product (h rounded to bf16
+    as the activation's epilogue rounds it; no act, which the separate backward makes itself)
+    past `head`, the h of the first rows forward kept (then h is a SplitH). Under a quantized
+    recipe (forward dispatched FP8 wire rows) the separate path's FC1 is that engine on the
+    same operands already (operands.py)."""
     if plan.ws.layout.fp8_rows is not None:
         return separate_path.recompute(plan, sched, head)
     ws = plan.ws
@@ -69,9 +70,7 @@ def recompute(plan: Plan, sched: Schedule, head: Optional[torch.Tensor] = None
         return ExpertInputs(rows, head, None)
     past = rows_past(sched, first) if first else sched
     h = torch.empty(past.capacity, plan.w1.shape[1], dtype=torch.bfloat16, device=rows.device)
-    act = torch.empty(past.capacity, plan.ffn, dtype=torch.bfloat16, device=rows.device)
-    ops.grouped_gemm(rows[first:], plan.w1, past.offsets, act, row_prob=past.row_prob,
-                     activation=plan.activation, h_out=h, timeout_ns=ws.timeout_ns,
+    ops.grouped_gemm(rows[first:], plan.w1, past.offsets, h, timeout_ns=ws.timeout_ns,
                      rank=ws.rank)
     return ExpertInputs(rows, h if head is None else SplitH(head, h), None)
 
