@@ -14,6 +14,9 @@
 // own slot) and the storer stores act as FC2 reads it, E4M3 codes and a scale code per row
 // (store_fp8_act); FC2 tiles are 128 columns.
 //
+// The backward megakernel's storers (backward_storer.cuh) take the same handoffs, with a
+// record of their own, and reuse the FC1 path (store_fc1_staged).
+//
 // Handoffs use the buffer's two slots in sequence q = 0, 1, ... (slot q % 2, phase parity
 // (q / 2) & 1). A tile's rows (64 x 256 bf16 of h, or FC2's unswizzled 33 KiB) take both,
 // starting at slot 0 (a skip record fills slot 1 first when needed); a record without rows
@@ -58,13 +61,16 @@ struct StagedRecord {
   int counter;     // FC1: m-block (fc1_done); FC2: macrobatch (fc2_done)
 };
 
+// Record: StagedRecord, or a record with its fields and more (the backward megakernel's).
+template <class Record = StagedRecord>
 struct StagingHandoff {
   uint64_t full[2];
   uint64_t empty[2];
-  StagedRecord rec[2];
+  Record rec[2];
 };
 
-__device__ __forceinline__ void init_staging_handoff(StagingHandoff& h) {
+template <class Record>
+__device__ __forceinline__ void init_staging_handoff(StagingHandoff<Record>& h) {
   for (int i = 0; i < 2; ++i) {
     sm90::mbar_init(&h.full[i], 128);
     sm90::mbar_init(&h.empty[i], 1);
@@ -96,8 +102,9 @@ struct StorerTargets {
 enum ActForm : int { kActBf16 = 0, kActMxRounded = 1, kActFp8Codes = 2 };
 
 // Consumer warpgroup side; every one of its 128 threads keeps the same sequence position.
+template <class Record = StagedRecord>
 struct StagingWriter {
-  StagingHandoff* hand;
+  StagingHandoff<Record>* hand;
   uint8_t* buf;
   int q;
   bool leader;
@@ -114,7 +121,7 @@ struct StagingWriter {
   __device__ uint8_t* acquire(int slots, int tile, uint64_t timeout_ns, int* report) {
     if (slots == 2 && q % 2 == 1) {
       wait_free(q, tile, timeout_ns, report);
-      if (leader) hand->rec[1] = StagedRecord{kStagedSkip, 1};
+      if (leader) hand->rec[1] = Record{kStagedSkip, 1};
       arrive(1);
       ++q;
     }
@@ -122,17 +129,23 @@ struct StagingWriter {
     return buf + (q % 2) * kStagedSlotBytes;
   }
   // After this thread's writes into the acquired slots: the record goes with them.
-  __device__ void hand_off(const StagedRecord& r) {
+  __device__ void hand_off(const Record& r) {
     if (leader) hand->rec[q % 2] = r;
     arrive(r.slots);
     q += r.slots;
   }
   // A record without rows (count only, end): one slot.
-  __device__ void hand_off_record(StagedRecord r, int tile, uint64_t timeout_ns, int* report) {
+  __device__ void hand_off_record(Record r, int tile, uint64_t timeout_ns, int* report) {
     r.slots = 1;
     r.has_rows = 0;
     acquire(1, tile, timeout_ns, report);
     hand_off(r);
+  }
+  // Both slots free (every handoff before released) for a use outside the handoffs: the
+  // backward's rounding tiles keep scratch there. The sequence position does not move.
+  __device__ void drain(int tile, uint64_t timeout_ns, int* report) const {
+    wait_free(q, tile, timeout_ns, report);
+    wait_free(q + 1, tile, timeout_ns, report);
   }
 };
 
@@ -195,19 +208,20 @@ __device__ __forceinline__ void activate_rows(float p_lo, float p_hi, int lane, 
   }
 }
 
-// act(h) * prob (gated: act(gate) * up * prob) of one staged FC1 tile, in place: slot 0 (and
-// slot 1) held h as write_staged<256> left it and afterwards slot 0 holds the activation as
-// write_staged<kFc1Cols> would have (same swizzled chunk positions). Lane l takes rows l and
+// act(h) * prob (gated: act(gate) * up * prob) of one staged FC1 tile of kCols activation
+// columns, in place: slot 0 (and slot 1) held h as write_staged<256> left it (gated: gate in
+// slot 0, up at the same place in slot 1) and afterwards slot 0 holds the activation as
+// write_staged<kCols> would have (same swizzled chunk positions). Lane l takes rows l and
 // l + 32 (p_lo / p_hi are their probs), 16-byte chunks (8 columns) at a time; the 8 lanes of
 // a quarter-warp are 8 consecutive rows, whose swizzled chunks lie in 8 different bank groups.
 // One warp does all of a tile's 64 rows (8192 outputs for SwiGLU), so its time is the
 // latency of the exp -> reciprocal chains that ptxas overlaps in the registers it has (two at
 // 56, one at 40: docs/perf-log.md); no chunk waits on a shuffle or a spilled prob.
-template <int kAct>
+template <int kAct, int kCols = sm90::tile_cols<kAct>()>
 __device__ __forceinline__ void activate_staged(uint8_t* slots, float p_lo, float p_hi,
                                                 int lane) {
   const uint32_t base = sm90::smem_addr(slots);
-  activate_rows<kAct, sm90::tile_cols<kAct>() / 8>(p_lo, p_hi, lane, [&](int c, int r) {
+  activate_rows<kAct, kCols / 8>(p_lo, p_hi, lane, [&](int c, int r) {
     const uint32_t off = staged_chunk(base, c, r);
     return make_uint3(off, off + kStagedSlotBytes, off);
   });
@@ -346,13 +360,69 @@ __device__ __forceinline__ void store_fp8_act(uint8_t* slots, const StagedRecord
   }
 }
 
+// Where store_fc1_staged has got to, for a caller's trace.
+enum Fc1StorerStep : int { kFc1HStored = 0, kFc1Activated = 1 };
+
+// A staged FC1 tile of kCols activation columns (slots as the consumer left them: h, gate in
+// slot 0 and up at the same place in slot 1 when gated): h stored when kept (tg.h), then
+// act(h) * prob made in place and stored as kActForm says. On return the stores have read
+// the slots; lane 0's TMA stores may still be writing (its caller waits before counting).
+// stamp(step) marks the steps.
+template <int kAct, int kActForm, int kCols, class Record, class Stamp>
+__device__ __forceinline__ void store_fc1_staged(uint8_t* buf, const Record& r,
+                                                 const StorerTargets& tg, int lane,
+                                                 Stamp stamp) {
+  constexpr bool kGated = sm90::gated_epilogue<kAct>();
+  constexpr int kHalves = kGated ? 2 : 1;  // h's halves: gate and up, or the one
+  const sm90::EpilogueTensor h{tg.h_map, tg.h, tg.f1};
+  const float p_lo = lane < r.rows_valid ? tg.row_prob[r.prob_row0 + lane] : 0.f;
+  const float p_hi = lane + 32 < r.rows_valid ? tg.row_prob[r.prob_row0 + lane + 32] : 0.f;
+  if (tg.h != nullptr) {  // backward keeps h: store it before it is overwritten
+    for (int half = 0; half < kHalves; ++half) {
+      const uint8_t* src = buf + half * kStagedSlotBytes;
+      if (r.full) {
+        if (lane == 0) {
+          sm90::issue_staged_boxes(h, src, kCols / 64, half, r.row0, r.col0, tg.ffn);
+        }
+      } else {
+        sm90::copy_staged_rows<kCols>(src, h, half, r.row0, r.rows_valid, r.col0, tg.ffn,
+                                      lane, 32);
+      }
+    }
+    if (lane == 0) sm90::bulk_wait_read<0>();
+    __syncwarp();
+  }
+  stamp(kFc1HStored);
+  if constexpr (kActForm == kActFp8Codes) {
+    activate_staged_fp8<kAct>(buf, p_lo, p_hi, lane);
+    stamp(kFc1Activated);
+    store_fp8_act(buf, r, tg, lane);
+  } else {
+    activate_staged<kAct, kCols>(buf, p_lo, p_hi, lane);
+    if constexpr (kActForm == kActMxRounded) mx_round_staged<kAct>(buf, lane);
+    stamp(kFc1Activated);
+    const sm90::EpilogueTensor act{tg.act_map, tg.act, tg.ffn};
+    if (r.full) {
+      sm90::fence_proxy_async_shared();
+      __syncwarp();
+      if (lane == 0) {
+        sm90::issue_staged_boxes(act, buf, kCols / 64, 0, r.row0, r.col0, tg.ffn);
+        sm90::bulk_wait_read<0>();
+      }
+    } else {
+      __syncwarp();
+      sm90::copy_staged_rows<kCols>(buf, act, 0, r.row0, r.rows_valid, r.col0, tg.ffn, lane,
+                                    32);
+    }
+  }
+}
+
 // The storer warp of one consumer warpgroup: takes its handoffs in order until the end record.
 // `trace` (diagnostic kernel, storer of consumer 0, lane 0; else null) stamps each tile's
 // handoff at the consumer's tile index. kActForm: what FC1's activation is stored as.
 template <int kAct, int kActForm>
-__device__ __forceinline__ void run_storer(StagingHandoff& hand, uint8_t* buf,
+__device__ __forceinline__ void run_storer(StagingHandoff<>& hand, uint8_t* buf,
                                            const StorerTargets& tg, const TileTrace& trace) {
-  constexpr bool kGated = sm90::gated_epilogue<kAct>();
   constexpr int kFc1Cols = sm90::tile_cols<kAct>();
   constexpr int kFc2Cols = kActForm == kActFp8Codes ? kFp8BlockN : kGemmBlockN;
   const int lane = threadIdx.x % 32;
@@ -380,48 +450,9 @@ __device__ __forceinline__ void run_storer(StagingHandoff& hand, uint8_t* buf,
     }
     trace.stamp(seq, kTrStorerTook);
     if (r.kind == kStagedFc1 && r.has_rows) {
-      const sm90::EpilogueTensor h{tg.h_map, tg.h, tg.f1};
-      constexpr int kHalves = kGated ? 2 : 1;  // h's halves: gate and up, or the one
-      const float p_lo = lane < r.rows_valid ? tg.row_prob[r.prob_row0 + lane] : 0.f;
-      const float p_hi = lane + 32 < r.rows_valid ? tg.row_prob[r.prob_row0 + lane + 32] : 0.f;
-      if (tg.h != nullptr) {  // backward keeps h: store it before it is overwritten
-        for (int half = 0; half < kHalves; ++half) {
-          const uint8_t* src = buf + half * kStagedSlotBytes;
-          if (r.full) {
-            if (lane == 0) {
-              sm90::issue_staged_boxes(h, src, kFc1Cols / 64, half, r.row0, r.col0, tg.ffn);
-            }
-          } else {
-            sm90::copy_staged_rows<kFc1Cols>(src, h, half, r.row0, r.rows_valid, r.col0, tg.ffn,
-                                             lane, 32);
-          }
-        }
-        if (lane == 0) sm90::bulk_wait_read<0>();
-        __syncwarp();
-      }
-      trace.stamp(seq, kTrStorerHOut);
-      if constexpr (kActForm == kActFp8Codes) {
-        activate_staged_fp8<kAct>(buf, p_lo, p_hi, lane);
-        trace.stamp(seq, kTrStorerActivated);
-        store_fp8_act(buf, r, tg, lane);
-      } else {
-        activate_staged<kAct>(buf, p_lo, p_hi, lane);
-        if constexpr (kActForm == kActMxRounded) mx_round_staged<kAct>(buf, lane);
-        trace.stamp(seq, kTrStorerActivated);
-        const sm90::EpilogueTensor act{tg.act_map, tg.act, tg.ffn};
-        if (r.full) {
-          sm90::fence_proxy_async_shared();
-          __syncwarp();
-          if (lane == 0) {
-            sm90::issue_staged_boxes(act, buf, kFc1Cols / 64, 0, r.row0, r.col0, tg.ffn);
-            sm90::bulk_wait_read<0>();
-          }
-        } else {
-          __syncwarp();
-          sm90::copy_staged_rows<kFc1Cols>(buf, act, 0, r.row0, r.rows_valid, r.col0, tg.ffn,
-                                           lane, 32);
-        }
-      }
+      store_fc1_staged<kAct, kActForm, kFc1Cols>(buf, r, tg, lane, [&](int step) {
+        trace.stamp(seq, step == kFc1HStored ? kTrStorerHOut : kTrStorerActivated);
+      });
     } else if (r.kind == kStagedFc2) {
       // The consumer's MMAs have read the tile's act rows (wgmma_wait<0> before its arrive).
       if (lane == 0) red_release_gpu_add_u32(&tg.fc2_done[r.counter], 1);
