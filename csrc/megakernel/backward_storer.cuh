@@ -301,9 +301,9 @@ __device__ __forceinline__ void run_backward_storer(StagingHandoff<BackwardRecor
     trace.stamp(seq, kBtStorerTook);
     auto made = [&] { trace.stamp(seq, kBtStorerMade); };
     if (r.kind == kStagedFc1) {
-      store_fc1_staged<kAct, kActBf16, kFc1Cols>(buf, r, tg.fc1, lane, [&](int step) {
-        if (step == kFc1Activated) made();
-      });
+      // h stored: no stamp of its own (the slot row's one "made" step is act made).
+      store_fc1_staged<kAct, kActBf16, kFc1Cols>(buf, r, tg.fc1, lane, trace, seq,
+                                                 kBtStorerMade, kBtStorerMade);
     } else if (r.kind == kStagedDgrad2) {
       store_dgrad2_staged<kAct>(buf, r, a, m, tg, h_bar, h_phase, lane, made);
     } else if (r.kind == kStagedDgrad1) {

@@ -360,21 +360,19 @@ __device__ __forceinline__ void store_fp8_act(uint8_t* slots, const StagedRecord
   }
 }
 
-// Where store_fc1_staged has got to, for a caller's trace.
-enum Fc1StorerStep : int { kFc1HStored = 0, kFc1Activated = 1 };
-
 // A staged FC1 tile of kCols activation columns (slots as the consumer left them: h, gate in
 // slot 0 and up at the same place in slot 1 when gated): h stored when kept (tg.h), then
 // act(h) * prob made in place and stored as kActForm says. On return the stores have read
 // the slots; lane 0's TMA stores may still be writing (its caller waits before counting).
-// stamp(step) marks the steps.
-template <int kAct, int kActForm, int kCols, class Record, class Stamp>
+// trace stamps slot h_out at row seq once h is stored, `activated` once act is made.
+template <int kAct, int kActForm, int kCols, class Record, class Trace>
 __device__ __forceinline__ void store_fc1_staged(uint8_t* buf, const Record& r,
                                                  const StorerTargets& tg, int lane,
-                                                 Stamp stamp) {
+                                                 const Trace& trace, int seq, int h_out,
+                                                 int activated) {
   constexpr bool kGated = sm90::gated_epilogue<kAct>();
-  constexpr int kHalves = kGated ? 2 : 1;  // h's halves: gate and up, or the one
   const sm90::EpilogueTensor h{tg.h_map, tg.h, tg.f1};
+  constexpr int kHalves = kGated ? 2 : 1;  // h's halves: gate and up, or the one
   const float p_lo = lane < r.rows_valid ? tg.row_prob[r.prob_row0 + lane] : 0.f;
   const float p_hi = lane + 32 < r.rows_valid ? tg.row_prob[r.prob_row0 + lane + 32] : 0.f;
   if (tg.h != nullptr) {  // backward keeps h: store it before it is overwritten
@@ -392,15 +390,15 @@ __device__ __forceinline__ void store_fc1_staged(uint8_t* buf, const Record& r,
     if (lane == 0) sm90::bulk_wait_read<0>();
     __syncwarp();
   }
-  stamp(kFc1HStored);
+  trace.stamp(seq, h_out);
   if constexpr (kActForm == kActFp8Codes) {
     activate_staged_fp8<kAct>(buf, p_lo, p_hi, lane);
-    stamp(kFc1Activated);
+    trace.stamp(seq, activated);
     store_fp8_act(buf, r, tg, lane);
   } else {
     activate_staged<kAct, kCols>(buf, p_lo, p_hi, lane);
     if constexpr (kActForm == kActMxRounded) mx_round_staged<kAct>(buf, lane);
-    stamp(kFc1Activated);
+    trace.stamp(seq, activated);
     const sm90::EpilogueTensor act{tg.act_map, tg.act, tg.ffn};
     if (r.full) {
       sm90::fence_proxy_async_shared();
@@ -450,9 +448,8 @@ __device__ __forceinline__ void run_storer(StagingHandoff<>& hand, uint8_t* buf,
     }
     trace.stamp(seq, kTrStorerTook);
     if (r.kind == kStagedFc1 && r.has_rows) {
-      store_fc1_staged<kAct, kActForm, kFc1Cols>(buf, r, tg, lane, [&](int step) {
-        trace.stamp(seq, step == kFc1HStored ? kTrStorerHOut : kTrStorerActivated);
-      });
+      store_fc1_staged<kAct, kActForm, kFc1Cols>(buf, r, tg, lane, trace, seq, kTrStorerHOut,
+                                                 kTrStorerActivated);
     } else if (r.kind == kStagedFc2) {
       // The consumer's MMAs have read the tile's act rows (wgmma_wait<0> before its arrive).
       if (lane == 0) red_release_gpu_add_u32(&tg.fc2_done[r.counter], 1);

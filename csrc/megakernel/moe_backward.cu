@@ -82,7 +82,6 @@
 #include "megakernel/backward_storer.cuh"
 #include "megakernel/backward_tiles.cuh"
 #include "megakernel/backward_trace.cuh"
-#include "megakernel/dgrad_epilogue.cuh"
 #include "megakernel/epilogue_storer.cuh"
 #include "megakernel/fp8_round_tile.cuh"
 #include "megakernel/launch_checks.h"
@@ -116,7 +115,7 @@ struct SharedStorage {
 };
 static_assert(offsetof(SharedStorage, ring) == sizeof(EpilogueBuffers),
               "the pull's slots span epilogue, ring.a and ring.b (row_pull.cuh: kPullBytes)");
-// 230712 bytes before the storers, 231136 with their handoffs, h barriers and targets (the
+// 230712 bytes before the storers, 231120 with their handoffs, h barriers and targets (the
 // staging buffers' two slots hold every handoff: FC2-dgrad's h comes into slot 1 in parts), of
 // 232448; the stage ring keeps its 3 stages.
 constexpr size_t kSharedBytes = aligned_smem_bytes<SharedStorage>();
@@ -535,24 +534,27 @@ __global__ void __launch_bounds__(kGemmThreads, 1)
         // The tile's rows as bf16 into the staging slots, for the storer to store and count
         // (backward_storer.cuh).
         trace.stamp(seq, kBtInputsReady);
-        int kind = kStagedDgrad1;
-        int col0 = w.n_block * kDgrad1Cols;
-        uint8_t* slots = nullptr;
+        auto acquire = [&] {
+          uint8_t* slots = staging.acquire(2, w.tile, a.timeout_ns, a.report);
+          trace.stamp(seq, kBtEpilogue1);
+          return slots;
+        };
+        auto hand_off = [&](int kind, int col0) {
+          staging.hand_off(BackwardRecord{kind, 2, 1, row0, srow0, rows_valid, full, col0,
+                                          w.block, seq});
+        };
         if (w.kind == kFc1) {
           // Forward's FC1 tile: h (gate | up) as bf16, the rounding the activation starts from
           // (kFp8: the FP8 engine's tile of the separate path's FC1, act kept bf16 here for
           // dW2's rounding tile).
-          kind = kStagedFc1;
-          col0 = w.n_block * kFc1Cols;
           if constexpr (kFp8) {
             const WeightBlockScales<kGated> ws(a.w1_block_scales, w.expert,
                                                ceil_div(a.f1, kFp8ScaleBlock), k_blocks, a.ffn,
-                                               col0);
+                                               w.n_block * kFc1Cols);
             consume_fp8_tile<kGated>(fp8_ring, it, k_blocks, w.tile, consumer, leader, ws,
                                      w.row0, acc8, partial8, a.timeout_ns, a.report);
             trace.stamp(seq, kBtMainloopEnd);
-            slots = staging.acquire(2, w.tile, a.timeout_ns, a.report);
-            trace.stamp(seq, kBtEpilogue1);
+            uint8_t* slots = acquire();
             // Gated: the 64 gate columns in slot 0, the up columns at the same place in
             // slot 1 (store_fc1_staged's layout).
             write_staged<kFc1Cols>(slots, t, [&](int j, int i) {
@@ -569,63 +571,52 @@ __global__ void __launch_bounds__(kGemmThreads, 1)
             consume_tile(s.ring, it, k_blocks, w.tile, consumer, leader, acc, a.timeout_ns,
                          a.report);
             trace.stamp(seq, kBtMainloopEnd);
-            slots = staging.acquire(2, w.tile, a.timeout_ns, a.report);
-            trace.stamp(seq, kBtEpilogue1);
-            write_staged<kGemmBlockN>(slots, t, [&](int j, int i) {
+            write_staged<kGemmBlockN>(acquire(), t, [&](int j, int i) {
               return __floats2bfloat162_rn(acc[4 * j + 2 * i], acc[4 * j + 2 * i + 1]);
             });
           }
+          hand_off(kStagedFc1, w.n_block * kFc1Cols);
         } else if (w.kind == kDgrad2) {
           // dA as bf16 (dgrad_epilogue.cuh: the activation backward's rounding point) in slot
           // 0; the storer brings the tile's h into slot 1 (its m-block's FC1 count, when
           // recomputing, was complete before the producer loaded this tile's first stage).
-          kind = kStagedDgrad2;
-          col0 = w.n_block * kDgrad2Cols;
           if constexpr (kFp8) {
             const WeightBlockScales<false> ws(a.w2_t_block_scales, w.expert,
                                               ceil_div(a.ffn, kFp8ScaleBlock), k_blocks, a.ffn,
-                                              col0);
+                                              w.n_block * kDgrad2Cols);
             consume_fp8_tile<false>(fp8_ring, it, k_blocks, w.tile, consumer, leader, ws,
                                     w.row0, acc8, partial8, a.timeout_ns, a.report);
             trace.stamp(seq, kBtMainloopEnd);
-            slots = staging.acquire(2, w.tile, a.timeout_ns, a.report);
-            trace.stamp(seq, kBtEpilogue1);
-            write_staged<kDgrad2Cols>(slots, t, [&](int j, int i) {
+            write_staged<kDgrad2Cols>(acquire(), t, [&](int j, int i) {
               return __floats2bfloat162_rn(acc8[4 * j + 2 * i], acc8[4 * j + 2 * i + 1]);
             });
           } else {
             consume_tile<kDgrad2Cols, false, !kMx>(s.ring, it, k_blocks, w.tile, consumer,
                                                    leader, acc, a.timeout_ns, a.report);
             trace.stamp(seq, kBtMainloopEnd);
-            slots = staging.acquire(2, w.tile, a.timeout_ns, a.report);
-            trace.stamp(seq, kBtEpilogue1);
-            write_staged<kDgrad2Cols>(slots, t, [&](int j, int i) {
+            write_staged<kDgrad2Cols>(acquire(), t, [&](int j, int i) {
               return __floats2bfloat162_rn(acc[4 * j + 2 * i], acc[4 * j + 2 * i + 1]);
             });
           }
+          hand_off(kStagedDgrad2, w.n_block * kDgrad2Cols);
         } else {
           // dX rows, unswizzled: each leaves as one bulk store to its (token, k) slot.
           if constexpr (kFp8) {
             const WeightBlockScales<false> ws(a.w1_t_block_scales, w.expert,
                                               ceil_div(a.hidden, kFp8ScaleBlock), k_blocks,
-                                              a.hidden, col0);
+                                              a.hidden, w.n_block * kDgrad1Cols);
             consume_fp8_tile<false>(fp8_ring, it, k_blocks, w.tile, consumer, leader, ws,
                                     w.row0, acc8, partial8, a.timeout_ns, a.report);
             trace.stamp(seq, kBtMainloopEnd);
-            slots = staging.acquire(2, w.tile, a.timeout_ns, a.report);
-            trace.stamp(seq, kBtEpilogue1);
-            write_scatter_staged<kDgrad1Cols>(acc8, slots, t);
+            write_scatter_staged<kDgrad1Cols>(acc8, acquire(), t);
           } else {
             consume_tile<kGemmBlockN, false, !kMx>(s.ring, it, k_blocks, w.tile, consumer,
                                                    leader, acc, a.timeout_ns, a.report);
             trace.stamp(seq, kBtMainloopEnd);
-            slots = staging.acquire(2, w.tile, a.timeout_ns, a.report);
-            trace.stamp(seq, kBtEpilogue1);
-            write_scatter_staged<kDgrad1Cols>(acc, slots, t);
+            write_scatter_staged<kDgrad1Cols>(acc, acquire(), t);
           }
+          hand_off(kStagedDgrad1, w.n_block * kDgrad1Cols);
         }
-        staging.hand_off(BackwardRecord{kind, 2, 1, row0, srow0, rows_valid, full, col0,
-                                        w.block, seq});
         trace.stamp(seq, kBtEpilogue2);
         storer_counts = true;
       }
