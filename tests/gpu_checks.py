@@ -411,14 +411,16 @@ def check_backward_trace_stamps(trace: torch.Tensor) -> list[int]:
     """A traced backward megakernel launch's stamps (ops.backward_trace_buffer, on the CPU)
     are consistent: every block started and ended on the global timer, tickets are a
     permutation, each traced tile's kind is a BackwardKind, its consumer stamps (those its
-    path passes; the entry's always) are in order and its producer's are all there, in order.
-    Returns the traced tiles' indices."""
+    path passes; the entry's always) are in order, its producer's are all there, in order, and
+    its storer's (a tile handed on) are all there, in order. Returns the traced tiles'
+    indices."""
     tiles, head = ops.backward_trace_parts(trace)
     check_trace_headers(head)
     slot = {name: i for i, name in enumerate(ops.BACKWARD_TRACE_SLOTS)}
     consumer = [slot[n] for n in ("tile_start", "tile_queued", "inputs_ready", "mainloop_end",
-                                  "epilogue1", "epilogue2", "epilogue3", "tile_end")]
+                                  "epilogue1", "epilogue2", "tile_end")]
     producer = [slot[n] for n in ("producer_start", "taken", "pushed", "ready", "loads_issued")]
+    storer = [slot[n] for n in ("storer_took", "storer_made", "storer_released", "storer_done")]
     seen = []
     for row in tiles[tiles[:, :, slot["tile_end"]] != 0]:
         assert row[slot["tile_start"]] != 0 and row[slot["tile_queued"]] != 0
@@ -426,6 +428,9 @@ def check_backward_trace_stamps(trace: torch.Tensor) -> list[int]:
         assert stamps == sorted(stamps), stamps
         stamps = [int(row[i]) for i in producer]
         assert 0 not in stamps and stamps == sorted(stamps), stamps
+        if row[slot["storer_took"]] != 0:
+            stamps = [int(row[i]) for i in storer]
+            assert 0 not in stamps and stamps == sorted(stamps), stamps
         tile_id = int(row[slot["tile_id"]])
         assert tile_id % 8 < len(ops.BACKWARD_KINDS), tile_id
         seen.append(tile_id // 8)

@@ -133,7 +133,7 @@ struct SharedStorage {
   uint64_t pull_full[kPullMaxSlots];  // row-pulling blocks: their slots live in epilogue
   uint64_t pull_empty[kPullMaxSlots];  // and ring.a/b until their pull is done
   TileQueue<QueuedTile> queue;
-  StagingHandoff handoff[kGemmConsumers];  // consumer warpgroup -> its storer warp
+  StagingHandoff<> handoff[kGemmConsumers];  // consumer warpgroup -> its storer warp
   StorerTargets storer_targets;  // read by the storers in place (epilogue_storer.cuh)
   uint32_t ticket;  // this block's arrival ticket
 };
@@ -390,7 +390,7 @@ __global__ void __launch_bounds__(kGemmThreads, 1)
   const int consumer = warpgroup - 1;
   const int t_in_wg = threadIdx.x % 128;
   const bool leader = t_in_wg == 0;
-  StagingWriter staging{&s.handoff[consumer], s.epilogue.out[consumer], 0, leader};
+  StagingWriter<> staging{&s.handoff[consumer], s.epilogue.out[consumer], 0, leader};
   // Rows of tile t this warpgroup owns (of its 64).
   auto rows_valid = [&](const QueuedTile& t) {
     return max(0, min(kStagedRows, t.rows_left - kStagedRows * consumer));

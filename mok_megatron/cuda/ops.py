@@ -799,9 +799,9 @@ TRACE_HEADER = ("start_ns", "start_clock", "end_ns", "end_clock", "pull_end_cloc
 # (BACKWARD_KINDS), "macro", "rows" and "part" values, the rest clock64; the same header.
 BACKWARD_TRACE_TILES = 512
 BACKWARD_TRACE_SLOTS = ("tile_start", "tile_queued", "inputs_ready", "mainloop_end",
-                        "epilogue1", "epilogue2", "epilogue3", "tile_end", "tile_id", "macro",
-                        "rows", "part", "producer_start", "taken", "pushed", "ready",
-                        "loads_issued")
+                        "epilogue1", "epilogue2", "tile_end", "tile_id", "macro", "rows", "part",
+                        "producer_start", "taken", "pushed", "ready", "loads_issued",
+                        "storer_took", "storer_made", "storer_released", "storer_done")
 BACKWARD_KINDS = ("fc1", "dgrad2", "wgrad2", "dgrad1", "wgrad1", "round_in", "round_act",
                   "round_dh")  # csrc BackwardKind
 
