@@ -416,7 +416,7 @@ __device__ __forceinline__ void store_fc1_staged(uint8_t* buf, const Record& r,
                                                  int seq, int h_out, int activated) {
   const float p_lo = lane < r.rows_valid ? tg.row_prob[r.prob_row0 + lane] : 0.f;
   const float p_hi = lane + 32 < r.rows_valid ? tg.row_prob[r.prob_row0 + lane + 32] : 0.f;
-  // Backward keeps h of these rows: stored before the activation overwrites it.
+  // h where it is kept, stored before the activation overwrites it.
   if (tg.h != nullptr && h_rows > 0) {
     store_staged_h<kAct, kActForm, kCols>(buf, r, tg, h_row0, h_rows, lane);
     if (lane == 0) sm90::bulk_wait_read<0>();
