@@ -302,9 +302,8 @@ __device__ __forceinline__ void run_backward_storer(StagingHandoff<BackwardRecor
     auto made = [&] { trace.stamp(seq, kBtStorerMade); };
     if (r.kind == kStagedFc1) {
       // h stored: no stamp of its own (the slot row's one "made" step is act made).
-      // h into the ring's slot rows.
-      store_fc1_staged<kAct, kActBf16, kFc1Cols>(buf, r, tg.fc1, r.row0, r.rows_valid, lane,
-                                                 trace, seq, kBtStorerMade, kBtStorerMade);
+      store_fc1_staged<kAct, kActBf16, kFc1Cols, false>(buf, r, tg.fc1, lane, trace, seq,
+                                                        kBtStorerMade, kBtStorerMade);
     } else if (r.kind == kStagedDgrad2) {
       store_dgrad2_staged<kAct>(buf, r, a, m, tg, h_bar, h_phase, lane, made);
     } else if (r.kind == kStagedDgrad1) {

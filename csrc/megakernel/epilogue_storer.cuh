@@ -330,42 +330,45 @@ __device__ __forceinline__ void mx_round_staged(uint8_t* slot, int lane) {
 }
 
 // One part of a staged FC1 tile's h (kCols columns from `src`: half `half` of h at column
-// col0) into h at rows row0 ..: one TMA box per 64 columns when the warpgroup's 64 rows are
-// consecutive (the map's edge clips the rows past h's), else its first min(rows_valid, rows)
-// rows copied out.
-template <int kCols, class Record>
+// col0) into h. kScheduleRows: h's rows are schedule rows, the first tg.h_rows of them kept
+// (forward); else the tile's rows in act's buffer (the backward's ring). One TMA box per 64
+// columns when the warpgroup's 64 rows are consecutive (the map's edge clips the rows past
+// h's), else its rows copied out, those below tg.h_rows by schedule row.
+template <int kCols, bool kScheduleRows, class Record>
 __device__ __forceinline__ void store_h_part(const uint8_t* src, const Record& r,
                                              const StorerTargets& tg, int half, int col0,
-                                             int row0, int rows, int lane) {
+                                             int lane) {
   const sm90::EpilogueTensor h{tg.h_map, tg.h, tg.f1};
+  const int row0 = kScheduleRows ? r.prob_row0 : r.row0;
   if (r.full) {
     if (lane == 0) sm90::issue_staged_boxes(h, src, kCols / 64, half, row0, col0, tg.ffn);
   } else {
-    sm90::copy_staged_rows<kCols>(src, h, half, row0, min(r.rows_valid, rows), col0, tg.ffn,
-                                  lane, 32);
+    const int rows = kScheduleRows ? min(r.rows_valid, tg.h_rows - r.prob_row0) : r.rows_valid;
+    sm90::copy_staged_rows<kCols>(src, h, half, row0, rows, col0, tg.ffn, lane, 32);
   }
 }
 
-// An FC1 tile's h, as its consumer staged it, into h at rows row0 .. (at most `rows` of them).
-// The slots hold h as [gate | up] halves of the tile's kCols columns, one per slot; the
-// blockwise gated tile holds 64 act columns per slot instead, each slot's two boxes its gate
-// and its up columns (activate_staged_fp8 reads them so).
-template <int kAct, int kActForm, int kCols, class Record>
+// An FC1 tile's h, as its consumer staged it, into h (store_h_part's rows). The slots hold h as
+// [gate | up] halves of the tile's kCols columns, one per slot; the blockwise gated tile holds
+// 64 act columns per slot instead, each slot's two boxes its gate and its up columns
+// (activate_staged_fp8 reads them so).
+template <int kAct, int kActForm, int kCols, bool kScheduleRows, class Record>
 __device__ __forceinline__ void store_staged_h(const uint8_t* buf, const Record& r,
-                                               const StorerTargets& tg, int row0, int rows,
-                                               int lane) {
+                                               const StorerTargets& tg, int lane) {
   constexpr bool kGated = sm90::gated_epilogue<kAct>();
   if constexpr (kActForm == kActFp8Codes && kGated) {
     for (int slot = 0; slot < 2; ++slot) {
       for (int half = 0; half < 2; ++half) {
-        store_h_part<64>(buf + slot * kStagedSlotBytes + half * sm90::kStagedBoxBytes, r, tg,
-                         half, r.col0 + 64 * slot, row0, rows, lane);
+        store_h_part<64, kScheduleRows>(
+            buf + slot * kStagedSlotBytes + half * sm90::kStagedBoxBytes, r, tg, half,
+            r.col0 + 64 * slot, lane);
       }
     }
   } else {
     constexpr int kHCols = kActForm == kActFp8Codes ? kFp8ScaleBlock : kCols;
     for (int half = 0; half < (kGated ? 2 : 1); ++half) {
-      store_h_part<kHCols>(buf + half * kStagedSlotBytes, r, tg, half, r.col0, row0, rows, lane);
+      store_h_part<kHCols, kScheduleRows>(buf + half * kStagedSlotBytes, r, tg, half, r.col0,
+                                          lane);
     }
   }
 }
@@ -404,21 +407,22 @@ __device__ __forceinline__ void store_fp8_act(uint8_t* slots, const StagedRecord
 }
 
 // A staged FC1 tile of kCols activation columns (slots as the consumer left them: h, gate in
-// slot 0 and up at the same place in slot 1 when gated): h stored where it is kept (tg.h: at
-// rows h_row0 .., at most h_rows of them; none when h_rows <= 0), then act(h) * prob made in
-// place and stored as kActForm says. On return the stores have read the slots; lane 0's TMA
-// stores may still be writing (its caller waits before counting). trace stamps slot h_out at
-// row seq once h is stored, `activated` once act is made.
-template <int kAct, int kActForm, int kCols, class Record, class Trace>
+// slot 0 and up at the same place in slot 1 when gated): h stored where it is kept (tg.h), then
+// act(h) * prob made in place and stored as kActForm says. kScheduleRows: h's rows are
+// schedule rows, the first tg.h_rows of them kept (forward); else the tile's rows in act's
+// buffer (the backward's ring). On return the stores have read the slots; lane 0's TMA stores
+// may still be writing (its caller waits before counting). trace stamps slot h_out at row seq
+// once h is stored, `activated` once act is made.
+template <int kAct, int kActForm, int kCols, bool kScheduleRows, class Record, class Trace>
 __device__ __forceinline__ void store_fc1_staged(uint8_t* buf, const Record& r,
-                                                 const StorerTargets& tg, int h_row0,
-                                                 int h_rows, int lane, const Trace& trace,
-                                                 int seq, int h_out, int activated) {
+                                                 const StorerTargets& tg, int lane,
+                                                 const Trace& trace, int seq, int h_out,
+                                                 int activated) {
   const float p_lo = lane < r.rows_valid ? tg.row_prob[r.prob_row0 + lane] : 0.f;
   const float p_hi = lane + 32 < r.rows_valid ? tg.row_prob[r.prob_row0 + lane + 32] : 0.f;
   // h where it is kept, stored before the activation overwrites it.
-  if (tg.h != nullptr && h_rows > 0) {
-    store_staged_h<kAct, kActForm, kCols>(buf, r, tg, h_row0, h_rows, lane);
+  if (tg.h != nullptr && (!kScheduleRows || r.prob_row0 < tg.h_rows)) {
+    store_staged_h<kAct, kActForm, kCols, kScheduleRows>(buf, r, tg, lane);
     if (lane == 0) sm90::bulk_wait_read<0>();
     __syncwarp();
   }
@@ -482,9 +486,8 @@ __device__ __forceinline__ void run_storer(StagingHandoff<>& hand, uint8_t* buf,
     if (r.kind == kStagedFc1 && r.has_rows) {
       // h kept by schedule row, the first tg.h_rows of them (kernel.kept_h_tokens with the
       // ring, every row with saved inputs).
-      store_fc1_staged<kAct, kActForm, kFc1Cols>(buf, r, tg, r.prob_row0,
-                                                 tg.h_rows - r.prob_row0, lane, trace, seq,
-                                                 kTrStorerHOut, kTrStorerActivated);
+      store_fc1_staged<kAct, kActForm, kFc1Cols, true>(buf, r, tg, lane, trace, seq,
+                                                       kTrStorerHOut, kTrStorerActivated);
     } else if (r.kind == kStagedFc2) {
       // The consumer's MMAs have read the tile's act rows (wgmma_wait<0> before its arrive).
       if (lane == 0) red_release_gpu_add_u32(&tg.fc2_done[r.counter], 1);
