@@ -144,7 +144,7 @@ class Bf16Operands:
     def fc1_past(self, plan, past: Schedule, rows, first: int) -> torch.Tensor:
         """h [cap - first, F1] of the rows from `first` on, as fc1 makes them (backward
         recomputing past the h forward kept; first = 0: every row): `past` is the schedule of
-        those rows (plan.rows_past). No act: the separate backward makes it itself."""
+        those rows (plan.py: rows_past). No act: the separate backward makes it itself."""
         return _grouped(rows[first:], plan.w1.transpose(1, 2), past.offs)
 
     def fc2(self, plan, sched, act):
