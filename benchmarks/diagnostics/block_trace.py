@@ -29,15 +29,15 @@ def traced(launch: str, trace: torch.Tensor):
 
 def block_spans(tiles: torch.Tensor, head: torch.Tensor, start: int, end: int,
                 traced_tiles: int):
-    """-> (SM clock in GHz, per block a dict of its span in µs, its traced tiles' count, and
-    consumer 0's cycles from its first tile to the block's end where every tile of the block is
-    traced, else None). tiles [blocks, traced_tiles, slots] with `start` / `end` the slots of a
-    tile's first and last consumer stamp; head [blocks, len(HEADER)]."""
+    """-> (SM clock in GHz, per block a dict of its span in µs and its traced tiles' count
+    ("tiles"), per block consumer 0's cycles from its first tile to the block's end where every
+    tile of the block is traced, else None). tiles [blocks, traced_tiles, slots] with `start` /
+    `end` the slots of a tile's first and last consumer stamp; head [blocks, len(HEADER)]."""
     ns = head[:, HEADER["end_ns"]] - head[:, HEADER["start_ns"]]
     cycles = head[:, HEADER["end_clock"]] - head[:, HEADER["start_clock"]]
     ghz = float(cycles.sum()) / float(ns.sum())
     t0 = int(head[:, HEADER["start_ns"]].min())
-    blocks, counts, whole = [], [], []
+    blocks, whole = [], []
     for b in range(head.shape[0]):
         n = int((tiles[b, :, end] != 0).sum())
         start_clock = int(head[b, HEADER["start_clock"]])
@@ -51,9 +51,8 @@ def block_spans(tiles: torch.Tensor, head: torch.Tensor, start: int, end: int,
             block["first_tile_us"] = (int(tiles[b, 0, start]) - start_clock) / ghz / 1e3
             block["tail_us"] = (end_clock - int(tiles[b, n - 1, end])) / ghz / 1e3
         blocks.append(block)
-        counts.append(n)
         whole.append(end_clock - int(tiles[b, 0, start]) if 0 < n < traced_tiles else None)
-    return ghz, blocks, counts, whole
+    return ghz, blocks, whole
 
 
 def blocks_line(ghz: float, blocks: list) -> str:

@@ -92,14 +92,14 @@ def summarize(trace: torch.Tensor) -> dict:
     """Per-block spans, per-kind phase medians (µs) and consumer 0's time split by kind from
     one traced launch (on the CPU)."""
     tiles, head = ops.backward_trace_parts(trace)
-    ghz, blocks, counts, whole = block_spans(tiles, head, SLOT["tile_start"], SLOT["tile_end"],
+    ghz, blocks, whole = block_spans(tiles, head, SLOT["tile_start"], SLOT["tile_end"],
                                              ops.BACKWARD_TRACE_TILES)
     us = lambda c: c / ghz / 1e3  # noqa: E731  (clock64 cycles -> µs)
     phases, rows = {}, {}
     shares: dict[str, float] = {}
     consumer_cycles = sum(c for c in whole if c is not None)
     whole_blocks = sum(c is not None for c in whole)
-    for b, n in enumerate(counts):
+    for b, n in enumerate(x["tiles"] for x in blocks):
         for row in tiles[b, :n].tolist():  # plain ints: per-element tensor reads are slow
             kind = kind_of(row)
             for name, c in tile_phases(row, kind).items():

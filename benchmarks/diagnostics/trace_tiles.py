@@ -79,7 +79,7 @@ def traced_layer_launch(model, experts: int, tokens: int, comm_blocks: int, seed
 def summarize(trace: torch.Tensor) -> dict:
     """Per-block spans and per-tile phase medians (µs) from one traced launch."""
     tiles, head = ops.megakernel_trace_parts(trace)
-    ghz, blocks, counts, whole = block_spans(tiles, head, SLOT["tile_start"], SLOT["tile_end"],
+    ghz, blocks, whole = block_spans(tiles, head, SLOT["tile_start"], SLOT["tile_end"],
                                              ops.TRACE_TILES)
     us = lambda c: c / ghz / 1e3  # noqa: E731  (clock64 cycles -> µs)
     phases: dict[str, dict[str, list]] = {"fc1": {}, "fc2": {}}
@@ -87,7 +87,7 @@ def summarize(trace: torch.Tensor) -> dict:
     # every tile is traced, split into each tile kind's queue / mainloop / epilogue.
     shares: dict[str, float] = {}
     consumer_cycles = sum(c for c in whole if c is not None)
-    for b, n in enumerate(counts):
+    for b, n in enumerate(x["tiles"] for x in blocks):
         for s in range(n):
             row = tiles[b, s]
             kind = "fc1" if int(row[SLOT["tile_id"]]) % 2 else "fc2"
