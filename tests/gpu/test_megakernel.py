@@ -177,7 +177,7 @@ def test_stalled_megakernel_reports_where():
     within microseconds, and the report is the last trapping thread's. In a subprocess, as a
     trap ends the CUDA context."""
     code = ("import sys; sys.path[:0] = ['tests', 'tests/gpu']; "
-            "from mok_megatron import ops; from test_megakernel import _small_launch; "
+            "from mok_megatron.cuda import ops; from test_megakernel import _small_launch; "
             "p = _small_launch(0)\n"
             "try:\n"
             "    p['launch'](comm_blocks=4, timeout_ns=200_000_000, first_ticket=1000)\n"

@@ -235,8 +235,9 @@ def _mismatches(expected: dict, got: dict) -> list[str]:
 
 class Counters:
     """Replays of Megatron's local graph runners and of any CUDA graph, mok's experts step by
-    whether it ran eagerly or inside a capture, and backward megakernel launches that added
-    into main_grad."""
+    whether it ran eagerly or inside a capture, and the launches that added expert weight
+    gradients into main_grad: backward megakernels given the fp32 grads (one per layer call),
+    the separate backward's ops.grouped_wgrad_accumulate (two per layer call: dW2, dW1)."""
 
     def __init__(self):
         import torch
@@ -251,6 +252,7 @@ class Counters:
         graph_replay = torch.cuda.CUDAGraph.replay
         experts_compute = MokTokenDispatcher.experts_compute
         backward_megakernel = ops.moe_backward_megakernel
+        wgrad_accumulate = ops.grouped_wgrad_accumulate
         counts = self.counts
 
         def counted_runner_replay(runner, *args, **kwargs):
@@ -268,12 +270,18 @@ class Counters:
 
         cuda_graphs._CudaGraphRunner.replay_graph_capture = counted_runner_replay
         torch.cuda.CUDAGraph.replay = counted_graph_replay
+
+        def counted_wgrad_accumulate(*args, **kwargs):
+            counts["into_main_grad"] += 1
+            return wgrad_accumulate(*args, **kwargs)
+
         def counted_backward_megakernel(*args, **kwargs):
             counts["into_main_grad"] += kwargs.get("dw1_fp32") is not None
             return backward_megakernel(*args, **kwargs)
 
         MokTokenDispatcher.experts_compute = counted_experts_compute
         ops.moe_backward_megakernel = counted_backward_megakernel
+        ops.grouped_wgrad_accumulate = counted_wgrad_accumulate
 
     def reset(self):
         self.counts.update(runner_replays=0, graph_replays=0, experts_eager=0,
@@ -416,7 +424,9 @@ def run_case(name: str) -> None:
         counters.reset()
         want = eager.step(_batches(iteration))
         if fused:
-            assert counters.counts["into_main_grad"] == NUM_LAYERS * MICROBATCHES, counters.counts
+            per_call = 1 if case["knobs"].get("backward_kernel") == "megakernel" else 2
+            assert counters.counts["into_main_grad"] == per_call * NUM_LAYERS * MICROBATCHES, \
+                counters.counts
         again = control.step(_batches(iteration))
         before = [p.detach().clone() for p in experts.parameters()]
         counters.reset()

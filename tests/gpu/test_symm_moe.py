@@ -95,7 +95,7 @@ def test_too_many_tokens_is_a_clear_error():
 
 def test_stall_ends_in_timeout_report():
     """A wait that is never satisfied traps with rank, stage and the flag, instead of hanging."""
-    code = ("import torch; from mok_megatron import ops; "
+    code = ("import torch; from mok_megatron.cuda import ops; "
             "f = torch.zeros(1, dtype=torch.int32, device='cuda'); "
             "ops.stall_for_test(f, 0, 200_000_000); torch.cuda.synchronize()")
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
