@@ -109,6 +109,12 @@ class KernelKnobs:
     # case (EP · max_tokens_per_rank · topk rows of H and of 2F or F, per MoE layer, until
     # its backward) - for few-layer models that have the memory.
     backward_inputs: Literal["saved", "recomputed"] = "recomputed"
+    # With backward_inputs: recomputed, forward also keeps h for the schedule's first
+    # kept_h_tokens rows (token copies routed here; rounded up to 128-row m-blocks), F1 bf16
+    # per row until the layer's backward, and backward recomputes FC1 only past them: a memory
+    # bound that no routing moves, traded for FC1's FLOPs (recomputing all of FC1 adds 4/18 of
+    # a layer's). 0 keeps none. Read by the separate backward (what auto picks).
+    kept_h_tokens: int = _bounded(0, min=0)
     # Every bounded wait - on a peer in the barrier, on another block inside the megakernel or
     # the GEMM engine - stops the kernel after this long with a report naming rank, role and
     # stage (stall_watch.py). It must outlast the largest healthy skew between ranks reaching
@@ -410,10 +416,20 @@ def resolve_kernels(r: Recipe, world: int) -> Recipe:
 
 
 def recipe_problems(r: Recipe) -> Iterator[tuple[str, str]]:
-    """What a recipe's precision needs of its kernels (also checked at a cuda call)."""
+    """What a recipe's precision and kernel knobs need of each other (also checked at a cuda
+    call, after resolve_kernels)."""
     if r.precision != "mxfp8" and r.kernel.mxfp8_weights != "auto":
         yield ("kernel.mxfp8_weights", f"only precision mxfp8 reads it (this recipe's is "
                                        f"{r.precision}): leave it at auto")
+    if r.kernel.kept_h_tokens:
+        if r.kernel.backward_inputs != "recomputed":
+            yield ("kernel.kept_h_tokens", "only backward_inputs: recomputed reads it (saved "
+                                           "inputs keep every row's h): leave it at 0")
+        elif r.kernel.backward_kernel == "megakernel":
+            yield ("kernel.kept_h_tokens", "the backward megakernel recomputes every macrobatch "
+                                           "of its ring; only the separate backward reads kept "
+                                           "h: set backward_kernel to separate or auto, or "
+                                           "leave it at 0")
     if r.precision in FP8_PRECISIONS and r.kernel.backward_kernel == "megakernel":
         if r.kernel.backward_inputs != "recomputed":
             yield ("kernel.backward_inputs", f"the backward megakernel under {r.precision} "

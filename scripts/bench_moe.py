@@ -40,6 +40,7 @@ from __future__ import annotations
 import argparse
 import datetime
 import json
+import math
 import os
 import platform
 import shlex
@@ -189,7 +190,7 @@ def mok_path(group, tokens, forward_kernel="separate", comm_sms=16,
              macrobatch_tokens=KernelKnobs.macrobatch_tokens,
              minibatch_tokens=KernelKnobs.minibatch_tokens, backward_kernel="separate",
              comm_sms_backward=KernelKnobs.comm_sms_backward, precision="bf16",
-             mxfp8_weights="auto"):
+             mxfp8_weights="auto", kept_h_tokens=0):
     recipe = Recipe(name="bench", precision=precision, backend="cuda",
                     kernel=KernelKnobs(max_tokens_per_rank=max(tokens, 1),
                                        mxfp8_weights=mxfp8_weights,
@@ -197,6 +198,7 @@ def mok_path(group, tokens, forward_kernel="separate", comm_sms=16,
                                        backward_kernel=backward_kernel,
                                        comm_sms_backward=comm_sms_backward,
                                        backward_inputs=backward_inputs,
+                                       kept_h_tokens=kept_h_tokens,
                                        macrobatch_tokens=macrobatch_tokens,
                                        minibatch_tokens=minibatch_tokens))
 
@@ -493,6 +495,16 @@ def run_case(model, variant, tokens, peaks, args, group):
             paths["mok_megakernel_saved"] = mok_path(group, tokens, "megakernel", args.comm_sms,
                                                      "saved", backward_kernel="megakernel",
                                                      comm_sms_backward=args.comm_sms_backward)
+    if args.kept_h:
+        # The default kernels (auto) per recipe: saved inputs, recomputed, and recomputed past
+        # h kept for a fraction of the rows per rank (kernel.kept_h_tokens, from T x topk).
+        for precision in args.kept_h_recipes:
+            for inputs, fraction in (("saved", 0), ("recomputed", 0),
+                                     *(("recomputed", f) for f in args.kept_h)):
+                name = kept_h_path(precision, inputs, fraction)
+                paths[name] = mok_path(group, tokens, "auto", args.comm_sms, inputs,
+                                       backward_kernel="auto", precision=precision,
+                                       kept_h_tokens=math.ceil(fraction * tokens * model.topk))
     # The quantized recipes (operands.py: the separate kernels on quantized operands, the
     # weights quantized once per optimizer step - timed apart below, as the bench steps no
     # optimizer).
@@ -518,9 +530,10 @@ def run_case(model, variant, tokens, peaks, args, group):
     checks = {name: check_errors(outs[name], outs["alltoall"])
               for name in outs if name != "alltoall"}
     check = checks["mok"]
-    bound = {name: CHECK_TOLERANCE[QUANTIZED_PATHS[name][0]] for name in QUANTIZED_PATHS}
-    worst = torch.tensor(max(max(c.values()) / bound.get(n, CHECK_TOLERANCE["bf16"])
-                             for n, c in checks.items()), device="cuda")
+    bound = {name: CHECK_TOLERANCE[fn.recipe.precision] for name, fn in paths.items()
+             if isinstance(fn, MokPath)}
+    worst = torch.tensor(max(max(c.values()) / bound[n] for n, c in checks.items()),
+                         device="cuda")
     dist.all_reduce(worst, op=dist.ReduceOp.MAX)
     if worst.item() > 1:
         raise RuntimeError(f"{spec.name} T={tokens}: mok and alltoall disagree: {checks}")
@@ -615,7 +628,20 @@ def run_case(model, variant, tokens, peaks, args, group):
         mk, saved = result["paths"]["mok_megakernel"], result["paths"]["mok_megakernel_saved"]
         keys = [k for k in mk if k.endswith("_s") and k in saved]
         result["recomputed_over_saved"] = {k: mk[k] / saved[k] for k in keys}
+    if args.kept_h:
+        result["kept_h_over_saved"] = {
+            precision: {str(f): result["paths"][kept_h_path(precision, "recomputed", f)]["both_s"]
+                        / result["paths"][kept_h_path(precision, "saved", 0)]["both_s"]
+                        for f in (0, *args.kept_h)}
+            for precision in args.kept_h_recipes}
     return result
+
+
+def kept_h_path(precision: str, inputs: str, fraction: float) -> str:
+    """--kept-h's paths: the default kernels under `precision` with `inputs` kept for
+    backward, and h of `fraction` of the rows."""
+    return (f"mok_auto_{precision}_{inputs}"
+            + (f"_kept_h_{round(fraction * 100)}pct" if fraction else ""))
 
 
 def print_row(r):
@@ -642,6 +668,10 @@ def print_row(r):
              f"{saved['both_s']*1e3:.2f} ms"
              + (f", graph x{ratio['both_graph_s']:.2f}" if "both_graph_s" in ratio else "")
              + ")")
+    for precision, ratios in r.get("kept_h_over_saved", {}).items():
+        log0(f"{'':<20} {precision} default kernels, fwd+bwd over saved inputs: " + ", ".join(
+            f"{'recomputed' if f == '0' else f'h kept for {float(f):.0%} of the rows'} "
+            f"x{ratio:.3f}" for f, ratio in ratios.items()))
     streamed = {n: p for n, p in r["paths"].items() if "fwd_stream_s" in p}
     if streamed:
         log0(f"{'':<20} streamed (calls back to back) fwd / fwd+bwd: " + ", ".join(
@@ -781,6 +811,14 @@ def parse_args(argv) -> argparse.Namespace:
     p.add_argument("--macrobatch-tokens", type=int, default=KernelKnobs.macrobatch_tokens,
                    help="rows per macrobatch of the megakernel's ring (with --backward-inputs "
                         "recomputed)")
+    p.add_argument("--kept-h", nargs="+", type=float, default=[],
+                   help="also time the default kernels (auto) with saved inputs, recomputed, and "
+                        "recomputed past h kept for each of these fractions of a rank's rows "
+                        "(kernel.kept_h_tokens = fraction x tokens x topk), under "
+                        "--kept-h-recipes")
+    p.add_argument("--kept-h-recipes", nargs="+", default=["bf16"],
+                   choices=["bf16", "mxfp8", "fp8_blockwise"],
+                   help="the recipes --kept-h times (default: bf16)")
     p.add_argument("--streamed", action="store_true",
                    help="also time each path's calls issued back to back (the host running "
                         "ahead, as in training), next to the synchronized per-call times")
@@ -797,6 +835,8 @@ def parse_args(argv) -> argparse.Namespace:
     args = p.parse_args(argv)
     if args.dry_run and not args.suite:
         p.error("--dry-run goes with --suite")
+    if any(not 0 < f <= 1 for f in args.kept_h):
+        p.error(f"--kept-h fractions must be in (0, 1], got {args.kept_h}")
     if args.iters is None:
         args.iters = 5 if args.suite else 10
     if args.warmup is None:

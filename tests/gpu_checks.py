@@ -14,6 +14,7 @@ import torch.distributed as dist
 
 from mok_megatron.cuda import mxfp8_weights, ops, symm_moe
 from mok_megatron.cuda import workspace as workspace_mod
+from mok_megatron.activations import get_activation
 from mok_megatron.config import KernelKnobs, Recipe
 from mok_megatron.functional import moe_experts
 from mok_megatron.testing import (ProblemSpec, compare, concat_ranks, layer_outputs,
@@ -410,14 +411,16 @@ def check_backward_trace_stamps(trace: torch.Tensor) -> list[int]:
     """A traced backward megakernel launch's stamps (ops.backward_trace_buffer, on the CPU)
     are consistent: every block started and ended on the global timer, tickets are a
     permutation, each traced tile's kind is a BackwardKind, its consumer stamps (those its
-    path passes; the entry's always) are in order and its producer's are all there, in order.
-    Returns the traced tiles' indices."""
+    path passes; the entry's always) are in order, its producer's are all there, in order, and
+    its storer's (a tile handed on) are all there, in order. Returns the traced tiles'
+    indices."""
     tiles, head = ops.backward_trace_parts(trace)
     check_trace_headers(head)
     slot = {name: i for i, name in enumerate(ops.BACKWARD_TRACE_SLOTS)}
     consumer = [slot[n] for n in ("tile_start", "tile_queued", "inputs_ready", "mainloop_end",
-                                  "epilogue1", "epilogue2", "epilogue3", "tile_end")]
+                                  "epilogue1", "epilogue2", "tile_end")]
     producer = [slot[n] for n in ("producer_start", "taken", "pushed", "ready", "loads_issued")]
+    storer = [slot[n] for n in ("storer_took", "storer_made", "storer_released", "storer_done")]
     seen = []
     for row in tiles[tiles[:, :, slot["tile_end"]] != 0]:
         assert row[slot["tile_start"]] != 0 and row[slot["tile_queued"]] != 0
@@ -425,6 +428,9 @@ def check_backward_trace_stamps(trace: torch.Tensor) -> list[int]:
         assert stamps == sorted(stamps), stamps
         stamps = [int(row[i]) for i in producer]
         assert 0 not in stamps and stamps == sorted(stamps), stamps
+        if row[slot["storer_took"]] != 0:
+            stamps = [int(row[i]) for i in storer]
+            assert 0 not in stamps and stamps == sorted(stamps), stamps
         tile_id = int(row[slot["tile_id"]])
         assert tile_id % 8 < len(ops.BACKWARD_KINDS), tile_id
         seen.append(tile_id // 8)
@@ -467,6 +473,44 @@ def check_recomputed_backward(spec: ProblemSpec, rank: int, group, **knobs) -> N
                           **knobs)
     assert_same_bits(saved, recomputed,
                      f"({spec.name}) between saved and recomputed backward inputs")
+
+
+def forward_kept_bytes(problem, max_tokens: int, **knobs) -> int:
+    """What one forward (rank 0, no group) keeps allocated for its backward, its output aside."""
+    device = torch.device("cuda", torch.cuda.current_device())
+    inputs = problem.local(0, device)
+    rec = recipe(max_tokens, **knobs)
+    mxfp8_weights.clear()  # no earlier call's quantized weights freed inside the window
+    torch.cuda.synchronize(device)
+    before = torch.cuda.memory_allocated(device)
+    y = moe_experts(inputs["x"], inputs["ids"], inputs["probs"], inputs["w1"], inputs["w2"],
+                    activation=problem.spec.activation, recipe=rec)
+    torch.cuda.synchronize(device)
+    return torch.cuda.memory_allocated(device) - before - y.numel() * y.element_size()
+
+
+def check_kept_h(spec: ProblemSpec, rank: int, group,
+                 kept_h_tokens: tuple[int, ...] = (128, 1000, 10**6), **knobs) -> None:
+    """Backward recomputing FC1 only past the h forward kept (kernel.kept_h_tokens: one m-block,
+    a head ending inside an expert - 1000 rounds up to 1024 - and more rows than the schedule
+    has, so nothing is recomputed) gives the gradients of recomputing all of it, bit for bit,
+    forward's output untouched; at EP=1 forward keeps exactly the head's rows of h more."""
+    problem = spec.build()
+    max_tokens = max(max(spec.tokens_per_rank), 1)
+    knobs = {"backward_inputs": "recomputed", **knobs}
+    whole = run_cuda(problem, rank, group, max_tokens, **knobs)
+    for kept in kept_h_tokens:
+        part = run_cuda(problem, rank, group, max_tokens, kept_h_tokens=kept, **knobs)
+        assert_same_bits(whole, part, f"({spec.name}) with kept_h_tokens={kept}")
+    if group is None:
+        cap = max_tokens * spec.topk
+        gated = get_activation(spec.activation).gated
+        head = min(-(-kept_h_tokens[1] // ops.MEGAKERNEL_BLOCK_M) * ops.MEGAKERNEL_BLOCK_M, cap)
+        more = (forward_kept_bytes(problem, max_tokens, kept_h_tokens=kept_h_tokens[1], **knobs)
+                - forward_kept_bytes(problem, max_tokens, **knobs))
+        assert more == head * spec.ffn * (2 if gated else 1) * 2, (
+            f"({spec.name}) kept_h_tokens={kept_h_tokens[1]} keeps {more} bytes more, not "
+            f"{head} rows of h")
 
 
 def check_macrobatch_ring(spec: ProblemSpec, rank: int, group,

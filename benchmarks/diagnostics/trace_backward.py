@@ -9,12 +9,14 @@ duration in the dY-pulling blocks (median-max); how consumer warpgroup 0's time 
 tile to its block's end splits over the tile kinds (summed over the blocks whose every tile is
 traced; rest: gaps and the tail); and per tile kind the median of each phase in microseconds
 at the implied clock - consumer 0's queue (waiting for the tile's entry), inputs (its own
-waits: the ring's done count at a macrobatch switch; FC2-dgrad's staging buffer, FC1 count
-and h prefetch; a carried dW part's carry; a rounding tile's input), mainloop (rounding
-tiles: the rounding), the epilogue's steps (EPILOGUE_STEPS) and count; the producer's take
+waits: the ring's done count at a macrobatch switch; a carried dW part's carry; a rounding
+tile's input), mainloop (rounding tiles: the rounding), the epilogue's steps (EPILOGUE_STEPS:
+staging slots freed by the storer, rows staged and handed on) and count; the producer's take
 (the next index and this tile's decode), push (a free queue entry), ready (the tile's inputs)
-and loads (issuing its loads, the stage ring's waits included). dW tiles that leave a carry
-are their own kind (wgrad*_carry). The FP8 recipes run on recomputed inputs only.
+and loads (issuing its loads, the stage ring's waits included); consumer 0's storer warp's
+lag (handed on to taken), make (its activation backward, stores issued), release (the stores
+reading the slots) and count (FC1, FC2-dgrad: the stores completing). dW tiles that leave a
+carry are their own kind (wgrad*_carry). The FP8 recipes run on recomputed inputs only.
 
     python benchmarks/diagnostics/trace_backward.py --models qwen3_30b_a3b_like \\
         --variants full ep64 --tokens 4096 --inputs recomputed saved --out trace.json
@@ -45,13 +47,16 @@ SLOT = {name: i for i, name in enumerate(ops.BACKWARD_TRACE_SLOTS)}
 CARRY_OUT = 2  # csrc kPartCarryOut
 # Consumer 0's stamps in order, and the phase each one ends (consumer shares).
 CONSUMER = ("tile_start", "tile_queued", "inputs_ready", "mainloop_end", "epilogue1",
-            "epilogue2", "epilogue3", "tile_end")
+            "epilogue2", "tile_end")
 ENDS = {"tile_queued": "queue", "inputs_ready": "inputs", "mainloop_end": "mainloop",
-        "epilogue1": "epilogue", "epilogue2": "epilogue", "epilogue3": "epilogue",
-        "tile_end": "epilogue"}
+        "epilogue1": "epilogue", "epilogue2": "epilogue", "tile_end": "epilogue"}
 # What the epilogue stamps mark per kind (backward_trace.cuh); the count follows the last.
-EPILOGUE_STEPS = {"fc1": ("stores",), "dgrad2": ("h_wait", "act_bwd", "dh_stores"),
-                  "dgrad1": ("staging", "scatter"), "wgrad": ("staging", "dw_out")}
+EPILOGUE_STEPS = {"fc1": ("slots", "handoff"), "dgrad2": ("slots", "handoff"),
+                  "dgrad1": ("slots", "handoff"), "wgrad": ("staging", "dw_out")}
+# Consumer 0's storer warp on the tiles it takes (backward_storer.cuh).
+STORER = {"storer_lag": ("epilogue2", "storer_took"), "storer_make": ("storer_took", "storer_made"),
+          "storer_release": ("storer_made", "storer_released"),
+          "storer_count": ("storer_released", "storer_done")}
 PRODUCER = {"take": ("producer_start", "taken"), "push": ("taken", "pushed"),
             "ready": ("pushed", "ready"), "loads": ("ready", "loads_issued")}
 
@@ -78,7 +83,7 @@ def tile_phases(row, kind: str) -> dict[str, int]:
         last = f"epilogue{i + 1}" if row[SLOT[f"epilogue{i + 1}"]] else last
     out["count"] = span(last, "tile_end")
     out["epilogue"] = span("mainloop_end", "tile_end")
-    for name, (a, z) in PRODUCER.items():
+    for name, (a, z) in (PRODUCER | STORER).items():
         out[name] = span(a, z)
     return {k: v for k, v in out.items() if v is not None}
 

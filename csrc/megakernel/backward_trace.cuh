@@ -1,8 +1,8 @@
 // The backward megakernel's tile trace: tile_trace.cuh's BlockTrace with the backward's slots
 // (benchmarks/diagnostics/trace_backward.py reads them; ops.BACKWARD_TRACE_SLOTS mirrors the
 // order). Consumer warpgroup 0's leader stamps the consumer side, the producer thread its
-// own; both sides of a tile share its row (the queue's sequence number). Stamps a path does
-// not pass stay 0.
+// own, consumer 0's storer warp (lane 0) the handoffs it takes; all sides of a tile share its
+// row (the queue's sequence number). Stamps a path does not pass stay 0.
 #pragma once
 
 #include "megakernel/tile_trace.cuh"
@@ -17,22 +17,18 @@ enum BackwardTraceSlot : int {
   kBtTileStart = 0,  // consumer: before waiting for the tile's queue entry
   kBtTileQueued,     // consumer: the entry is read
   // consumer: its own waits are over and its mainloop starts - the ring's done count
-  // released at a macrobatch switch, then FC2-dgrad: its staging buffer free, its m-block's
-  // FC1 count (recomputing) and h's prefetch issued; a carried dW part: the carry's flag and
-  // its loads; a rounding tile: its input's count and the warpgroups' meeting
+  // released at a macrobatch switch, then a carried dW part: the carry's flag and its loads;
+  // a rounding tile: its input's count and the warpgroups' meeting
   kBtInputsReady,
   kBtMainloopEnd,    // consumer: accumulators complete (rounding tile: its rows rounded)
-  // consumer, the epilogue's steps per kind (up to three; then the count to kBtTileEnd):
-  //   FC1        1: act and h staged, their stores issued
-  //   FC2-dgrad  1: the h tile landed  2: activation backward and dprob partials written
-  //              3: dh's stores issued
-  //   FC1-dgrad  1: dX rows staged  2: the leader's row sent (bulk store; dprob with n-block 0)
-  //   dW         1: staging buffer free (bf16 dW)  2: dW stored (bf16), added into main_grad
-  //              (fp32) or left as a carry
+  // consumer, the epilogue's steps per kind (then the count, if any, to kBtTileEnd):
+  //   FC1, FC2-dgrad, FC1-dgrad  1: staging slots free (the storer's handoffs before them
+  //                                 released)  2: rows staged and handed to the storer
+  //   dW         1: slots free (bf16 dW) or the fp32 path begun  2: dW staged and handed
+  //              on (bf16), added into main_grad (fp32) or left as a carry
   kBtEpilogue1,
   kBtEpilogue2,
-  kBtEpilogue3,
-  kBtTileEnd,        // consumer: its m-block / carry counted, the tile done
+  kBtTileEnd,        // consumer: its carry / an idle half counted, the tile done
   kBtTileId,         // tile index * 8 + kind (BackwardKind)
   kBtMacro,          // its macrobatch
   kBtRows,           // BackwardTile::rows (dW: the part's rows, its K)
@@ -42,6 +38,13 @@ enum BackwardTraceSlot : int {
   kBtPushed,         // producer: queued for the consumers (a free entry waited for)
   kBtReady,          // producer: its inputs complete (acquired and fenced)
   kBtLoadsIssued,    // producer: its loads issued (its stages' empty waits included)
+  kBtStorerTook,     // storer: the tile's handoff taken (its wait for it ends)
+  // storer: its work made - FC1: act in the slots (h stored); FC2-dgrad: dh and the dprob
+  // partials made and dh's stores issued; FC1-dgrad: the rows' stores issued, dprob summed;
+  // dW: its stores issued
+  kBtStorerMade,
+  kBtStorerReleased, // storer: the slots released (the stores have read them)
+  kBtStorerDone,     // storer: counted (FC1, FC2-dgrad: the stores complete)
   kBackwardTraceSlots
 };
 

@@ -14,6 +14,9 @@
 // own slot) and the storer stores act as FC2 reads it, E4M3 codes and a scale code per row
 // (store_fp8_act); FC2 tiles are 128 columns.
 //
+// The backward megakernel's storers (backward_storer.cuh) take the same handoffs, with a
+// record of their own, and reuse the FC1 path (store_fc1_staged).
+//
 // Handoffs use the buffer's two slots in sequence q = 0, 1, ... (slot q % 2, phase parity
 // (q / 2) & 1). A tile's rows (64 x 256 bf16 of h, or FC2's unswizzled 33 KiB) take both,
 // starting at slot 0 (a skip record fills slot 1 first when needed); a record without rows
@@ -58,13 +61,16 @@ struct StagedRecord {
   int counter;     // FC1: m-block (fc1_done); FC2: macrobatch (fc2_done)
 };
 
+// Record: StagedRecord, or a record with its fields and more (the backward megakernel's).
+template <class Record = StagedRecord>
 struct StagingHandoff {
   uint64_t full[2];
   uint64_t empty[2];
-  StagedRecord rec[2];
+  Record rec[2];
 };
 
-__device__ __forceinline__ void init_staging_handoff(StagingHandoff& h) {
+template <class Record>
+__device__ __forceinline__ void init_staging_handoff(StagingHandoff<Record>& h) {
   for (int i = 0; i < 2; ++i) {
     sm90::mbar_init(&h.full[i], 128);
     sm90::mbar_init(&h.empty[i], 1);
@@ -75,9 +81,11 @@ __device__ __forceinline__ void init_staging_handoff(StagingHandoff& h) {
 struct StorerTargets {
   const float* row_prob;
   const CUtensorMap* act_map;  // act's store map (kActFp8Codes: of its codes)
-  const CUtensorMap* h_map;
+  const CUtensorMap* h_map;   // h's store map: forward's kept h, by schedule row; the
+                              // backward ring's h, by slot row
   __nv_bfloat16* act;
-  __nv_bfloat16* h;
+  __nv_bfloat16* h;          // or null: no h kept
+  int h_rows;                // forward: the schedule's first rows whose h is kept
   int ffn, f1, hidden;       // act row width, h row width (2F gated), FC2 row width
   const int32_t* row_slot;   // FC2 rows: flat (source, token, k) slot
   const int64_t* peer_bases;
@@ -96,8 +104,9 @@ struct StorerTargets {
 enum ActForm : int { kActBf16 = 0, kActMxRounded = 1, kActFp8Codes = 2 };
 
 // Consumer warpgroup side; every one of its 128 threads keeps the same sequence position.
+template <class Record = StagedRecord>
 struct StagingWriter {
-  StagingHandoff* hand;
+  StagingHandoff<Record>* hand;
   uint8_t* buf;
   int q;
   bool leader;
@@ -114,7 +123,7 @@ struct StagingWriter {
   __device__ uint8_t* acquire(int slots, int tile, uint64_t timeout_ns, int* report) {
     if (slots == 2 && q % 2 == 1) {
       wait_free(q, tile, timeout_ns, report);
-      if (leader) hand->rec[1] = StagedRecord{kStagedSkip, 1};
+      if (leader) hand->rec[1] = Record{kStagedSkip, 1};
       arrive(1);
       ++q;
     }
@@ -122,17 +131,23 @@ struct StagingWriter {
     return buf + (q % 2) * kStagedSlotBytes;
   }
   // After this thread's writes into the acquired slots: the record goes with them.
-  __device__ void hand_off(const StagedRecord& r) {
+  __device__ void hand_off(const Record& r) {
     if (leader) hand->rec[q % 2] = r;
     arrive(r.slots);
     q += r.slots;
   }
   // A record without rows (count only, end): one slot.
-  __device__ void hand_off_record(StagedRecord r, int tile, uint64_t timeout_ns, int* report) {
+  __device__ void hand_off_record(Record r, int tile, uint64_t timeout_ns, int* report) {
     r.slots = 1;
     r.has_rows = 0;
     acquire(1, tile, timeout_ns, report);
     hand_off(r);
+  }
+  // Both slots free (every handoff before released) for a use outside the handoffs: the
+  // backward's rounding tiles keep scratch there. The sequence position does not move.
+  __device__ void drain(int tile, uint64_t timeout_ns, int* report) const {
+    wait_free(q, tile, timeout_ns, report);
+    wait_free(q + 1, tile, timeout_ns, report);
   }
 };
 
@@ -195,19 +210,20 @@ __device__ __forceinline__ void activate_rows(float p_lo, float p_hi, int lane, 
   }
 }
 
-// act(h) * prob (gated: act(gate) * up * prob) of one staged FC1 tile, in place: slot 0 (and
-// slot 1) held h as write_staged<256> left it and afterwards slot 0 holds the activation as
-// write_staged<kFc1Cols> would have (same swizzled chunk positions). Lane l takes rows l and
+// act(h) * prob (gated: act(gate) * up * prob) of one staged FC1 tile of kCols activation
+// columns, in place: slot 0 (and slot 1) held h as write_staged<256> left it (gated: gate in
+// slot 0, up at the same place in slot 1) and afterwards slot 0 holds the activation as
+// write_staged<kCols> would have (same swizzled chunk positions). Lane l takes rows l and
 // l + 32 (p_lo / p_hi are their probs), 16-byte chunks (8 columns) at a time; the 8 lanes of
 // a quarter-warp are 8 consecutive rows, whose swizzled chunks lie in 8 different bank groups.
 // One warp does all of a tile's 64 rows (8192 outputs for SwiGLU), so its time is the
 // latency of the exp -> reciprocal chains that ptxas overlaps in the registers it has (two at
 // 56, one at 40: docs/perf-log.md); no chunk waits on a shuffle or a spilled prob.
-template <int kAct>
+template <int kAct, int kCols = sm90::tile_cols<kAct>()>
 __device__ __forceinline__ void activate_staged(uint8_t* slots, float p_lo, float p_hi,
                                                 int lane) {
   const uint32_t base = sm90::smem_addr(slots);
-  activate_rows<kAct, sm90::tile_cols<kAct>() / 8>(p_lo, p_hi, lane, [&](int c, int r) {
+  activate_rows<kAct, kCols / 8>(p_lo, p_hi, lane, [&](int c, int r) {
     const uint32_t off = staged_chunk(base, c, r);
     return make_uint3(off, off + kStagedSlotBytes, off);
   });
@@ -313,6 +329,50 @@ __device__ __forceinline__ void mx_round_staged(uint8_t* slot, int lane) {
   }
 }
 
+// One part of a staged FC1 tile's h (kCols columns from `src`: half `half` of h at column
+// col0) into h. kScheduleRows: h's rows are schedule rows, the first tg.h_rows of them kept
+// (forward); else the tile's rows in act's buffer (the backward's ring). One TMA box per 64
+// columns when the warpgroup's 64 rows are consecutive (the map's edge clips the rows past
+// h's), else its rows copied out, those below tg.h_rows by schedule row.
+template <int kCols, bool kScheduleRows, class Record>
+__device__ __forceinline__ void store_h_part(const uint8_t* src, const Record& r,
+                                             const StorerTargets& tg, int half, int col0,
+                                             int lane) {
+  const sm90::EpilogueTensor h{tg.h_map, tg.h, tg.f1};
+  const int row0 = kScheduleRows ? r.prob_row0 : r.row0;
+  if (r.full) {
+    if (lane == 0) sm90::issue_staged_boxes(h, src, kCols / 64, half, row0, col0, tg.ffn);
+  } else {
+    const int rows = kScheduleRows ? min(r.rows_valid, tg.h_rows - r.prob_row0) : r.rows_valid;
+    sm90::copy_staged_rows<kCols>(src, h, half, row0, rows, col0, tg.ffn, lane, 32);
+  }
+}
+
+// An FC1 tile's h, as its consumer staged it, into h (store_h_part's rows). The slots hold h as
+// [gate | up] halves of the tile's kCols columns, one per slot; the blockwise gated tile holds
+// 64 act columns per slot instead, each slot's two boxes its gate and its up columns
+// (activate_staged_fp8 reads them so).
+template <int kAct, int kActForm, int kCols, bool kScheduleRows, class Record>
+__device__ __forceinline__ void store_staged_h(const uint8_t* buf, const Record& r,
+                                               const StorerTargets& tg, int lane) {
+  constexpr bool kGated = sm90::gated_epilogue<kAct>();
+  if constexpr (kActForm == kActFp8Codes && kGated) {
+    for (int slot = 0; slot < 2; ++slot) {
+      for (int half = 0; half < 2; ++half) {
+        store_h_part<64, kScheduleRows>(
+            buf + slot * kStagedSlotBytes + half * sm90::kStagedBoxBytes, r, tg, half,
+            r.col0 + 64 * slot, lane);
+      }
+    }
+  } else {
+    constexpr int kHCols = kActForm == kActFp8Codes ? kFp8ScaleBlock : kCols;
+    for (int half = 0; half < (kGated ? 2 : 1); ++half) {
+      store_h_part<kHCols, kScheduleRows>(buf + half * kStagedSlotBytes, r, tg, half, r.col0,
+                                          lane);
+    }
+  }
+}
+
 // Stores a blockwise FC1 tile's act (slots as activate_staged_fp8 leaves them, backward's h
 // not kept): its codes quantized into slot 1, stored as one TMA box when all 64 rows are
 // consecutive (r.full), else copied out row by row; its scale codes into the transposed
@@ -346,13 +406,57 @@ __device__ __forceinline__ void store_fp8_act(uint8_t* slots, const StagedRecord
   }
 }
 
+// A staged FC1 tile of kCols activation columns (slots as the consumer left them: h, gate in
+// slot 0 and up at the same place in slot 1 when gated): h stored where it is kept (tg.h), then
+// act(h) * prob made in place and stored as kActForm says. kScheduleRows: h's rows are
+// schedule rows, the first tg.h_rows of them kept (forward); else the tile's rows in act's
+// buffer (the backward's ring). On return the stores have read the slots; lane 0's TMA stores
+// may still be writing (its caller waits before counting). trace stamps slot h_out at row seq
+// once h is stored, `activated` once act is made.
+template <int kAct, int kActForm, int kCols, bool kScheduleRows, class Record, class Trace>
+__device__ __forceinline__ void store_fc1_staged(uint8_t* buf, const Record& r,
+                                                 const StorerTargets& tg, int lane,
+                                                 const Trace& trace, int seq, int h_out,
+                                                 int activated) {
+  const float p_lo = lane < r.rows_valid ? tg.row_prob[r.prob_row0 + lane] : 0.f;
+  const float p_hi = lane + 32 < r.rows_valid ? tg.row_prob[r.prob_row0 + lane + 32] : 0.f;
+  // h where it is kept, stored before the activation overwrites it.
+  if (tg.h != nullptr && (!kScheduleRows || r.prob_row0 < tg.h_rows)) {
+    store_staged_h<kAct, kActForm, kCols, kScheduleRows>(buf, r, tg, lane);
+    if (lane == 0) sm90::bulk_wait_read<0>();
+    __syncwarp();
+  }
+  trace.stamp(seq, h_out);
+  if constexpr (kActForm == kActFp8Codes) {
+    activate_staged_fp8<kAct>(buf, p_lo, p_hi, lane);
+    trace.stamp(seq, activated);
+    store_fp8_act(buf, r, tg, lane);
+  } else {
+    activate_staged<kAct, kCols>(buf, p_lo, p_hi, lane);
+    if constexpr (kActForm == kActMxRounded) mx_round_staged<kAct>(buf, lane);
+    trace.stamp(seq, activated);
+    const sm90::EpilogueTensor act{tg.act_map, tg.act, tg.ffn};
+    if (r.full) {
+      sm90::fence_proxy_async_shared();
+      __syncwarp();
+      if (lane == 0) {
+        sm90::issue_staged_boxes(act, buf, kCols / 64, 0, r.row0, r.col0, tg.ffn);
+        sm90::bulk_wait_read<0>();
+      }
+    } else {
+      __syncwarp();
+      sm90::copy_staged_rows<kCols>(buf, act, 0, r.row0, r.rows_valid, r.col0, tg.ffn, lane,
+                                    32);
+    }
+  }
+}
+
 // The storer warp of one consumer warpgroup: takes its handoffs in order until the end record.
 // `trace` (diagnostic kernel, storer of consumer 0, lane 0; else null) stamps each tile's
 // handoff at the consumer's tile index. kActForm: what FC1's activation is stored as.
 template <int kAct, int kActForm>
-__device__ __forceinline__ void run_storer(StagingHandoff& hand, uint8_t* buf,
+__device__ __forceinline__ void run_storer(StagingHandoff<>& hand, uint8_t* buf,
                                            const StorerTargets& tg, const TileTrace& trace) {
-  constexpr bool kGated = sm90::gated_epilogue<kAct>();
   constexpr int kFc1Cols = sm90::tile_cols<kAct>();
   constexpr int kFc2Cols = kActForm == kActFp8Codes ? kFp8BlockN : kGemmBlockN;
   const int lane = threadIdx.x % 32;
@@ -380,48 +484,10 @@ __device__ __forceinline__ void run_storer(StagingHandoff& hand, uint8_t* buf,
     }
     trace.stamp(seq, kTrStorerTook);
     if (r.kind == kStagedFc1 && r.has_rows) {
-      const sm90::EpilogueTensor h{tg.h_map, tg.h, tg.f1};
-      constexpr int kHalves = kGated ? 2 : 1;  // h's halves: gate and up, or the one
-      const float p_lo = lane < r.rows_valid ? tg.row_prob[r.prob_row0 + lane] : 0.f;
-      const float p_hi = lane + 32 < r.rows_valid ? tg.row_prob[r.prob_row0 + lane + 32] : 0.f;
-      if (tg.h != nullptr) {  // backward keeps h: store it before it is overwritten
-        for (int half = 0; half < kHalves; ++half) {
-          const uint8_t* src = buf + half * kStagedSlotBytes;
-          if (r.full) {
-            if (lane == 0) {
-              sm90::issue_staged_boxes(h, src, kFc1Cols / 64, half, r.row0, r.col0, tg.ffn);
-            }
-          } else {
-            sm90::copy_staged_rows<kFc1Cols>(src, h, half, r.row0, r.rows_valid, r.col0, tg.ffn,
-                                             lane, 32);
-          }
-        }
-        if (lane == 0) sm90::bulk_wait_read<0>();
-        __syncwarp();
-      }
-      trace.stamp(seq, kTrStorerHOut);
-      if constexpr (kActForm == kActFp8Codes) {
-        activate_staged_fp8<kAct>(buf, p_lo, p_hi, lane);
-        trace.stamp(seq, kTrStorerActivated);
-        store_fp8_act(buf, r, tg, lane);
-      } else {
-        activate_staged<kAct>(buf, p_lo, p_hi, lane);
-        if constexpr (kActForm == kActMxRounded) mx_round_staged<kAct>(buf, lane);
-        trace.stamp(seq, kTrStorerActivated);
-        const sm90::EpilogueTensor act{tg.act_map, tg.act, tg.ffn};
-        if (r.full) {
-          sm90::fence_proxy_async_shared();
-          __syncwarp();
-          if (lane == 0) {
-            sm90::issue_staged_boxes(act, buf, kFc1Cols / 64, 0, r.row0, r.col0, tg.ffn);
-            sm90::bulk_wait_read<0>();
-          }
-        } else {
-          __syncwarp();
-          sm90::copy_staged_rows<kFc1Cols>(buf, act, 0, r.row0, r.rows_valid, r.col0, tg.ffn,
-                                           lane, 32);
-        }
-      }
+      // h kept by schedule row, the first tg.h_rows of them (kernel.kept_h_tokens with the
+      // ring, every row with saved inputs).
+      store_fc1_staged<kAct, kActForm, kFc1Cols, true>(buf, r, tg, lane, trace, seq,
+                                                       kTrStorerHOut, kTrStorerActivated);
     } else if (r.kind == kStagedFc2) {
       // The consumer's MMAs have read the tile's act rows (wgmma_wait<0> before its arrive).
       if (lane == 0) red_release_gpu_add_u32(&tg.fc2_done[r.counter], 1);

@@ -9,10 +9,14 @@
 //   every block               runs tiles of one index space (megakernel/backward_tiles.cuh),
 //                             handed out in increasing order (tile_queue.cuh). The producer
 //                             thread waits for a tile's inputs (acquire) and streams its
-//                             operands by TMA; the consumer warpgroups run its MMAs and its
-//                             epilogue (gemm/sm90/tile_epilogue.cuh for FC1,
-//                             megakernel/dgrad_epilogue.cuh, gemm/sm90/wgrad.cuh), each storing
-//                             and counting its own 64 rows.
+//                             operands by TMA; the consumer warpgroups run its MMAs, each on
+//                             its own 64 rows, stage the result as bf16 rows and hand them to
+//                             a storer warp (warps 1-2 of the producer warpgroup,
+//                             megakernel/backward_storer.cuh), which makes the epilogue's
+//                             outputs (FC1's activation, FC2-dgrad's activation backward),
+//                             stores and counts them while its consumer runs the next tile's
+//                             MMAs; fp32 weight gradients and carries leave the consumers'
+//                             registers directly (gemm/sm90/wgrad.cuh).
 // Two settings (the recipe's kernel.backward_inputs):
 //   saved       forward's x rows, h and act at their schedule positions; one macrobatch.
 //   recomputed  a ring of `ring_slots` macrobatch slots (macrobatch_ring.cuh) holds the x and
@@ -45,12 +49,18 @@
 // engines' tiles share one stage ring (Fp8RingOverStages: an FP8 stage inside a BF16 one, the
 // same barriers), so a tile of one follows a tile of the other without a drain.
 // Deadlock freedom is forward's argument: tiles depend on lower indices or on the pull, and
-// the pull on tiles of earlier macrobatches only.
+// the pull on tiles of earlier macrobatches only. A tile's counts (FC1, FC2-dgrad, and the
+// ring's macro_done for the tiles handed on) come from its storer, which waits only for its
+// consumer's handoffs, its own stores and loads, and an FC1 count its tile's producer already
+// saw complete - never for a tile at or above its own; a consumer waits for its storer only
+// for free staging slots.
 // Memory ordering is forward's too: async-proxy writes complete (bulk_wait), fence.proxy.async,
 // release; readers acquire, fence.proxy.async.global, TMA. Plain stores (an expert's partial
 // last block of h, act or dh, dprob partials, carries) are fenced by their writers before the
-// release. A consumer that issues a TMA load itself (the FC2-dgrad h prefetch) acquires the
-// count it depends on itself.
+// release. A thread that issues a TMA load of another tile's output itself (the FC2-dgrad
+// storer's h loads) acquires the count it depends on itself. Staging slots pass between a
+// consumer and its storer by mbarriers, each writer fencing its generic writes for the async
+// proxy before it arrives (epilogue_storer.cuh).
 #include <ATen/cuda/CUDAContext.h>
 #include <c10/cuda/CUDAGuard.h>
 #include <cuda_bf16.h>
@@ -68,9 +78,11 @@
 #include "gemm/sm90/tile_epilogue.cuh"
 #include "gemm/sm90/wgrad.cuh"
 #include "gemm/timeout_report.h"
+#include "megakernel/backward_args.cuh"
+#include "megakernel/backward_storer.cuh"
 #include "megakernel/backward_tiles.cuh"
 #include "megakernel/backward_trace.cuh"
-#include "megakernel/dgrad_epilogue.cuh"
+#include "megakernel/epilogue_storer.cuh"
 #include "megakernel/fp8_round_tile.cuh"
 #include "megakernel/launch_checks.h"
 #include "megakernel/row_pull.cuh"
@@ -86,80 +98,6 @@ using namespace sm90;
 // rounding tiles.
 enum BackwardOperands : int { kBackwardBf16 = 0, kBackwardMxfp8 = 1, kBackwardFp8Blockwise = 2 };
 
-struct BackwardMaps {
-  CUtensorMap rows_k;      // x rows [buffer rows, H], K-major A of the FC1 recompute (kMx:
-                           // rows_k, rounded along H; kFp8: rows_k's codes)
-  CUtensorMap w1_k;        // W1 [E, F1, H] as forward reads it (gate | up halves): its B
-                           // (kFp8: its codes)
-  CUtensorMap act_store;   // act [buffer rows, F]: the FC1 recompute's stores
-  CUtensorMap dout_rows;   // dY rows [buffer rows, H], K-major A of FC2-dgrad (kMx: dout_k;
-                           // kFp8: dout_k's codes)
-  CUtensorMap w2_dgrad;    // B of FC2-dgrad: W2 [E, H, F] N-major (kMx: W2^T [E, F, H] K-major;
-                           // kFp8: its codes)
-  CUtensorMap h_tile;      // h [buffer rows, (2,) F]: FC1's stores, FC2-dgrad's prefetch
-  CUtensorMap dh_store;    // dh [buffer rows, (2,) F]: its stores
-  CUtensorMap dh_rows;     // dh [buffer rows, F1], K-major A of FC1-dgrad (kMx: dh_k;
-                           // kFp8: dh_k's codes)
-  CUtensorMap w1_dgrad;    // B of FC1-dgrad: W1 [E, F1, H] N-major (kMx: W1^T [E, H, F1];
-                           // kFp8: its codes)
-  CUtensorMap rows_k_scales;  // kFp8: the scale codes of rows_k, dout_k and dh_k
-  CUtensorMap dout_k_scales;  // ([block][row], a stage's box of rows)
-  CUtensorMap dh_k_scales;
-  CUtensorMap dout_mn;     // dY rows, MN-major A of dW2
-  CUtensorMap act_mn;      // act [buffer rows, F], MN-major B of dW2
-  CUtensorMap dh_mn;       // dh, MN-major A of dW1
-  CUtensorMap rows_mn;     // x rows [buffer rows, H], MN-major B of dW1
-  CUtensorMap dw2_store;   // bf16 dW2 [E * H, F] (unused when accumulating into fp32)
-  CUtensorMap dw1_store;   // bf16 dW1 [E * F1, H]
-};
-
-struct BackwardArgs {
-  const int64_t* peer_bases;  // [world] address of each rank's workspace
-  int64_t tokens_offset;      // byte offset of the published dY rows [max_tokens, H]
-  int64_t inputs_offset;      // byte offset of the published x rows (recomputed inputs)
-  int64_t slots_offset;       // byte offset of the combine slots [max_tokens * topk, H]
-  int64_t values_offset;      // byte offset of the slot values [max_tokens * topk] fp32
-  const int32_t* offsets;     // [E + 1] expert row ranges of the schedule
-  const int32_t* row_slot;    // [rows] flat (source, token, k) of each row
-  const float* row_prob;      // [rows]
-  int num_experts, hidden, ffn, f1, per_rank, topk, comm_blocks, world;
-  int ring_mblocks, ring_slots;  // recomputed inputs: the ring (macrobatch_ring.cuh); else 0
-  __nv_bfloat16* rows;        // [buffer rows, H] x rows: forward's, or pulled here
-  __nv_bfloat16* h;           // [buffer rows, F1]: forward's, or FC1's here
-  __nv_bfloat16* act;         // [buffer rows, F]
-  __nv_bfloat16* dout;        // [buffer rows, H] pulled dY rows
-  __nv_bfloat16* dh;          // [buffer rows, F1]
-  __nv_bfloat16* rows_k;      // kMx: [buffer rows, H] x rows rounded along H, else null
-  __nv_bfloat16* dout_k;      // kMx: [buffer rows, H] dY rows rounded along H
-  __nv_bfloat16* dh_k;        // kMx: [buffer rows, F1] dh rounded along F1
-  // kFp8: the same three along K as codes and scale codes, and the weights' E8M0
-  // codes per 128 x 128 block ([E, row blocks, k blocks] of W1, W2^T, W1^T as read).
-  Fp8Rows rows_fp8, dout_fp8, dh_fp8;
-  const uint8_t* w1_block_scales;
-  const uint8_t* w2_t_block_scales;
-  const uint8_t* w1_t_block_scales;
-  float* dprob_part;          // [buffer rows, F / kDgrad2Cols] per-row dprob partials
-  __nv_bfloat16* dw1;         // [E, F1, H] bf16 gradient, or null: dw1_fp32
-  __nv_bfloat16* dw2;         // [E, H, F]
-  const int64_t* dw1_fp32;    // [E] addresses of fp32 [F1, H] gradients added into, or null
-  const int64_t* dw2_fp32;    // [E] of fp32 [H, F]
-  float* carry;               // [ring_slots + 1, wgrad tiles, consumers, kCarryFloats] or null
-  // Per BackwardProgress kind (backward_tiles.cuh; the MXFP8 kinds null under BF16): its count
-  // per m-block (rows pulled, or tile halves - one per consumer warpgroup - stored) and per
-  // macrobatch.
-  uint32_t* per_mblock[kProgressKinds];
-  uint32_t* per_macro[kProgressKinds];
-  uint32_t* macro_done;       // [macrobatches] tile halves done (the ring's slot reuse)
-  uint32_t* carry_ready;      // [macrobatches, wgrad tiles, consumers] carries stored
-  uint32_t* tile_counter;     // [1] tiles handed out
-  uint32_t* arrivals;         // [1] blocks started (their tickets)
-  int minibatch_rows;         // rows the pull publishes at once
-  uint64_t timeout_ns;
-  int* report;
-  int64_t* trace;             // [grid, BackwardTrace::kBlockValues] timestamps
-                              // (backward_trace.cuh), or null
-};
-
 struct SharedStorage {
   EpilogueBuffers epilogue;  // first: 1024-aligned, as TMA's 128-byte swizzle needs
   StageRing ring;
@@ -169,11 +107,17 @@ struct SharedStorage {
   uint64_t pull_full[kPullMaxSlots];  // row-pulling blocks: their slots live in epilogue
   uint64_t pull_empty[kPullMaxSlots];  // and ring.a/b until their pull is done
   TileQueue<BackwardTile> queue;
-  uint64_t h_full[kGemmConsumers];  // each consumer's prefetched h tile (FC2-dgrad)
+  StagingHandoff<BackwardRecord> handoff[kGemmConsumers];  // consumer -> its storer warp
+  uint64_t h_full[kGemmConsumers];  // each storer's h loads (FC2-dgrad)
+  int consumer_tiles[kGemmConsumers];  // tiles each consumer began (its storer's waits)
+  BackwardStorerTargets storer_targets;  // read by the storers in place
   uint32_t ticket;
 };
 static_assert(offsetof(SharedStorage, ring) == sizeof(EpilogueBuffers),
               "the pull's slots span epilogue, ring.a and ring.b (row_pull.cuh: kPullBytes)");
+// 230712 bytes before the storers, 231120 with their handoffs, h barriers and targets (the
+// staging buffers' two slots hold every handoff: FC2-dgrad's h comes into slot 1 in parts), of
+// 232448; the stage ring keeps its 3 stages.
 constexpr size_t kSharedBytes = aligned_smem_bytes<SharedStorage>();
 static_assert(kSharedBytes <= kMaxDynamicSmemBytes, "shared memory of one block per SM");
 
@@ -191,7 +135,8 @@ __device__ __forceinline__ int wait_role(int p) {
 
 // Both consumer warpgroups of a blockwise rounding tile meet at wgrad.cuh's kConsumersBarrier
 // (fp8_round_tile.cuh): both reach every use of it in the same order, the weight-gradient
-// tiles' included. The unit's column maxima live in the first one's staging buffer.
+// tiles' included. The unit's column maxima live in the first one's staging buffer, once its
+// storer has released every handoff there (StagingWriter::drain).
 static_assert(sizeof(WideColumnMaxima) <= kStagedBufBytes, "the maxima fit a staging buffer");
 
 // kDiagnostic: the kernel that records a trace (a.trace); the production kernel has no stamps
@@ -225,7 +170,11 @@ __global__ void __launch_bounds__(kGemmThreads, 1)
     block_trace.header_value(kTrTicket, s.ticket);
     if (s.ticket < a.comm_blocks) init_pull_ring(pull_ring);
     init_tile_queue(s.queue);
-    for (int c = 0; c < kGemmConsumers; ++c) mbar_init(&s.h_full[c], 1);
+    for (int c = 0; c < kGemmConsumers; ++c) {
+      init_staging_handoff(s.handoff[c]);
+      mbar_init(&s.h_full[c], 1);
+      s.consumer_tiles[c] = 0;
+    }
     init_ring(s.ring);
   }
   __syncthreads();
@@ -236,6 +185,13 @@ __global__ void __launch_bounds__(kGemmThreads, 1)
   const BackwardOrder order =
       BackwardOrder::make(a.hidden, a.ffn, a.f1, recompute ? kFc1Cols : 0, kRounds, kDgrad1Cols);
   if (threadIdx.x < 32) build_macro_table(s.macros, ring, table, order);
+  if (threadIdx.x == 32) {
+    s.storer_targets = BackwardStorerTargets{
+        StorerTargets{a.row_prob, &m.act_store, &m.h_tile, a.act, a.h, 0, a.ffn, a.f1,
+                      a.hidden},
+        uint32_t(order.nb_fc1) * kGemmConsumers, order.nb_dgrad2, ring.per_macro,
+        ring.on ? a.macro_done : nullptr};
+  }
   __syncthreads();
 
   if (ticket < a.comm_blocks) {
@@ -278,7 +234,18 @@ __global__ void __launch_bounds__(kGemmThreads, 1)
 
   const int warpgroup = threadIdx.x / 128;
   if (warpgroup == 0) {
-    warpgroup_reg_dealloc<kGemmProducerRegs>();
+    warpgroup_reg_dealloc<kMegakernelProducerRegs>();
+    const int warp = threadIdx.x / 32;
+    if (warp >= 1 && warp <= kGemmConsumers) {
+      // Warp c + 1 stores what consumer warpgroup c stages (backward_storer.cuh).
+      const BackwardTrace storer_trace = warp == 1 && threadIdx.x % 32 == 0
+                                             ? BackwardTrace::make(trace_buffer)
+                                             : BackwardTrace{nullptr};
+      run_backward_storer<kAct, kFc1Cols, kDgrad1Cols>(
+          s.handoff[warp - 1], s.epilogue.out[warp - 1], &s.h_full[warp - 1],
+          &s.consumer_tiles[warp - 1], a, m, s.storer_targets, storer_trace);
+      return;
+    }
     if (threadIdx.x != 0) return;
     // A tile's inputs (tile_needs), per m-block of it (a dgrad or FC1 tile's own, a
     // weight-gradient part's every one). Later tiles of a macrobatch usually find a kind of
@@ -410,12 +377,13 @@ __global__ void __launch_bounds__(kGemmThreads, 1)
     return;
   }
 
-  warpgroup_reg_alloc<kGemmConsumerRegs>();
+  warpgroup_reg_alloc<kMegakernelConsumerRegs>();
   const int consumer = warpgroup - 1;
   const int t = threadIdx.x % 128;
   const bool leader = t == 0;
-  uint8_t* buf = s.epilogue.out[consumer];
-  const int staging = kStagingBarrier + consumer;
+  const int wg_barrier = kStagingBarrier + consumer;  // this warpgroup's named barrier
+  StagingWriter<BackwardRecord> staging{&s.handoff[consumer], s.epilogue.out[consumer], 0,
+                                        leader};
   const BackwardTrace trace =
       leader && consumer == 0 ? BackwardTrace::make(trace_buffer) : BackwardTrace{nullptr};
   float acc[kAccRegs];  // BF16 FC2-dgrad tiles use the first kDgrad2Cols / 2 (m64n128)
@@ -428,8 +396,8 @@ __global__ void __launch_bounds__(kGemmThreads, 1)
   static_assert(2 * kFp8AccRegs <= kAccRegs, "an FP8 tile's sums and partial sums fit acc");
   Fp8RingOverStages fp8_ring = Fp8RingOverStages::over(s.ring);
   int it = 0;
-  uint32_t h_phase = 0;
-  // The ring's slot reuse: this warpgroup's finished tiles of one macrobatch, released into
+  // The ring's slot reuse: this warpgroup's finished tiles of one macrobatch that its storer
+  // does not count (backward_storer.cuh: those it takes a handoff of), released into
   // macro_done together when its next tile belongs to another macrobatch (the entry arrives
   // before the producer waits for that tile's inputs, so a count the pull waits for is never
   // held back behind a wait that needs the pull) and at the end - one release per macrobatch
@@ -439,7 +407,7 @@ __global__ void __launch_bounds__(kGemmThreads, 1)
   auto release_done = [&] {
     if (done_tiles == 0) return;
     // Every thread's reads of the slot (plain loads; TMA loads have landed) come first.
-    named_barrier_sync(staging, 128);
+    named_barrier_sync(wg_barrier, 128);
     if (leader) red_release_gpu_add_u32(&a.macro_done[done_macro], done_tiles);
     done_tiles = 0;
   };
@@ -457,8 +425,8 @@ __global__ void __launch_bounds__(kGemmThreads, 1)
   // acquire), its rows rounded, plain stores fenced before the count (their readers' TMA
   // loads acquire it); counted once per warpgroup. kMx: each warpgroup rounds its own 64 rows
   // (whole 32-row blocks). kFp8: the two round the whole m-block together (its 128-row blocks
-  // along the rows span them), each once its own staging buffer is free (the units' scratch
-  // is the first one's).
+  // along the rows span them), once the first one's storer has released its staging slots
+  // (the units' scratch is there).
   auto round_tile = [&](const BackwardTile& w, int seq) {
     const int input = round_tile_input(w.kind);
     const uint32_t* ready = &a.per_mblock[input][w.block];
@@ -467,10 +435,10 @@ __global__ void __launch_bounds__(kGemmThreads, 1)
                    wait_role(input), w.tile, w.block, a.report);
     }
     if constexpr (kFp8) {
-      bulk_wait_read<0>();
+      if (consumer == 0) staging.drain(w.tile, a.timeout_ns, a.report);
       named_barrier_sync(kConsumersBarrier, kWideThreads);
     } else {
-      named_barrier_sync(staging, 128);
+      named_barrier_sync(wg_barrier, 128);
     }
     ld_acquire_gpu_u32(ready);
     trace.stamp(seq, kBtInputsReady);
@@ -493,8 +461,8 @@ __global__ void __launch_bounds__(kGemmThreads, 1)
         fp8_round_tile_rows<true>(a.dh, a.dh_fp8, a.f1, w.row0, rows_valid, col0, scratch, t2,
                                   kConsumersBarrier);
       }
-      // The scratch's plain writes come before any later TMA of either staging buffer (the
-      // first warpgroup's h prefetch writes it; its stores read it).
+      // The scratch's plain writes come before any later TMA of the staging buffer (its
+      // storer's h loads write it; its stores read it).
       fence_proxy_async_shared();
     } else {
       const int64_t row0 = w.row0 + kStagedRows * consumer;
@@ -511,7 +479,7 @@ __global__ void __launch_bounds__(kGemmThreads, 1)
     }
     trace.stamp(seq, kBtMainloopEnd);
     __threadfence();
-    named_barrier_sync(staging, 128);
+    named_barrier_sync(wg_barrier, 128);
     if (leader) {
       fence_proxy_async_global();
       const int p = round_tile_output(w.kind);
@@ -529,17 +497,15 @@ __global__ void __launch_bounds__(kGemmThreads, 1)
       done_macro = w.macro;
     }
     if (w.tile < 0) break;
+    if (leader) *reinterpret_cast<volatile int*>(&s.consumer_tiles[consumer]) = seq + 1;
     trace.tile_value(seq, kBtTileId, int64_t(w.tile) * 8 + w.kind);
     trace.tile_value(seq, kBtMacro, w.macro);
     trace.tile_value(seq, kBtRows, w.rows);
     trace.tile_value(seq, kBtPart, w.part);
-    // The staging buffer is free once this warpgroup's bulk stores of it (any thread's) have
-    // read it: waited for where it is next written, so the reads overlap this tile's MMAs.
-    auto staging_free = [&] {
-      bulk_wait_read<0>();
-      named_barrier_sync(staging, 128);
-    };
     const int k_blocks = k_blocks_of(w);
+    // Whether the storer counts this tile in macro_done (it takes a handoff that reads or
+    // writes the tile's ring slot); else this warpgroup does.
+    bool storer_counts = false;
 
     if (is_round_tile(w.kind)) {
       // Its work holds no accumulators, but the compiler keeps the last tile's live through
@@ -552,148 +518,108 @@ __global__ void __launch_bounds__(kGemmThreads, 1)
       const int rows_valid = max(0, min(kStagedRows, w.rows - kStagedRows * consumer));
       const bool full = w.rows >= kStagedRows * (consumer + 1);
       if (rows_valid == 0) {
-        // An m-block of at most 64 rows is the first warpgroup's alone (tile_engine.cuh).
+        // An m-block of at most 64 rows is the first warpgroup's alone (tile_engine.cuh): no
+        // rows, nothing stored, counted here.
         if constexpr (kFp8) {
-          pass_fp8_tile(fp8_ring, it, k_blocks, w.tile, leader, staging, a.timeout_ns,
+          pass_fp8_tile(fp8_ring, it, k_blocks, w.tile, leader, wg_barrier, a.timeout_ns,
                         a.report);
         } else {
-          pass_tile(s.ring, it, k_blocks, w.tile, leader, staging, a.timeout_ns, a.report);
+          pass_tile(s.ring, it, k_blocks, w.tile, leader, wg_barrier, a.timeout_ns, a.report);
         }
-      } else if (w.kind == kFc1) {
-        // Forward's FC1 tile, epilogue and all: the same h and act bits forward had (kFp8:
-        // the FP8 engine's tile of the separate path's FC1, whose act the forward megakernel
-        // quantizes; here act stays bf16 for dW2's rounding tile).
-        trace.stamp(seq, kBtInputsReady);
-        float p[2];
-        load_row_probs<kAct>(a.row_prob, srow0, rows_valid, p);
-        const EpilogueTensor act_out{&m.act_store, a.act, a.ffn}, h_out{&m.h_tile, a.h, a.f1};
-        if constexpr (kFp8) {
-          const WeightBlockScales<kGated> ws(a.w1_block_scales, w.expert,
-                                             ceil_div(a.f1, kFp8ScaleBlock), k_blocks, a.ffn,
-                                             w.n_block * kFc1Cols);
-          consume_fp8_tile<kGated>(fp8_ring, it, k_blocks, w.tile, consumer, leader, ws, w.row0,
-                                   acc8, partial8, a.timeout_ns, a.report);
-          trace.stamp(seq, kBtMainloopEnd);
-          store_rows_staged<kAct, kFp8BlockN>(acc8, buf, act_out, h_out, row0, full, rows_valid,
-                                              w.n_block * kFc1Cols, a.ffn, p, consumer, leader);
-        } else {
-          consume_tile(s.ring, it, k_blocks, w.tile, consumer, leader, acc, a.timeout_ns,
-                       a.report);
-          trace.stamp(seq, kBtMainloopEnd);
-          store_rows_staged<kAct>(acc, buf, act_out, h_out, row0, full, rows_valid,
-                                  w.n_block * kFc1Cols, a.ffn, p, consumer, leader);
-        }
-        trace.stamp(seq, kBtEpilogue1);
-      } else if (w.kind == kDgrad2) {
-        const int col0 = w.n_block * kDgrad2Cols;
-        staging_free();
-        if (leader) {
-          if (recompute) {
-            // h comes from this launch's FC1 tiles: acquired by this thread, whose TMA reads it.
-            counter_wait(&a.per_mblock[kFc1Stored][w.block], fc1_per_mblock, a.timeout_ns,
-                         kWaitFc1Done, w.tile, w.block, a.report);
-            fence_proxy_async_global();
-          }
-          fence_proxy_async_shared();
-          prefetch_h_tile<kGated>(buf, &m.h_tile, &s.h_full[consumer], row0, col0);
-        }
-        trace.stamp(seq, kBtInputsReady);
-        float p[2];
-        load_row_probs<kAct>(a.row_prob, srow0, rows_valid, p);
-        if constexpr (kFp8) {
-          const WeightBlockScales<false> ws(a.w2_t_block_scales, w.expert,
-                                            ceil_div(a.ffn, kFp8ScaleBlock), k_blocks, a.ffn,
-                                            col0);
-          consume_fp8_tile<false>(fp8_ring, it, k_blocks, w.tile, consumer, leader, ws, w.row0,
-                                  acc8, partial8, a.timeout_ns, a.report);
-        } else {
-          consume_tile<kDgrad2Cols, false, !kMx>(s.ring, it, k_blocks, w.tile, consumer, leader,
-                                                 acc, a.timeout_ns, a.report);
-        }
-        trace.stamp(seq, kBtMainloopEnd);
-        mbar_wait(&s.h_full[consumer], h_phase, a.timeout_ns, kWaitHTile, w.tile, consumer,
-                  a.report);
-        trace.stamp(seq, kBtEpilogue1);
-        h_phase ^= 1;
-        float dp[2];
-        if constexpr (kFp8) activation_backward_staged<kAct>(acc8, buf, t, p, dp);
-        else activation_backward_staged<kAct>(acc, buf, t, p, dp);
-        if (t % 4 == 0) {
-#pragma unroll
-          for (int i = 0; i < 2; ++i) {
-            const int r = 16 * (t / 32) + (t % 32) / 4 + 8 * i;
-            if (r < rows_valid) {
-              a.dprob_part[int64_t(row0 + r) * order.nb_dgrad2 + w.n_block] = dp[i];
-            }
-          }
-        }
-        trace.stamp(seq, kBtEpilogue2);
-        fence_proxy_async_shared();
-        named_barrier_sync(staging, 128);
-        const EpilogueTensor dh{&m.dh_store, a.dh, a.f1};
-        for (int half = 0; half < (kGated ? 2 : 1); ++half) {
-          const uint8_t* src = buf + half * kHHalfBytes;
-          if (full) {
-            if (leader) issue_staged_boxes(dh, src, kDgrad2Cols / 64, half, row0, col0, a.ffn);
-          } else {
-            copy_staged_rows<kDgrad2Cols>(src, dh, half, row0, rows_valid, col0, a.ffn, t, 128);
-          }
-        }
-        trace.stamp(seq, kBtEpilogue3);
-      } else {
-        trace.stamp(seq, kBtInputsReady);
-        const int col0 = w.n_block * kDgrad1Cols;
-        if constexpr (kFp8) {
-          const WeightBlockScales<false> ws(a.w1_t_block_scales, w.expert,
-                                            ceil_div(a.hidden, kFp8ScaleBlock), k_blocks,
-                                            a.hidden, col0);
-          consume_fp8_tile<false>(fp8_ring, it, k_blocks, w.tile, consumer, leader, ws, w.row0,
-                                  acc8, partial8, a.timeout_ns, a.report);
-        } else {
-          consume_tile<kGemmBlockN, false, !kMx>(s.ring, it, k_blocks, w.tile, consumer, leader,
-                                                 acc, a.timeout_ns, a.report);
-        }
-        trace.stamp(seq, kBtMainloopEnd);
-        staging_free();
-        if constexpr (kFp8) write_scatter_staged<kDgrad1Cols>(acc8, buf, t);
-        else write_scatter_staged<kDgrad1Cols>(acc, buf, t);
-        fence_proxy_async_shared();
-        named_barrier_sync(staging, 128);
-        trace.stamp(seq, kBtEpilogue1);
-        if (t < rows_valid) {
-          const int flat = a.row_slot[srow0 + t];
-          char* slot = source_slot(a.peer_bases, a.per_rank, flat, a.slots_offset,
-                                   int64_t(a.hidden) * 2);
-          bulk_store(slot + int64_t(col0) * 2, buf + t * kScatterRowBytes,
-                     uint32_t(min(kDgrad1Cols, a.hidden - col0)) * 2);
-          bulk_commit();
-          if (w.n_block == 0) {
-            // The row's dprob: its FC2-dgrad tiles' partials (complete: the producer waited
-            // for them; acquired here again for this thread's loads), in n-block order.
-            ld_acquire_gpu_u32(&a.per_mblock[kDhStored][w.block]);
-            const float* part = a.dprob_part + int64_t(row0 + t) * order.nb_dgrad2;
-            float dprob = 0.f;
-            for (int j = 0; j < order.nb_dgrad2; ++j) dprob += part[j];
-            *reinterpret_cast<float*>(
-                source_slot(a.peer_bases, a.per_rank, flat, a.values_offset, 4)) = dprob;
-          }
-        }
-        trace.stamp(seq, kBtEpilogue2);
-      }
-      if (w.kind != kDgrad1) {
-        // h and act (FC1), or dh and the partials (FC2-dgrad), are in memory before the
-        // m-block is counted: every thread's plain stores (fence, then the barrier), the
-        // leader's TMA stores (complete, then ordered for the async proxy of the readers'
-        // TMA loads).
-        __threadfence();
-        named_barrier_sync(staging, 128);
-        if (leader) {
-          bulk_wait<0>();
-          fence_proxy_async_global();
+        if (w.kind != kDgrad1 && leader) {
           const int p = w.kind == kFc1 ? kFc1Stored : kDhStored;
           red_release_gpu_add_u32(&a.per_mblock[p][w.block], 1);
           red_release_gpu_add_u32(&a.per_macro[p][w.macro], 1);
         }
+      } else {
+        // The tile's rows as bf16 into the staging slots, for the storer to store and count
+        // (backward_storer.cuh).
+        trace.stamp(seq, kBtInputsReady);
+        auto acquire = [&] {
+          uint8_t* slots = staging.acquire(2, w.tile, a.timeout_ns, a.report);
+          trace.stamp(seq, kBtEpilogue1);
+          return slots;
+        };
+        auto hand_off = [&](int kind, int col0) {
+          staging.hand_off(BackwardRecord{kind, 2, 1, row0, srow0, rows_valid, full, col0,
+                                          w.block, seq});
+        };
+        if (w.kind == kFc1) {
+          // Forward's FC1 tile: h (gate | up) as bf16, the rounding the activation starts from
+          // (kFp8: the FP8 engine's tile of the separate path's FC1, act kept bf16 here for
+          // dW2's rounding tile).
+          if constexpr (kFp8) {
+            const WeightBlockScales<kGated> ws(a.w1_block_scales, w.expert,
+                                               ceil_div(a.f1, kFp8ScaleBlock), k_blocks, a.ffn,
+                                               w.n_block * kFc1Cols);
+            consume_fp8_tile<kGated>(fp8_ring, it, k_blocks, w.tile, consumer, leader, ws,
+                                     w.row0, acc8, partial8, a.timeout_ns, a.report);
+            trace.stamp(seq, kBtMainloopEnd);
+            uint8_t* slots = acquire();
+            // Gated: the 64 gate columns in slot 0, the up columns at the same place in
+            // slot 1 (store_fc1_staged's layout).
+            write_staged<kFc1Cols>(slots, t, [&](int j, int i) {
+              return __floats2bfloat162_rn(acc8[4 * j + 2 * i], acc8[4 * j + 2 * i + 1]);
+            });
+            if constexpr (kGated) {
+              constexpr int kUp = 4 * (kFc1Cols / 8);
+              write_staged<kFc1Cols>(slots + kStagedSlotBytes, t, [&](int j, int i) {
+                return __floats2bfloat162_rn(acc8[kUp + 4 * j + 2 * i],
+                                             acc8[kUp + 4 * j + 2 * i + 1]);
+              });
+            }
+          } else {
+            consume_tile(s.ring, it, k_blocks, w.tile, consumer, leader, acc, a.timeout_ns,
+                         a.report);
+            trace.stamp(seq, kBtMainloopEnd);
+            write_staged<kGemmBlockN>(acquire(), t, [&](int j, int i) {
+              return __floats2bfloat162_rn(acc[4 * j + 2 * i], acc[4 * j + 2 * i + 1]);
+            });
+          }
+          hand_off(kStagedFc1, w.n_block * kFc1Cols);
+        } else if (w.kind == kDgrad2) {
+          // dA as bf16 (dgrad_epilogue.cuh: the activation backward's rounding point) in slot
+          // 0; the storer brings the tile's h into slot 1 (its m-block's FC1 count, when
+          // recomputing, was complete before the producer loaded this tile's first stage).
+          if constexpr (kFp8) {
+            const WeightBlockScales<false> ws(a.w2_t_block_scales, w.expert,
+                                              ceil_div(a.ffn, kFp8ScaleBlock), k_blocks, a.ffn,
+                                              w.n_block * kDgrad2Cols);
+            consume_fp8_tile<false>(fp8_ring, it, k_blocks, w.tile, consumer, leader, ws,
+                                    w.row0, acc8, partial8, a.timeout_ns, a.report);
+            trace.stamp(seq, kBtMainloopEnd);
+            write_staged<kDgrad2Cols>(acquire(), t, [&](int j, int i) {
+              return __floats2bfloat162_rn(acc8[4 * j + 2 * i], acc8[4 * j + 2 * i + 1]);
+            });
+          } else {
+            consume_tile<kDgrad2Cols, false, !kMx>(s.ring, it, k_blocks, w.tile, consumer,
+                                                   leader, acc, a.timeout_ns, a.report);
+            trace.stamp(seq, kBtMainloopEnd);
+            write_staged<kDgrad2Cols>(acquire(), t, [&](int j, int i) {
+              return __floats2bfloat162_rn(acc[4 * j + 2 * i], acc[4 * j + 2 * i + 1]);
+            });
+          }
+          hand_off(kStagedDgrad2, w.n_block * kDgrad2Cols);
+        } else {
+          // dX rows, unswizzled: each leaves as one bulk store to its (token, k) slot.
+          if constexpr (kFp8) {
+            const WeightBlockScales<false> ws(a.w1_t_block_scales, w.expert,
+                                              ceil_div(a.hidden, kFp8ScaleBlock), k_blocks,
+                                              a.hidden, w.n_block * kDgrad1Cols);
+            consume_fp8_tile<false>(fp8_ring, it, k_blocks, w.tile, consumer, leader, ws,
+                                    w.row0, acc8, partial8, a.timeout_ns, a.report);
+            trace.stamp(seq, kBtMainloopEnd);
+            write_scatter_staged<kDgrad1Cols>(acc8, acquire(), t);
+          } else {
+            consume_tile<kGemmBlockN, false, !kMx>(s.ring, it, k_blocks, w.tile, consumer,
+                                                   leader, acc, a.timeout_ns, a.report);
+            trace.stamp(seq, kBtMainloopEnd);
+            write_scatter_staged<kDgrad1Cols>(acc, acquire(), t);
+          }
+          hand_off(kStagedDgrad1, w.n_block * kDgrad1Cols);
+        }
+        trace.stamp(seq, kBtEpilogue2);
+        storer_counts = true;
       }
     } else {
       // Weight-gradient tile: both warpgroups take every one (KTailZero meets across them).
@@ -722,12 +648,14 @@ __global__ void __launch_bounds__(kGemmThreads, 1)
       const int rows_valid = max(0, min(kStagedRows, M - m0));
       const int n0 = w.n_block * kGemmBlockN;
       const int64_t* fp32 = wgrad2 ? a.dw2_fp32 : a.dw1_fp32;
+      // fp32 sums (a carry, main_grad's adds) leave the registers as fire-and-forget stores
+      // here; bf16 rows go to the storer.
       if (w.part & kPartCarryOut) {
         trace.stamp(seq, kBtEpilogue1);
         store_carry(acc, carry_data(w, w.macro));
         trace.stamp(seq, kBtEpilogue2);
         __threadfence();
-        named_barrier_sync(staging, 128);
+        named_barrier_sync(wg_barrier, 128);
         if (leader) red_release_gpu_add_u32(carry_flag(w, w.macro), 1);
       } else if (fp32 != nullptr) {
         trace.stamp(seq, kBtEpilogue1);
@@ -736,30 +664,26 @@ __global__ void __launch_bounds__(kGemmThreads, 1)
         }
         trace.stamp(seq, kBtEpilogue2);
       } else if (rows_valid > 0) {
-        const EpilogueTensor out{wgrad2 ? &m.dw2_store : &m.dw1_store, wgrad2 ? a.dw2 : a.dw1,
-                                 N};
-        const int row0 = w.expert * M + m0;
-        const bool full = m0 + kStagedRows <= M;
-        staging_free();
+        uint8_t* slots = staging.acquire(2, w.tile, a.timeout_ns, a.report);
         trace.stamp(seq, kBtEpilogue1);
         // An expert without rows has dW = 0, written without touching the accumulators (a
         // non-wgmma write to them makes ptxas serialize every wgmma of the kernel).
-        store_round<kGemmBlockN>(buf, out, 0, row0, full, rows_valid, n0, N, consumer, leader,
-                                 [&](int j, int i) {
-                                   return k_blocks > 0
-                                              ? __floats2bfloat162_rn(acc[4 * j + 2 * i],
-                                                                      acc[4 * j + 2 * i + 1])
-                                              : __floats2bfloat162_rn(0.f, 0.f);
-                                 });
+        write_staged<kGemmBlockN>(slots, t, [&](int j, int i) {
+          return k_blocks > 0 ? __floats2bfloat162_rn(acc[4 * j + 2 * i], acc[4 * j + 2 * i + 1])
+                              : __floats2bfloat162_rn(0.f, 0.f);
+        });
+        staging.hand_off(BackwardRecord{wgrad2 ? kStagedWgrad2 : kStagedWgrad1, 2, 1,
+                                        w.expert * M + m0, 0, rows_valid,
+                                        m0 + kStagedRows <= M, n0, 0, seq});
         trace.stamp(seq, kBtEpilogue2);
       }
     }
     // The tile has read what it needs of its macrobatch's ring slot (its TMA loads have
     // landed, its plain loads returned): counted once per warpgroup for the pull's reuse.
-    ++done_tiles;
+    if (!storer_counts) ++done_tiles;
     trace.stamp(seq, kBtTileEnd);
   }
-  bulk_wait<0>();  // this thread's stores (peers' slots among them) complete before exit
+  staging.hand_off_record(BackwardRecord{kStagedEnd, 1}, -1, a.timeout_ns, a.report);
   trace.header_ns(kTrEndNs);
   trace.header_clock(kTrEndClock);
 }
@@ -1038,7 +962,8 @@ void moe_backward_megakernel(const at::Tensor& peer_bases, int64_t tokens_offset
   }
   maps.act_store = staged_rows_map(act.data_ptr(), buffer_rows, F, 1, F);
   maps.h_tile = staged_rows_map(h.data_ptr(), buffer_rows, F, halves, F1);
-  maps.dh_store = staged_rows_map(dh.data_ptr(), buffer_rows, F, halves, F1);
+  maps.h_part = staged_rows_map(h.data_ptr(), buffer_rows, F, halves, F1, kDgrad2PartRows);
+  maps.dh_part = staged_rows_map(dh.data_ptr(), buffer_rows, F, halves, F1, kDgrad2PartRows);
   maps.dout_mn = mn_major_rows_map(dout.data_ptr(), buffer_rows, H, H);
   maps.act_mn = mn_major_rows_map(act.data_ptr(), buffer_rows, F, F);
   maps.dh_mn = mn_major_rows_map(dh.data_ptr(), buffer_rows, F1, F1);

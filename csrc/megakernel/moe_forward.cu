@@ -88,7 +88,9 @@ struct ForwardArgs {
   int num_experts, hidden, ffn, per_rank, topk, comm_blocks, world;
   __nv_bfloat16* rows;        // [cap or ring rows, H]  pulled token rows
   __nv_bfloat16* act;         // [cap or ring rows, F]  act(h) * prob
-  __nv_bfloat16* h_out;       // [cap, F1] FC1 output for backward, or null: not kept
+  __nv_bfloat16* h_out;       // [h_rows, F1] FC1 output of the first schedule rows for
+                              // backward, or null: not kept
+  int h_rows;
   uint32_t* rows_ready;       // [m-blocks] rows pulled
   uint32_t* fc1_done;         // [m-blocks] FC1 tile halves stored (one per consumer)
   uint32_t* fc2_done;         // [macrobatches] FC2 tile halves done reading act
@@ -131,7 +133,7 @@ struct SharedStorage {
   uint64_t pull_full[kPullMaxSlots];  // row-pulling blocks: their slots live in epilogue
   uint64_t pull_empty[kPullMaxSlots];  // and ring.a/b until their pull is done
   TileQueue<QueuedTile> queue;
-  StagingHandoff handoff[kGemmConsumers];  // consumer warpgroup -> its storer warp
+  StagingHandoff<> handoff[kGemmConsumers];  // consumer warpgroup -> its storer warp
   StorerTargets storer_targets;  // read by the storers in place (epilogue_storer.cuh)
   uint32_t ticket;  // this block's arrival ticket
 };
@@ -217,7 +219,7 @@ __global__ void __launch_bounds__(kGemmThreads, 1)
     if constexpr (kFp8) init_fp8_ring(s.ring);
     else init_ring(s.ring);
     s.storer_targets = StorerTargets{a.row_prob, &act_store_map, &h_store_map, a.act, a.h_out,
-                                     a.ffn, kGated ? 2 * a.ffn : a.ffn, a.hidden,
+                                     a.h_rows, a.ffn, kGated ? 2 * a.ffn : a.ffn, a.hidden,
                                      a.row_slot, a.peer_bases, a.slots_offset, a.per_rank,
                                      a.fc1_done, a.fc2_done, a.timeout_ns, a.report,
                                      a.act_fp8};
@@ -388,7 +390,7 @@ __global__ void __launch_bounds__(kGemmThreads, 1)
   const int consumer = warpgroup - 1;
   const int t_in_wg = threadIdx.x % 128;
   const bool leader = t_in_wg == 0;
-  StagingWriter staging{&s.handoff[consumer], s.epilogue.out[consumer], 0, leader};
+  StagingWriter<> staging{&s.handoff[consumer], s.epilogue.out[consumer], 0, leader};
   // Rows of tile t this warpgroup owns (of its 64).
   auto rows_valid = [&](const QueuedTile& t) {
     return max(0, min(kStagedRows, t.rows_left - kStagedRows * consumer));
@@ -642,8 +644,6 @@ void moe_forward_megakernel(const at::Tensor& peer_bases, int64_t tokens_offset,
                    "moe_forward_megakernel: fp8_blockwise with a gated activation needs F a "
                    "multiple of ", kFp8BlockN / 2, " (each 64-row half of W1 inside one 128-row "
                    "scale block), got F = ", F);
-    MOK_HOST_CHECK(!h_out,
-                   "moe_forward_megakernel: fp8_blockwise keeps no h (backward recomputes it)");
     MOK_HOST_CHECK(profile_skip == 0,
                    "moe_forward_megakernel: fp8_blockwise has no profiling variants (traces "
                    "only)");
@@ -655,19 +655,22 @@ void moe_forward_megakernel(const at::Tensor& peer_bases, int64_t tokens_offset,
                    "moe_forward_megakernel: W1 and W2 must be bf16 (or, with scales, MXFP8 "
                    "codes)");
   }
-  MOK_HOST_CHECK(!ring_on || (ring_slots >= 2 && !h_out),
-                 "moe_forward_megakernel: the macrobatch ring needs >= 2 slots and no h_out "
-                 "(h is recomputed in backward), got ", ring_slots, " slots");
+  MOK_HOST_CHECK(!ring_on || ring_slots >= 2,
+                 "moe_forward_megakernel: the macrobatch ring needs >= 2 slots, got ", ring_slots,
+                 " slots");
   MOK_HOST_CHECK(blockwise ||
                      (rows.is_contiguous() && act.is_contiguous() &&
                       rows.scalar_type() == at::kBFloat16 && act.scalar_type() == at::kBFloat16 &&
                       rows.size(0) >= buffer_rows && act.size(0) == rows.size(0) &&
-                      act.size(1) == F &&
-                      (!h_out || (h_out->is_contiguous() &&
-                                  h_out->scalar_type() == at::kBFloat16 &&
-                                  h_out->size(0) == cap && h_out->size(1) == F1))),
-                 "moe_forward_megakernel: rows [>= ", buffer_rows, ", H], act [rows, F], h [",
-                 cap, ", F1], contiguous bf16");
+                      act.size(1) == F),
+                 "moe_forward_megakernel: rows [>= ", buffer_rows, ", H], act [rows, F], "
+                 "contiguous bf16");
+  // h of every schedule row (saved backward inputs), or with the ring of the first rows.
+  MOK_HOST_CHECK(!h_out || (h_out->is_contiguous() && h_out->scalar_type() == at::kBFloat16 &&
+                            h_out->size(1) == F1 && h_out->size(0) >= 1 &&
+                            (ring_on ? h_out->size(0) <= cap : h_out->size(0) == cap)),
+                 "moe_forward_megakernel: h_out must be contiguous bf16 [", cap, ", ", F1,
+                 "] (with the ring: [<= ", cap, ", ", F1, "])");
   MOK_HOST_CHECK(counters.scalar_type() == at::kInt && counters.is_contiguous() &&
                      counters.numel() >= 2 * max_mblocks + max_macro + 2,
                  "moe_forward_megakernel: counters must be int32 with >= ",
@@ -705,6 +708,7 @@ void moe_forward_megakernel(const at::Tensor& peer_bases, int64_t tokens_offset,
   args.rows = reinterpret_cast<__nv_bfloat16*>(rows.data_ptr());
   args.act = reinterpret_cast<__nv_bfloat16*>(act.data_ptr());
   args.h_out = h_out ? reinterpret_cast<__nv_bfloat16*>(h_out->data_ptr()) : nullptr;
+  args.h_rows = h_out ? static_cast<int>(h_out->size(0)) : 0;
   args.rows_ready = reinterpret_cast<uint32_t*>(counters.data_ptr<int32_t>());
   args.fc1_done = args.rows_ready + max_mblocks;
   args.fc2_done = args.fc1_done + max_mblocks;
@@ -751,9 +755,9 @@ void moe_forward_megakernel(const at::Tensor& peer_bases, int64_t tokens_offset,
     maps.w1 = weight_tensor_map(w1, gated ? 2 : 1, w1_scales, maps.w1_scales);
     maps.w2 = weight_tensor_map(w2, 1, w2_scales, maps.w2_scales);
     maps.act_store = staged_rows_map(act.data_ptr(), act.size(0), F, 1, F);
-    maps.h_store =
-        h_out ? staged_rows_map(h_out->data_ptr(), cap, F, gated ? 2 : 1, F1) : CUtensorMap{};
   }
+  maps.h_store = h_out ? staged_rows_map(h_out->data_ptr(), h_out->size(0), F, gated ? 2 : 1, F1)
+                       : CUtensorMap{};
   const ForwardOperands operands = blockwise ? kFp8Blockwise
                                    : codes   ? kMxfp8Codes
                                    : mxfp8   ? kMxfp8Values

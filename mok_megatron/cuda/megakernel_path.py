@@ -4,8 +4,9 @@ config.recipe_problems).
 
 forward   csrc/megakernel/moe_forward.cu: pull x rows | FC1 + act * p | FC2 | push result
           rows to their (source rank, token, k) slots
-recompute pull x rows again | FC1 + act * p by the same tile engine (bit-identical h, act):
-          for the separate backward; the backward megakernel recomputes inside its launch
+recompute pull x rows again | FC1 by the same tile engine (bit-identical h) on the rows past
+          the h forward kept (kernel.kept_h_tokens): for the separate backward, which makes
+          act itself; the backward megakernel recomputes inside its launch
 backward  csrc/megakernel/moe_backward.cu: pull dY rows (and x, recomputing) | FC1 again
           (recomputing) | FC2-dgrad + act backward | dW2 | FC1-dgrad, dX rows and dprobs
           pushed to the source slots | dW1; recomputing, macrobatch by macrobatch through a
@@ -22,19 +23,21 @@ from typing import Optional
 import torch
 
 from . import ops, separate_path
-from .plan import ExpertInputs, Plan, Schedule
+from .plan import ExpertInputs, Plan, Schedule, SplitH, rows_past
 from .separate_path import pull
 
 
-def forward(plan: Plan, sched: Schedule, keep: bool) -> ExpertInputs:
+def forward(plan: Plan, sched: Schedule, keep: bool, kept_h_rows: int = 0) -> ExpertInputs:
     """`keep`: the rows, h and act for backward (saved backward inputs), else only transient
-    buffers - a ring of macrobatches with the ring on (plan.ring_mblocks)."""
+    buffers - a ring of macrobatches with the ring on (plan.ring_mblocks) - and h of the
+    schedule's first `kept_h_rows` rows (then the one thing returned)."""
     ws = plan.ws
     cap, device = sched.capacity, sched.row_slot.device
     n = ops.macrobatch_ring_rows(cap, plan.num_local, plan.ring_mblocks)
     buffers = plan.operands.megakernel_rows(n, ws.layout.hidden, plan.ffn, device)
-    h = (torch.empty(cap, plan.w1.shape[1], dtype=torch.bfloat16, device=device)
-         if keep else None)
+    h_rows = cap if keep else kept_h_rows
+    h = (torch.empty(h_rows, plan.w1.shape[1], dtype=torch.bfloat16, device=device)
+         if h_rows else None)
     counters = ops.megakernel_counters(cap, plan.num_local, device, plan.ring_mblocks)
     ops.moe_forward_megakernel(ws.peer_bases, ws.offsets["tokens"], ws.offsets["slots"],
                                sched.offsets, sched.row_slot, sched.row_prob,
@@ -46,25 +49,30 @@ def forward(plan: Plan, sched: Schedule, keep: bool) -> ExpertInputs:
                                wire=ws.layout.fp8_rows, **buffers,
                                **plan.operands.megakernel_weights(plan))
     if not keep:
-        return ExpertInputs(None, None, None)
+        return ExpertInputs(None, h, None)
     return ExpertInputs(buffers["rows"], h, buffers["act"])
 
 
-def recompute(plan: Plan, sched: Schedule) -> ExpertInputs:
-    """The rows, h and act forward had, bit for bit: the megakernel's FC1 tiles are the tile
-    engine's, so the standalone engine reproduces them. Under a quantized recipe (forward
-    dispatched FP8 wire rows) the separate path's FC1 is that engine on the same operands
-    already (operands.py)."""
+def recompute(plan: Plan, sched: Schedule, head: Optional[torch.Tensor] = None
+              ) -> ExpertInputs:
+    """The rows and h forward had, bit for bit: the megakernel's FC1 tiles are the tile
+    engine's, so the standalone engine reproduces them - as a plain product (h rounded to bf16
+    as the activation's epilogue rounds it; no act, which the separate backward makes itself)
+    past `head`, the h of the first rows forward kept (then h is a SplitH). Under a quantized
+    recipe (forward dispatched FP8 wire rows) the separate path's FC1 is that engine on the
+    same operands already (operands.py)."""
     if plan.ws.layout.fp8_rows is not None:
-        return separate_path.recompute(plan, sched)
+        return separate_path.recompute(plan, sched, head)
     ws = plan.ws
     rows = pull(plan, "inputs", sched)
-    h = torch.empty(sched.capacity, plan.w1.shape[1], dtype=torch.bfloat16, device=rows.device)
-    act = torch.empty(sched.capacity, plan.ffn, dtype=torch.bfloat16, device=rows.device)
-    ops.grouped_gemm(rows, plan.w1, sched.offsets, act, row_prob=sched.row_prob,
-                     activation=plan.activation, h_out=h, timeout_ns=ws.timeout_ns,
+    first = 0 if head is None else head.shape[0]
+    if first >= sched.capacity:
+        return ExpertInputs(rows, head, None)
+    past = rows_past(sched, first) if first else sched
+    h = torch.empty(past.capacity, plan.w1.shape[1], dtype=torch.bfloat16, device=rows.device)
+    ops.grouped_gemm(rows[first:], plan.w1, past.offsets, h, timeout_ns=ws.timeout_ns,
                      rank=ws.rank)
-    return ExpertInputs(rows, h, act)
+    return ExpertInputs(rows, h if head is None else SplitH(head, h), None)
 
 
 def backward(plan: Plan, sched: Schedule, kept: Optional[ExpertInputs]):

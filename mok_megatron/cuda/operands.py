@@ -141,6 +141,12 @@ class Bf16Operands:
         ops.activation_forward(h, sched.row_prob, sched.num_rows, plan.activation, act)
         return h, act
 
+    def fc1_past(self, plan, past: Schedule, rows, first: int) -> torch.Tensor:
+        """h [cap - first, F1] of the rows from `first` on, as fc1 makes them (backward
+        recomputing past the h forward kept; first = 0: every row): `past` is the schedule of
+        those rows (plan.py: rows_past). No act: the separate backward makes it itself."""
+        return _grouped(rows[first:], plan.w1.transpose(1, 2), past.offs)
+
     def fc2(self, plan, sched, act):
         return _grouped(act, plan.w2.transpose(1, 2), sched.offs)
 
@@ -220,6 +226,17 @@ class _QuantizedOperands(Bf16Operands, abc.ABC):
     def fc1(self, plan, sched, rows):
         return self.fc1_prepared(plan, sched, self._along_k(sched, rows))
 
+    def fc1_past(self, plan, past, rows, first):
+        # The engine's h comes with its activation epilogue (h_out), as forward made it.
+        a = (self._k_rows_from(rows.along_k, first) if isinstance(rows, RoundedBoth)
+             else self._prepare(past, rows[first:]))
+        return self.fc1_prepared(plan, past, a)[0]
+
+    @staticmethod
+    @abc.abstractmethod
+    def _k_rows_from(along_k, first: int):
+        """The rows from `first` on (a multiple of 16) of an operand prepared along K."""
+
     def fc1_prepared(self, plan, sched, rows):
         """FC1 of rows already prepared (pulled so: separate_path.forward)."""
         h = _rows(sched, plan.w1.shape[1])
@@ -262,6 +279,10 @@ class Mxfp8Operands(_QuantizedOperands):
 
     def _prepare(self, sched, a):
         return ops.mx_round_columns(a, sched.num_rows)
+
+    @staticmethod
+    def _k_rows_from(along_k, first):
+        return along_k[first:]
 
     # The forward megakernel (recomputed backward inputs only: config.recipe_problems) pulls
     # x's FP8 wire rows as the separate path does, dequantized to the values FC1 reads, and
@@ -310,6 +331,11 @@ class Fp8BlockwiseOperands(_QuantizedOperands):
 
     def _prepare(self, sched, a):
         return ops.fp8_quantize_rows(a, sched.num_rows, block=self.block)
+
+    @staticmethod
+    def _k_rows_from(along_k, first):
+        codes, scales = along_k  # scales transposed: [K blocks, rows padded to 16]
+        return codes[first:], scales[:, first:]
 
     def _gemm(self, plan, sched, a, w, out, **epilogue):
         codes, scales = a  # ops.fp8_quantize_rows

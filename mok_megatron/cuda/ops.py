@@ -437,7 +437,11 @@ def fp8_grouped_gemm(a: torch.Tensor, a_scales: torch.Tensor, w: torch.Tensor,
     for name, t in (("a", a), ("w", w)):
         _check(t.is_cuda and t.dtype == torch.float8_e4m3fn,
                f"{name} must be float8_e4m3fn codes on the GPU, got {t.dtype} on {t.device}")
-    _cuda("a_scales", a_scales, torch.uint8)
+    # a_scales may be a column range of a larger one (a row range of a's, transposed: the
+    # recompute past kept h); the launcher checks its strides.
+    _check(a_scales.is_cuda and a_scales.dtype == torch.uint8 and a_scales.stride(-1) == 1,
+           f"a_scales must be uint8 on the GPU with unit column stride, got {a_scales.dtype} "
+           f"on {a_scales.device}, strides {a_scales.stride()}")
     _cuda("w_scales", w_scales, torch.uint8)
     _cuda("out", out, torch.bfloat16)
     _cuda("offsets", offsets, torch.int32)
@@ -539,13 +543,14 @@ def moe_forward_megakernel(peer_bases, tokens_offset, slots_offset, offsets, row
     pull copies the ``wire`` rows' codes into ``rows`` and their scale codes into
     ``rows_scales`` (``megakernel_fp8_rows``), act is stored as codes into ``act`` with
     ``act_scales``, the weights are their blockwise codes with ``w1_scales``/``w2_scales``
-    per 128 x 128 block (fp8_block_weights), and no ``h_out`` or ``profile_skip``.
-    ``h_out``: FC1's output for backward, or None (not
-    kept). ``counters``: ``megakernel_counters(...)``, zeroed before every launch.
+    per 128 x 128 block (fp8_block_weights), and no ``profile_skip``.
+    ``h_out``: FC1's output h for backward ``[rows, F1]`` by schedule row, or None (not
+    kept): every schedule row's, or with the ring the first rows' (kernel.kept_h_tokens).
+    ``counters``: ``megakernel_counters(...)``, zeroed before every launch.
     ``minibatch_rows``: rows the pull copies and publishes together (the overlap unit).
     ``ring_mblocks`` > 0: ``rows`` and ``act`` are a ring of MACROBATCH_RING_SLOTS macrobatches
-    of that many 128-row m-blocks (``macrobatch_ring_rows`` rows; needs ``h_out=None``);
-    0: they hold every schedule row. ``rank``: the EP rank launching it, named by its timeout
+    of that many 128-row m-blocks (``macrobatch_ring_rows`` rows); 0: they hold every schedule
+    row. ``rank``: the EP rank launching it, named by its timeout
     report (stall_watch.py). ``profile_skip``
     (timing only, results meaningless when set): PROFILE_SKIP bits of stages to leave out.
     ``trace``: ``megakernel_trace_buffer(...)`` to record the blocks' timestamps
@@ -562,13 +567,12 @@ def moe_forward_megakernel(peer_bases, tokens_offset, slots_offset, offsets, row
         for name, t in (("rows", rows), ("act", act)):
             _check(t.is_cuda and t.dtype == torch.float8_e4m3fn,
                    f"{name} must be float8_e4m3fn codes on the GPU (megakernel_fp8_rows)")
-        _check(h_out is None and profile_skip == 0,
-               "fp8_blockwise keeps no h_out (backward recomputes it) and has no profiling "
-               "variants (traces only)")
+        _check(profile_skip == 0, "fp8_blockwise has no profiling variants (traces only)")
     else:
-        for name, t in (("rows", rows), ("act", act), ("h_out", h_out)):
-            if t is not None:
-                _cuda(name, t, torch.bfloat16)
+        for name, t in (("rows", rows), ("act", act)):
+            _cuda(name, t, torch.bfloat16)
+    if h_out is not None:
+        _cuda("h_out", h_out, torch.bfloat16)
     _check(fp8_blockwise == (rows_scales is not None) == (act_scales is not None),
            "rows_scales and act_scales come with fp8_blockwise, and only with it")
     codes = w1_scales is not None
@@ -795,9 +799,9 @@ TRACE_HEADER = ("start_ns", "start_clock", "end_ns", "end_clock", "pull_end_cloc
 # (BACKWARD_KINDS), "macro", "rows" and "part" values, the rest clock64; the same header.
 BACKWARD_TRACE_TILES = 512
 BACKWARD_TRACE_SLOTS = ("tile_start", "tile_queued", "inputs_ready", "mainloop_end",
-                        "epilogue1", "epilogue2", "epilogue3", "tile_end", "tile_id", "macro",
-                        "rows", "part", "producer_start", "taken", "pushed", "ready",
-                        "loads_issued")
+                        "epilogue1", "epilogue2", "tile_end", "tile_id", "macro", "rows", "part",
+                        "producer_start", "taken", "pushed", "ready", "loads_issued",
+                        "storer_took", "storer_made", "storer_released", "storer_done")
 BACKWARD_KINDS = ("fc1", "dgrad2", "wgrad2", "dgrad1", "wgrad1", "round_in", "round_act",
                   "round_dh")  # csrc BackwardKind
 

@@ -32,6 +32,9 @@ class Plan:
     ring_mblocks: int  # m-blocks per macrobatch of the megakernels' rings; 0: no ring
     minibatch_rows: int  # megakernels: rows their pull publishes together
     schedule_capacity: float  # rows of the schedule and forward buffers, of the worst case
+    # recomputing: the schedule's first rows whose h forward keeps (kernel.kept_h_tokens in
+    # whole m-blocks; kept_h_rows caps it at a call's schedule)
+    kept_h_tokens: int
     # Megatron's main_grads the backward adds the weight gradients into, or None:
     # bf16 gradients through autograd (main_grad.py)
     main_grads: Optional[MainGradTargets] = None
@@ -61,12 +64,36 @@ class Schedule:
         return self.offsets[1:]
 
 
+@dataclass(frozen=True)
+class SplitH:
+    """FC1's output h of a schedule in two row ranges (backward recomputing with
+    kernel.kept_h_tokens): forward's kept first rows and those recomputed past them."""
+
+    head: torch.Tensor  # [n, F1], rows 0 .. n - 1
+    tail: torch.Tensor  # [cap - n, F1], rows n .. cap - 1
+
+
 @dataclass
 class ExpertInputs:
     """What backward starts from, at schedule positions: token rows [cap, H], FC1 output h
-    [cap, F1] and act(h) * p [cap, F] (None where forward kept nothing). Recomputed under
-    an FP8 recipe the rows are only what wgrad reads (operands.RoundedBoth)."""
+    [cap, F1] (or SplitH) and act(h) * p [cap, F] (None where forward kept nothing, or
+    where the separate backward makes it itself). Recomputed under an FP8 recipe the rows
+    are only what wgrad reads (operands.RoundedBoth)."""
 
     rows: Optional[Union[torch.Tensor, RoundedBoth]]
-    h: Optional[torch.Tensor]
+    h: Optional[Union[torch.Tensor, SplitH]]
     act: Optional[torch.Tensor]
+
+
+def kept_h_rows(plan: Plan, sched: Schedule) -> int:
+    """Rows of h forward keeps for backward (recomputing): plan.kept_h_tokens, at most the
+    schedule's."""
+    return min(plan.kept_h_tokens, sched.capacity)
+
+
+def rows_past(sched: Schedule, first: int) -> Schedule:
+    """The schedule's rows from `first` on as a schedule of their own: views of its rows and
+    its offsets moved down on the device (no host sync); an expert's rows before `first`
+    leave it, experts wholly before it have none."""
+    return Schedule((sched.offsets - first).clamp_(min=0), sched.row_slot[first:],
+                    sched.row_prob[first:])

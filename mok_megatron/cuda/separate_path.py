@@ -4,7 +4,8 @@ as the baseline the megakernels are measured against and checked bit for bit wit
 forward   pull x rows from their source ranks (FP8 rows under an FP8 recipe with recomputed
           backward inputs) | FC1 | act * p | FC2
           push result rows to their (source rank, token, k) slots
-recompute pull x rows again (from the peers' republished inputs) | FC1, as forward did it
+recompute pull x rows again (from the peers' republished inputs) | FC1, as forward did it,
+          on the rows past the h forward kept (kernel.kept_h_tokens)
 backward  pull dY rows | dA = dY W2 | act backward (dh, act, dp)
           dX rows = dh W1, pushed with dp to the source slots | dW2, dW1
 
@@ -21,11 +22,13 @@ reductions around these steps.
 
 from __future__ import annotations
 
+from typing import Optional
+
 import torch
 
 from . import ops
 from .operands import for_wgrad
-from .plan import ExpertInputs, Plan, Schedule
+from .plan import ExpertInputs, Plan, Schedule, SplitH, rows_past
 
 
 def pull(plan: Plan, region: str, sched: Schedule) -> torch.Tensor:
@@ -68,12 +71,43 @@ def forward(plan: Plan, sched: Schedule) -> ExpertInputs:
     return kept
 
 
-def recompute(plan: Plan, sched: Schedule) -> ExpertInputs:
-    """The rows (as wgrad reads them), h and act forward had, bit for bit: the token rows
-    pulled again from the peers' republished inputs and FC1 by the same kernels."""
+def recompute(plan: Plan, sched: Schedule, head: Optional[torch.Tensor] = None
+              ) -> ExpertInputs:
+    """The rows (as wgrad reads them) and h forward had, bit for bit: the token rows pulled
+    again from the peers' republished inputs and FC1 by the same kernels - past `head`, the
+    h of the first rows that forward kept (then h is a SplitH). act is left to the separate
+    backward, which makes it in the activation's backward."""
     rows = pull_operand(plan, "inputs", sched)
-    h, act = plan.operands.fc1(plan, sched, rows)
-    return ExpertInputs(for_wgrad(rows), h, act)
+    n = 0 if head is None else head.shape[0]
+    if n == 0:
+        h = plan.operands.fc1_past(plan, sched, rows, 0)
+    elif n >= sched.capacity:
+        h = head
+    else:
+        h = SplitH(head, plan.operands.fc1_past(plan, rows_past(sched, n), rows, n))
+    return ExpertInputs(for_wgrad(rows), h, None)
+
+
+def _activation_backward(plan: Plan, sched: Schedule, h, dact: torch.Tensor):
+    """(dh, act, drow_prob) of every schedule row; a SplitH's two row ranges each in place
+    in the full outputs (the rows are independent: the bits of one launch over h whole)."""
+    f1 = plan.w1.shape[1]
+    dh = torch.empty(sched.capacity, f1, dtype=torch.bfloat16, device=dact.device)
+    act = torch.empty_like(dact)
+    drow_prob = torch.empty(sched.capacity, dtype=torch.float32, device=dact.device)
+    if not isinstance(h, SplitH):
+        ops.activation_backward(h, dact, sched.row_prob, sched.num_rows, plan.activation, dh,
+                                act, drow_prob)
+        return dh, act, drow_prob
+    n = h.head.shape[0]
+    past = rows_past(sched, n)
+    for part, rows, num_rows, row_prob in ((h.head, slice(0, n), sched.num_rows.clamp(max=n),
+                                            sched.row_prob[:n]),
+                                           (h.tail, slice(n, None), past.num_rows,
+                                            past.row_prob)):
+        ops.activation_backward(part, dact[rows], row_prob, num_rows, plan.activation,
+                                dh[rows], act[rows], drow_prob[rows])
+    return dh, act, drow_prob
 
 
 def backward(plan: Plan, sched: Schedule, kept: ExpertInputs):
@@ -83,11 +117,7 @@ def backward(plan: Plan, sched: Schedule, kept: ExpertInputs):
     dout = pull_operand(plan, "tokens", sched)
     dact = q.fc2_dgrad(plan, sched, dout)
     dout = for_wgrad(dout)
-    dh = torch.empty_like(kept.h)
-    act = torch.empty_like(dact)
-    drow_prob = torch.empty(sched.capacity, dtype=torch.float32, device=dact.device)
-    ops.activation_backward(kept.h, dact, sched.row_prob, sched.num_rows, plan.activation, dh,
-                            act, drow_prob)
+    dh, act, drow_prob = _activation_backward(plan, sched, kept.h, dact)
     dh = q.both_ways(sched, dh)
     drows = q.fc1_dgrad(plan, sched, dh)
     dh = for_wgrad(dh)

@@ -40,7 +40,7 @@ from ..inputs import MoECall, check_call, check_routing_values
 from .main_grad import main_grad_targets, placeholder_grads
 from .mxfp8_weights import layer_weights
 from .operands import Bf16Operands, Fp8BlockwiseOperands, Mxfp8Operands, SegmentCodes
-from .plan import ExpertInputs, Plan, Schedule
+from .plan import ExpertInputs, Plan, Schedule, kept_h_rows
 from .workspace import Workspace, WorkspaceLayout, get_workspace
 
 
@@ -104,10 +104,14 @@ class _SymmMoE(torch.autograd.Function):
         ws.barrier(ops.Stage.FORWARD_PUBLISHED)
         sched = _schedule(plan)
         keep = not plan.recompute
+        head_rows = kept_h_rows(plan, sched) if plan.recompute else 0
         if plan.forward_megakernel:
-            kept = megakernel_path.forward(plan, sched, keep)
+            kept = megakernel_path.forward(plan, sched, keep, head_rows)
+            head = kept.h if plan.recompute else None
         else:
             kept = separate_path.forward(plan, sched)
+            head = (None if head_rows == 0 else kept.h if head_rows == sched.capacity
+                    else kept.h[:head_rows].clone())
         ws.barrier(ops.Stage.FORWARD_COMBINED)
 
         y = torch.empty(T, x.shape[1], dtype=x.dtype, device=x.device)
@@ -115,8 +119,10 @@ class _SymmMoE(torch.autograd.Function):
         ctx.plan = plan
         ctx.probs_dtype = probs.dtype
         if plan.recompute:
-            # x is the layer's input, alive anyway; nothing here is sized by the routing.
-            ctx.save_for_backward(ids32, x, sched.offsets, sched.row_slot, sched.row_prob)
+            # x is the layer's input, alive anyway; nothing here is sized by the routing (h's
+            # head by kernel.kept_h_tokens at most).
+            ctx.save_for_backward(ids32, x, sched.offsets, sched.row_slot, sched.row_prob,
+                                  head)
         else:
             # The separate backward recomputes act itself; the megakernel reads forward's rows
             # and act as they are, the separate backward wgrad's form of the rows
@@ -135,7 +141,7 @@ class _SymmMoE(torch.autograd.Function):
         plan = ctx.plan
         ws = plan.ws
         if plan.recompute:
-            ids32, x, offsets, row_slot, row_prob = ctx.saved_tensors
+            ids32, x, offsets, row_slot, row_prob, head = ctx.saved_tensors
         else:
             ids32, offsets, row_slot, row_prob, h, act, *rows = ctx.saved_tensors
             rows = SegmentCodes(*rows) if ctx.rows_as_codes else rows[0]
@@ -152,7 +158,7 @@ class _SymmMoE(torch.autograd.Function):
         else:
             if plan.recompute:
                 path = megakernel_path if plan.forward_megakernel else separate_path
-                kept = path.recompute(plan, sched)
+                kept = path.recompute(plan, sched, head)
             else:
                 kept = ExpertInputs(rows, h, act)
             dw1, dw2 = separate_path.backward(plan, sched, kept)
@@ -319,8 +325,10 @@ def _run(ws: Workspace, call: MoECall, recipe: Recipe, accumulate_main_grad: boo
         gated = get_activation(call.activation).gated
         operands = operands_type(layer_weights(w_inputs[0], w1_stack, w2_stack, version, gated,
                                                quantize))
+    kept_h_tokens = ops.MEGAKERNEL_BLOCK_M * -(-knobs.kept_h_tokens // ops.MEGAKERNEL_BLOCK_M)
     plan = Plan(ws, call.activation, call.topk, call.num_local, call.ffn, w1_stack, w2_stack,
                 order, position, forward_megakernel, backward_megakernel,
                 knobs.comm_sms_forward, knobs.comm_sms_backward, recompute, ring_mblocks,
-                knobs.minibatch_tokens, knobs.schedule_capacity, main_grads, operands)
+                knobs.minibatch_tokens, knobs.schedule_capacity, kept_h_tokens, main_grads,
+                operands)
     return _SymmMoE.apply(call.x.contiguous(), call.ids, call.probs, plan, *w_inputs)

@@ -20,6 +20,7 @@ from block_trace import HEADER  # noqa: E402
 
 SLOT = trace_backward.SLOT
 TAIL = 40
+STORER = (6, 400, 20, 60)
 
 
 def enum_names(path: Path, enum: str, prefix: str) -> list[str]:
@@ -44,9 +45,10 @@ def test_layout_is_csrc_layout():
 
 
 # Per tile (cycles): kind, part, consumer phases (queue, inputs, mainloop, epilogue steps...,
-# count), producer phases (take, push, ready, loads).
+# count), producer phases (take, push, ready, loads); handed-on kinds also get their storer's
+# (STORER: lag, make, release, count).
 TILES = [
-    ("dgrad2", 0, (10, 20, 300, 5, 30, 15, 10), (4, 2, 8, 200)),
+    ("dgrad2", 0, (10, 20, 300, 5, 30, 15), (4, 2, 8, 200)),
     ("wgrad2", 0, (6, 0, 100, 3, 40, 1), (4, 2, 0, 90)),
     ("wgrad2", trace_backward.CARRY_OUT, (6, 0, 100, 0, 60, 7), (4, 2, 0, 90)),  # a carry
     ("dgrad1", 0, (8, 2, 200, 12, 6, 0), (4, 2, 30, 150)),
@@ -79,6 +81,12 @@ def synthetic_trace(tiles_per_block: list[int]) -> torch.Tensor:
                 for name, cycles in zip(("taken", "pushed", "ready", "loads_issued"), producer):
                     t += cycles
                     row[SLOT[name]] = t
+                if kind in ("dgrad2", "dgrad1"):
+                    t = int(row[SLOT["epilogue2"]])
+                    for name, cycles in zip(("storer_took", "storer_made", "storer_released",
+                                             "storer_done"), STORER):
+                        t += cycles
+                        row[SLOT[name]] = t
                 row[SLOT["tile_id"]] = 8 * s + ops.BACKWARD_KINDS.index(kind)
                 row[SLOT["part"]] = part
                 row[SLOT["rows"]] = 128
@@ -94,18 +102,21 @@ def test_medians_and_consumer_shares():
     assert s["clock_ghz"] == pytest.approx(2.0, rel=1e-3)
     med = s["tile_phase_median_us"]  # at the clock the integer ns imply (rel 1e-3)
     assert set(med) == {"dgrad2", "wgrad2", "wgrad2_carry", "dgrad1"}
-    assert med["dgrad2"]["act_bwd"] == pytest.approx(0.015, rel=1e-3)
-    assert med["dgrad2"]["dh_stores"] == pytest.approx(0.0075, rel=1e-3)
-    assert med["dgrad2"]["count"] == pytest.approx(0.005, rel=1e-3)
+    assert med["dgrad2"]["slots"] == pytest.approx(0.0025, rel=1e-3)
+    assert med["dgrad2"]["handoff"] == pytest.approx(0.015, rel=1e-3)
+    assert med["dgrad2"]["count"] == pytest.approx(0.0075, rel=1e-3)
     assert med["dgrad2"]["loads"] == pytest.approx(0.1, rel=1e-3)
     assert med["wgrad2_carry"]["dw_out"] == pytest.approx(0.03, rel=1e-3)
-    assert med["dgrad1"]["scatter"] == pytest.approx(0.003, rel=1e-3)
+    assert med["dgrad1"]["handoff"] == pytest.approx(0.003, rel=1e-3)
+    assert med["dgrad2"]["storer_make"] == pytest.approx(0.2, rel=1e-3)
+    assert med["dgrad1"]["storer_count"] == pytest.approx(0.03, rel=1e-3)
+    assert "storer_make" not in med["wgrad2"]
     # Only the first two blocks have every tile traced: 3 rounds of TILES, two tails.
     total = 3 * sum(sum(t[2]) for t in TILES) + 2 * TAIL
     share = s["consumer_share"]
     assert s["blocks_traced_whole"] == 2
     assert share["dgrad2_mainloop"] == pytest.approx(3 * 300 / total)
-    assert share["dgrad2_epilogue"] == pytest.approx(3 * (5 + 30 + 15 + 10) / total)
+    assert share["dgrad2_epilogue"] == pytest.approx(3 * (5 + 30 + 15) / total)
     assert share["wgrad2_carry_epilogue"] == pytest.approx(3 * (0 + 60 + 7) / total)
     assert share["rest"] == pytest.approx(2 * TAIL / total)
     assert sum(share.values()) == pytest.approx(1.0)

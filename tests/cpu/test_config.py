@@ -125,6 +125,8 @@ BROKEN = [
      "must be <= 1.0, got 2.0"),
     ("recipes", "bf16", "kernel.backward_inputs", "dropped", "kernel.backward_inputs",
      "expected one of 'saved', 'recomputed'"),
+    ("recipes", "bf16", "kernel.kept_h_tokens", -128, "kernel.kept_h_tokens",
+     "must be >= 0, got -128"),
     ("recipes", "bf16", "kernel", [1], "kernel", "expected a mapping, got list [1]"),
     ("recipes", "bf16", "kernel.mxfp8_weights", "codes", "kernel.mxfp8_weights",
      "only precision mxfp8 reads it (this recipe's is bf16): leave it at auto"),
@@ -178,11 +180,17 @@ UNREAD = [
      "only backward_kernel: megakernel (or auto) reads it: leave it at 16"),
     ("kernel.macrobatch_tokens", 32768, SEPARATE,
      "only a megakernel with backward_inputs: recomputed reads it: leave it at 16384"),
+    ("kernel.kept_h_tokens", 4096, {"kernel.backward_inputs": "saved"},
+     "only backward_inputs: recomputed reads it (saved inputs keep every row's h): leave it "
+     "at 0"),
+    ("kernel.kept_h_tokens", 4096, {"kernel.backward_kernel": "megakernel"},
+     "the backward megakernel recomputes every macrobatch of its ring; only the separate "
+     "backward reads kept h: set backward_kernel to separate or auto, or leave it at 0"),
 ]
 
 
 @pytest.mark.parametrize("dotted, value, paths, problem", UNREAD,
-                         ids=[f"{c[0]}={c[1]}" for c in UNREAD])
+                         ids=[f"{c[0]}={c[1]}:{','.join(c[2].values())}" for c in UNREAD])
 def test_knob_no_path_reads_is_refused(tmp_path: Path, dotted: str, value: Any, paths: dict,
                                        problem: str) -> None:
     """A knob moved from its default where the recipe's kernel paths never read it; with the

@@ -44,6 +44,16 @@ def test_recomputed_backward_bit_identical_to_saved(world):
     gpu_checks.check_emulated_settings(spec, [{}, {"backward_inputs": "recomputed"}])
 
 
+@pytest.mark.parametrize("world", [2, 4])
+def test_kept_h_bit_identical_to_recomputing_all(world):
+    """Each rank keeps h of its own schedule's first rows (the hot expert's rows span several
+    m-blocks), with both forward kernels; the same bits as recomputing every row, and as EP=1."""
+    spec = gpu_checks.ep_specs(world)[2]  # hot
+    recomputed = {"backward_inputs": "recomputed", "kept_h_tokens": 384}
+    gpu_checks.check_emulated_settings(spec, [{}, recomputed,
+                                              {**recomputed, "forward_kernel": "megakernel"}])
+
+
 @pytest.mark.parametrize("setting", SETTINGS)
 @pytest.mark.parametrize("world", [2, 4])
 def test_cuda_graph_replay(world, setting):

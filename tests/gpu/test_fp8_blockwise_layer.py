@@ -46,6 +46,13 @@ def test_recomputed_equals_saved():
     gpu_checks.check_recomputed_backward(SPECS[1], 0, None, **FP8)
 
 
+@pytest.mark.parametrize("forward_kernel", ["separate", "megakernel"])
+@pytest.mark.parametrize("spec", [SPECS[1], SPECS[5]], ids=lambda s: s.name)
+def test_kept_h_bit_identical_to_recomputing_all(spec, forward_kernel):
+    """Gated and plain: the forward megakernel's storer keeps h from two layouts of its slots."""
+    gpu_checks.check_kept_h(spec, 0, None, forward_kernel=forward_kernel, **FP8)
+
+
 def test_cuda_graph_replay():
     gpu_checks.check_cuda_graph(SPECS[1], 0, None, **FP8)
 

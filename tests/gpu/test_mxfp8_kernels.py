@@ -321,6 +321,12 @@ def test_recomputed_equals_saved(form):
     gpu_checks.check_recomputed_backward(SPECS[1], 0, None, **FORMS[form])
 
 
+@pytest.mark.parametrize("forward_kernel", ["separate", "megakernel"])
+@pytest.mark.parametrize("form", FORMS)
+def test_kept_h_bit_identical_to_recomputing_all(form, forward_kernel):
+    gpu_checks.check_kept_h(SPECS[1], 0, None, forward_kernel=forward_kernel, **FORMS[form])
+
+
 @pytest.mark.parametrize("form", FORMS)
 def test_cuda_graph_replay(form):
     gpu_checks.check_cuda_graph(SPECS[1], 0, None, **FORMS[form])

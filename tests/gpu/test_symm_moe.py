@@ -66,6 +66,12 @@ def test_recomputed_backward_bit_identical_to_saved(spec, forward_kernel):
     gpu_checks.check_recomputed_backward(spec, 0, None, forward_kernel=forward_kernel)
 
 
+@pytest.mark.parametrize("forward_kernel", ["separate", "megakernel"])
+@pytest.mark.parametrize("spec", [SPECS[1], SPECS[4], SPECS[5]], ids=lambda s: s.name)
+def test_kept_h_bit_identical_to_recomputing_all(spec, forward_kernel):
+    gpu_checks.check_kept_h(spec, 0, None, forward_kernel=forward_kernel)
+
+
 def test_workspace_release_and_recreate():
     from mok_megatron.cuda import workspace
 

@@ -75,11 +75,11 @@ CUtensorMap expert_weight_map(const void* base, uint64_t experts, uint64_t rows,
 }
 
 CUtensorMap staged_rows_map(const void* base, uint64_t rows, uint64_t n_out, int halves,
-                            uint64_t row_stride) {
+                            uint64_t row_stride, uint32_t box_rows) {
   const uint64_t row_bytes = row_stride * 2;
   return make_bf16_tensor_map_4d(base, {n_out, uint64_t(halves), rows, 1},
                                  {n_out * 2, row_bytes, rows * row_bytes},
-                                 {64, 1, kGemmWarpgroupRows, 1});
+                                 {64, 1, box_rows > 0 ? box_rows : kGemmWarpgroupRows, 1});
 }
 
 CUtensorMap mn_major_rows_map(const void* base, uint64_t rows, uint64_t cols,

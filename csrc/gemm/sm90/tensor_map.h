@@ -30,9 +30,10 @@ CUtensorMap expert_weight_map(const void* base, uint64_t experts, uint64_t rows,
 
 // Rows the staged epilogue stores (gemm/sm90/tile_epilogue.cuh): `rows` rows of `halves` x
 // `n_out` bf16 (row stride `row_stride` elements) viewed as [rows, halves, n_out], written in
-// boxes of 64 rows x 64 columns of one half, so a box never crosses from gate into up.
+// boxes of 64 rows (or box_rows) x 64 columns of one half, so a box never crosses from gate
+// into up.
 CUtensorMap staged_rows_map(const void* base, uint64_t rows, uint64_t n_out, int halves,
-                            uint64_t row_stride);
+                            uint64_t row_stride, uint32_t box_rows = 0);
 
 // An MN-major operand read from rows: `rows` rows of `cols` bf16 (row stride `row_stride`
 // elements), K = rows, read in boxes of 64 columns x kGemmBlockK rows (tile_engine.cuh:
