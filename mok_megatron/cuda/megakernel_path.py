@@ -23,7 +23,7 @@ from typing import Optional
 import torch
 
 from . import ops, separate_path
-from .plan import ExpertInputs, Plan, Schedule, SplitH, rows_past
+from .plan import ExpertInputs, Plan, Schedule, h_past_kept
 from .separate_path import pull
 
 
@@ -65,14 +65,15 @@ def recompute(plan: Plan, sched: Schedule, head: Optional[torch.Tensor] = None
         return separate_path.recompute(plan, sched, head)
     ws = plan.ws
     rows = pull(plan, "inputs", sched)
-    first = 0 if head is None else head.shape[0]
-    if first >= sched.capacity:
-        return ExpertInputs(rows, head, None)
-    past = rows_past(sched, first) if first else sched
-    h = torch.empty(past.capacity, plan.w1.shape[1], dtype=torch.bfloat16, device=rows.device)
-    ops.grouped_gemm(rows[first:], plan.w1, past.offsets, h, timeout_ns=ws.timeout_ns,
-                     rank=ws.rank)
-    return ExpertInputs(rows, h if head is None else SplitH(head, h), None)
+
+    def fc1_past(past: Schedule, first: int) -> torch.Tensor:
+        h = torch.empty(past.capacity, plan.w1.shape[1], dtype=torch.bfloat16,
+                        device=rows.device)
+        ops.grouped_gemm(rows[first:], plan.w1, past.offsets, h, timeout_ns=ws.timeout_ns,
+                         rank=ws.rank)
+        return h
+
+    return ExpertInputs(rows, h_past_kept(sched, head, fc1_past), None)
 
 
 def backward(plan: Plan, sched: Schedule, kept: Optional[ExpertInputs]):

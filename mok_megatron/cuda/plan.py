@@ -4,7 +4,7 @@ call), and what the expert-stage paths (separate_path.py, megakernel_path.py) ha
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Optional, Union
+from typing import Callable, Optional, Union
 
 import torch
 
@@ -89,6 +89,20 @@ def kept_h_rows(plan: Plan, sched: Schedule) -> int:
     """Rows of h forward keeps for backward (recomputing): plan.kept_h_tokens, at most the
     schedule's."""
     return min(plan.kept_h_tokens, sched.capacity)
+
+
+def h_past_kept(sched: Schedule, head: Optional[torch.Tensor],
+                fc1_past: Callable[[Schedule, int], torch.Tensor]
+                ) -> Union[torch.Tensor, SplitH]:
+    """h of every schedule row when backward recomputes: forward's kept `head` (its first
+    rows, or None) and fc1_past(schedule of the rows past it, its first row) for the rest -
+    one tensor where either part is empty, else a SplitH."""
+    n = 0 if head is None else head.shape[0]
+    if n == 0:
+        return fc1_past(sched, 0)
+    if n >= sched.capacity:
+        return head
+    return SplitH(head, fc1_past(rows_past(sched, n), n))
 
 
 def rows_past(sched: Schedule, first: int) -> Schedule:

@@ -28,7 +28,7 @@ import torch
 
 from . import ops
 from .operands import for_wgrad
-from .plan import ExpertInputs, Plan, Schedule, SplitH, rows_past
+from .plan import ExpertInputs, Plan, Schedule, SplitH, h_past_kept, rows_past
 
 
 def pull(plan: Plan, region: str, sched: Schedule) -> torch.Tensor:
@@ -78,13 +78,8 @@ def recompute(plan: Plan, sched: Schedule, head: Optional[torch.Tensor] = None
     h of the first rows that forward kept (then h is a SplitH). act is left to the separate
     backward, which makes it in the activation's backward."""
     rows = pull_operand(plan, "inputs", sched)
-    n = 0 if head is None else head.shape[0]
-    if n == 0:
-        h = plan.operands.fc1_past(plan, sched, rows, 0)
-    elif n >= sched.capacity:
-        h = head
-    else:
-        h = SplitH(head, plan.operands.fc1_past(plan, rows_past(sched, n), rows, n))
+    h = h_past_kept(sched, head,
+                    lambda past, first: plan.operands.fc1_past(plan, past, rows, first))
     return ExpertInputs(for_wgrad(rows), h, None)
 
 

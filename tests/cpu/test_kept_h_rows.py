@@ -8,7 +8,8 @@ import torch
 
 from mok_megatron.cuda import separate_path
 from mok_megatron.cuda.operands import Bf16Operands, Fp8BlockwiseOperands
-from mok_megatron.cuda.plan import Plan, Schedule, SplitH, kept_h_rows, rows_past
+from mok_megatron.cuda.plan import (Plan, Schedule, SplitH, h_past_kept, kept_h_rows,
+                                   rows_past)
 
 
 def _schedule(counts: list[int], capacity: int) -> Schedule:
@@ -43,6 +44,28 @@ def test_kept_h_rows_is_at_most_the_schedule():
     for kept, rows in ((0, 0), (256, 256), (384, 300)):
         plan.kept_h_tokens = kept
         assert kept_h_rows(plan, sched) == rows
+
+
+def test_h_past_kept_recomputes_only_past_the_head():
+    """Both recomputes' split (the separate path's and the megakernel path's): no head - FC1
+    over the whole schedule; a head covering the schedule - no FC1; else FC1 on the schedule
+    of the rows past the head, from its first row on."""
+    sched = _schedule([100, 300, 0, 400], capacity=1000)
+    calls = []
+
+    def fc1_past(past, first):
+        calls.append((past.offsets.tolist(), past.capacity, first))
+        return torch.full((past.capacity, 8), float(first))
+
+    whole = h_past_kept(sched, None, fc1_past)
+    assert calls == [([0, 100, 400, 400, 800], 1000, 0)] and whole.shape == (1000, 8)
+    calls.clear()
+    head = torch.zeros(1024, 8)
+    assert h_past_kept(sched, head, fc1_past) is head and calls == []
+    split = h_past_kept(sched, head[:256], fc1_past)
+    assert calls == [([0, 0, 144, 144, 544], 744, 256)]
+    assert isinstance(split, SplitH) and split.head.shape == (256, 8)
+    assert split.tail.shape == (744, 8) and bool((split.tail == 256).all())
 
 
 def _plan(ffn: int, hidden: int, experts: int, gated: bool) -> Plan:
