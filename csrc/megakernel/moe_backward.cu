@@ -558,23 +558,16 @@ __global__ void __launch_bounds__(kGemmThreads, 1)
             uint8_t* slots = acquire();
             // Gated: the 64 gate columns in slot 0, the up columns at the same place in
             // slot 1 (store_fc1_staged's layout).
-            write_staged<kFc1Cols>(slots, t, [&](int j, int i) {
-              return __floats2bfloat162_rn(acc8[4 * j + 2 * i], acc8[4 * j + 2 * i + 1]);
-            });
+            write_staged_rounded<kFc1Cols>(slots, t, acc8);
             if constexpr (kGated) {
-              constexpr int kUp = 4 * (kFc1Cols / 8);
-              write_staged<kFc1Cols>(slots + kStagedSlotBytes, t, [&](int j, int i) {
-                return __floats2bfloat162_rn(acc8[kUp + 4 * j + 2 * i],
-                                             acc8[kUp + 4 * j + 2 * i + 1]);
-              });
+              write_staged_rounded<kFc1Cols>(slots + kStagedSlotBytes, t, acc8,
+                                             4 * (kFc1Cols / 8));
             }
           } else {
             consume_tile(s.ring, it, k_blocks, w.tile, consumer, leader, acc, a.timeout_ns,
                          a.report);
             trace.stamp(seq, kBtMainloopEnd);
-            write_staged<kGemmBlockN>(acquire(), t, [&](int j, int i) {
-              return __floats2bfloat162_rn(acc[4 * j + 2 * i], acc[4 * j + 2 * i + 1]);
-            });
+            write_staged_rounded<kGemmBlockN>(acquire(), t, acc);
           }
           hand_off(kStagedFc1, w.n_block * kFc1Cols);
         } else if (w.kind == kDgrad2) {
@@ -588,16 +581,12 @@ __global__ void __launch_bounds__(kGemmThreads, 1)
             consume_fp8_tile<false>(fp8_ring, it, k_blocks, w.tile, consumer, leader, ws,
                                     w.row0, acc8, partial8, a.timeout_ns, a.report);
             trace.stamp(seq, kBtMainloopEnd);
-            write_staged<kDgrad2Cols>(acquire(), t, [&](int j, int i) {
-              return __floats2bfloat162_rn(acc8[4 * j + 2 * i], acc8[4 * j + 2 * i + 1]);
-            });
+            write_staged_rounded<kDgrad2Cols>(acquire(), t, acc8);
           } else {
             consume_tile<kDgrad2Cols, false, !kMx>(s.ring, it, k_blocks, w.tile, consumer,
                                                    leader, acc, a.timeout_ns, a.report);
             trace.stamp(seq, kBtMainloopEnd);
-            write_staged<kDgrad2Cols>(acquire(), t, [&](int j, int i) {
-              return __floats2bfloat162_rn(acc[4 * j + 2 * i], acc[4 * j + 2 * i + 1]);
-            });
+            write_staged_rounded<kDgrad2Cols>(acquire(), t, acc);
           }
           hand_off(kStagedDgrad2, w.n_block * kDgrad2Cols);
         } else {

@@ -432,9 +432,7 @@ __global__ void __launch_bounds__(kGemmThreads, 1)
           consume_fp8_tile<kGated>(s.ring, it, fc1_kblocks, t.tile, consumer, leader, ws,
                                    t.slot0, acc, a.timeout_ns, a.report);
           if (pass == 0) slots = staging.acquire(2, t.tile, a.timeout_ns, a.report);
-          write_staged<kFp8BlockN>(slots + pass * kStagedSlotBytes, t_in_wg, [&](int j, int i) {
-            return __floats2bfloat162_rn(acc[4 * j + 2 * i], acc[4 * j + 2 * i + 1]);
-          });
+          write_staged_rounded<kFp8BlockN>(slots + pass * kStagedSlotBytes, t_in_wg, acc);
         }
         trace.stamp(seq, kTrMainloopEnd);
         const StagedRecord r{kStagedFc1, 2, !idle, t.slot0 + kStagedRows * consumer,
@@ -507,11 +505,8 @@ __global__ void __launch_bounds__(kGemmThreads, 1)
                              t.rows_left >= kStagedRows * (consumer + 1), t.n_block * kFc1Cols,
                              t.mblock};
         if (stores) {
-          write_staged<kGemmBlockN>(staging.acquire(2, t.tile, a.timeout_ns, a.report), t_in_wg,
-                                    [&](int j, int i) {
-                                      return __floats2bfloat162_rn(acc[4 * j + 2 * i],
-                                                                   acc[4 * j + 2 * i + 1]);
-                                    });
+          write_staged_rounded<kGemmBlockN>(staging.acquire(2, t.tile, a.timeout_ns, a.report),
+                                            t_in_wg, acc);
           staging.hand_off(r);
         } else {
           staging.hand_off_record(r, t.tile, a.timeout_ns, a.report);

@@ -122,6 +122,15 @@ __device__ __forceinline__ void write_staged(uint8_t* buf, int t, Value value) {
   }
 }
 
+// write_staged of accumulators acc[first ..] rounded to bf16 pairs (the fragment's order).
+template <int kCols, int kRegs>
+__device__ __forceinline__ void write_staged_rounded(uint8_t* buf, int t,
+                                                     const float (&acc)[kRegs], int first = 0) {
+  write_staged<kCols>(buf, t, [&](int j, int i) {
+    return __floats2bfloat162_rn(acc[first + 4 * j + 2 * i], acc[first + 4 * j + 2 * i + 1]);
+  });
+}
+
 // One thread: the staged boxes (write_staged) of a whole 64-row block into half `half` of
 // `dst` at rows row0 .. row0 + 63 by TMA, one bulk group; columns at or past n_out are
 // clipped by box.
