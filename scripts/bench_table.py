@@ -6,6 +6,11 @@ FILE (the markers stay), so a README's table is generated, never typed.
     python scripts/bench_table.py benchmarks/results/h100-2026-12-07/results.json
     python scripts/bench_table.py benchmarks/results/h100-2026-12-07/results.json \\
         --write README.md --recipes bf16 --paths alltoall separate megakernels
+    python scripts/bench_table.py benchmarks/results/h100-2026-12-07/results.json --summary
+
+--summary gives one row per shape instead: alltoall's fwd+bwd time, and each other baseline's
+and each recipe's default path (the recipe as shipped) as its speedup over alltoall, then the
+fastest mok configuration.
 
 Times are milliseconds (median over iterations of the max over ranks); TFLOP/s, roofline and
 the speedups are fwd+bwd's. A row that did not run names why in a footnote. Standard library
@@ -98,6 +103,44 @@ def render_table(doc: dict, recipes: Optional[list[str]] = None,
     return "\n".join(lines).rstrip() + "\n"
 
 
+def _speedup(row: Optional[dict]) -> str:
+    if row is None:
+        return "-"
+    if row["status"] != "ok":
+        return row["status"].split(":", 1)[0]
+    return _ratio(row.get("speedup_vs_alltoall"))
+
+
+def render_summary(doc: dict) -> str:
+    """One row per shape: alltoall's fwd+bwd ms; each other baseline and each recipe's default
+    path as fwd+bwd speedup over alltoall (or why it did not run); the fastest mok row."""
+    meta = doc["meta"]
+    baselines = [b for b in meta.get("baselines", {}) if not b.startswith("flex+deepep")]
+    defaults = meta["default_paths"]
+    shapes: dict[tuple, dict[tuple[str, str], dict]] = {}
+    for row in doc["rows"]:
+        key = (row["model"], row["variant"], row["experts"], row["tokens"])
+        shapes.setdefault(key, {})[(row["recipe"], row["path"])] = row
+    header = (["layer", "E", "T", "alltoall fwd+bwd ms"] + baselines
+              + [f"{recipe} ({path})" for recipe, path in defaults.items()] + ["fastest mok"])
+    lines = ["| " + " | ".join(header) + " |",
+             "|" + "|".join("---" if i < 1 else "--:" for i in range(len(header))) + "|"]
+    for (model, variant, experts, tokens), rows in shapes.items():
+        by_path = {path: row for (_, path), row in rows.items()}
+        alltoall = by_path.get("alltoall")
+        mok = [r for (_, path), r in rows.items() if r["status"] == "ok"
+               and path in meta["paths"] and r.get("speedup_vs_alltoall")]
+        best = max(mok, key=lambda r: r["speedup_vs_alltoall"]["fwd_bwd"], default=None)
+        cells = [f"{model} {variant}", str(experts), str(tokens),
+                 _ms(alltoall.get("fwd_bwd_ms")) if alltoall else "-"]
+        cells += [_speedup(by_path.get(b)) for b in baselines]
+        cells += [_speedup(rows.get((recipe, path))) for recipe, path in defaults.items()]
+        cells.append("-" if best is None
+                     else f"{_ratio(best['speedup_vs_alltoall'])} ({best['recipe']} {best['path']})")
+        lines.append("| " + " | ".join(_escape(c) for c in cells) + " |")
+    return "\n".join(lines) + "\n"
+
+
 def source_line(doc: dict, results_path: Optional[str] = None) -> str:
     """One line: where the table's figures come from."""
     meta = doc["meta"]
@@ -112,8 +155,10 @@ def source_line(doc: dict, results_path: Optional[str] = None) -> str:
 
 
 def render(doc: dict, results_path: Optional[str] = None,
-           recipes: Optional[list[str]] = None, paths: Optional[list[str]] = None) -> str:
-    return source_line(doc, results_path) + "\n\n" + render_table(doc, recipes, paths)
+           recipes: Optional[list[str]] = None, paths: Optional[list[str]] = None,
+           summary: bool = False) -> str:
+    body = render_summary(doc) if summary else render_table(doc, recipes, paths)
+    return source_line(doc, results_path) + "\n\n" + body
 
 
 def replace_between_markers(text: str, block: str) -> str:
@@ -135,9 +180,13 @@ def main(argv: Optional[list[str]] = None) -> int:
                    help="markdown file whose bench-table markers get the table (else: stdout)")
     p.add_argument("--recipes", nargs="+", default=None, help="only these recipes' rows")
     p.add_argument("--paths", nargs="+", default=None, help="only these paths' rows")
+    p.add_argument("--summary", action="store_true",
+                   help="one row per shape: the baselines and each recipe's default path")
     args = p.parse_args(argv)
+    if args.summary and (args.recipes or args.paths):
+        p.error("--summary shows every recipe's default path: no --recipes / --paths")
     doc = json.loads(args.results.read_text())
-    block = render(doc, str(args.results), args.recipes, args.paths)
+    block = render(doc, str(args.results), args.recipes, args.paths, args.summary)
     if args.write is None:
         print(block, end="")
         return 0
@@ -145,8 +194,9 @@ def main(argv: Optional[list[str]] = None) -> int:
         args.write.write_text(replace_between_markers(args.write.read_text(), block))
     except ValueError as err:
         raise SystemExit(f"{args.write}: {err}") from None
-    print(f"{args.write}: table of {len(selected(doc['rows'], args.recipes, args.paths))} rows "
-          f"written")
+    rows = (len({(r["model"], r["variant"], r["tokens"]) for r in doc["rows"]}) if args.summary
+            else len(selected(doc["rows"], args.recipes, args.paths)))
+    print(f"{args.write}: table of {rows} rows written")
     return 0
 
 

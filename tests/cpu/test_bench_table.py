@@ -126,3 +126,19 @@ def test_command_line(tmp_path, capsys):
     readme.write_text("no markers here\n")
     with pytest.raises(SystemExit, match="README.md: expected one"):
         bench_table.main([str(results), "--write", str(readme)])
+
+
+def test_summary_one_row_per_shape():
+    d = doc()
+    d["meta"].update(baselines={"flex+hybridep": "not installed"},
+                     default_paths={"bf16": "separate", "mxfp8": "megakernels",
+                                    "fp8_blockwise": "fwd_megakernel"},
+                     paths=["separate", "fwd_megakernel", "bwd_megakernel", "megakernels"])
+    rows = table_rows(bench_table.render_summary(d))
+    assert len(rows) == 1
+    cells = [c.strip() for c in rows[0].strip("|").split("|")]
+    # alltoall's ms; HybridEP and fp8_blockwise did not run; the fastest mok row is bf16's.
+    assert cells == ["qwen3_30b_a3b_like full", "128", "4096", "6.00", "unavailable", "2.00x",
+                     "1.50x", "refused", "2.00x (bf16 separate)"]
+    printed = bench_table.render(d, summary=True)
+    assert printed.startswith("Measured on") and "fastest mok" in printed
