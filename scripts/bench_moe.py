@@ -240,9 +240,15 @@ class MegatronBaseline:
                                                                     MoEFlexTokenDispatcher)
         from megatron.core.transformer.transformer_config import TransformerConfig
 
-        load_dispatcher(dispatcher).check_available()
         world, rank = dist.get_world_size(), dist.get_rank()
         local = num_experts // world
+        if dispatcher == "hybridep" and num_experts % 4:
+            # HybridEP's own config check (deep_ep hybrid-ep, config.cuh) asserts "The config is
+            # not valid" at the first dispatch unless experts per rank x ranks per NVLink
+            # domain (here the whole group) is a multiple of 4.
+            raise ValueError(f"HybridEP needs experts per rank x ranks per NVLink domain to be "
+                             f"a multiple of 4: {local} x {world}")
+        load_dispatcher(dispatcher).check_available()
         config = TransformerConfig(
             num_layers=1, hidden_size=model.hidden_size, num_attention_heads=8,
             num_moe_experts=num_experts, moe_router_topk=model.topk,

@@ -470,10 +470,11 @@ KERNEL_REFUSALS = (((ValueError, NotImplementedError), "refused"),)
 
 def build(recipe: str, path: str, model, experts: int, tokens: int, args, group):
     """(what the configuration calls, None), or (None, why nothing): a baseline that does not
-    import is unavailable, a recipe its own checks refuse is refused."""
+    import is unavailable, one that cannot take the shape and a recipe its own checks refuse
+    are refused."""
     if path in BASELINES:
         return attempt(lambda: MegatronBaseline(model, experts, BASELINES[path]),
-                       ((ImportError, "unavailable"),))
+                       ((ImportError, "unavailable"), (ValueError, "refused")))
     kernels = path_recipe(recipe, path, tokens, args.backward_inputs)
     status = refusal(kernels)
     return (None, status) if status else (MokPath(group, kernels), None)

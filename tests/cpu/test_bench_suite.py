@@ -268,3 +268,17 @@ def test_started_without_torchrun_it_runs_under_torchrun(monkeypatch):
     monkeypatch.setattr(bench_moe.torch.cuda, "device_count", lambda: 0)
     with pytest.raises(SystemExit, match="needs a CUDA GPU"):
         bench_moe.main(["--suite"])
+
+
+def test_hybridep_refuses_an_expert_count_it_cannot_take(monkeypatch):
+    """HybridEP asserts "The config is not valid" at its first dispatch unless experts per rank
+    x ranks per NVLink domain is a multiple of 4 (6 experts at EP=1, 1×H100 2026-12-07): the
+    suite records a refusal naming that, before anything is built."""
+    monkeypatch.setattr(bench_suite.dist, "get_world_size", lambda: 1)
+    monkeypatch.setattr(bench_moe.dist, "get_world_size", lambda: 1)
+    monkeypatch.setattr(bench_moe.dist, "get_rank", lambda: 0)
+    model = load_model("mok_bench")
+    fn, status = bench_suite.build("bf16", "flex+hybridep", model, 6, 4096, None, None)
+    assert fn is None
+    assert status == ("refused: HybridEP needs experts per rank x ranks per NVLink domain to "
+                      "be a multiple of 4: 6 x 1")
