@@ -30,6 +30,7 @@ import subprocess
 import sys
 import tempfile
 import traceback
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -481,6 +482,43 @@ def run_case_in_subprocess(name: str) -> subprocess.CompletedProcess:
     return run_script_case(__file__, name)
 
 
+# A case spends most of its ~12 s importing torch and Megatron and setting up NCCL on the CPU,
+# and its verdict is its own process's: the cases' interpreters run this many at a time.
+CONCURRENT_CASES = 4
+
+
+class CaseRuns:
+    """`python script --case NAME` for each of `names`, CONCURRENT_CASES at a time, all
+    submitted at once; result(name) waits for that case's process."""
+
+    def __init__(self, script: str, names: list[str]):
+        self._pool = ThreadPoolExecutor(CONCURRENT_CASES)
+        self._runs = {name: self._pool.submit(run_script_case, script, name) for name in names}
+
+    def result(self, name: str) -> subprocess.CompletedProcess:
+        return self._runs[name].result()
+
+    def close(self) -> None:
+        self._pool.shutdown(cancel_futures=True)
+
+
+def selected_cases(request, test) -> list[str]:
+    """The `case` parameters of this session's items of `test` that will run: those -k or -m
+    left, less those a skip or a true skipif marks."""
+    def skipped(item) -> bool:
+        return (item.get_closest_marker("skip") is not None
+                or any(m.args and m.args[0] for m in item.iter_markers("skipif")))
+    return [item.callspec.params["case"] for item in request.session.items
+            if getattr(item, "function", None) is test and not skipped(item)]
+
+
+@pytest.fixture(scope="module")
+def case_runs(request):
+    runs = CaseRuns(__file__, selected_cases(request, test_graph_replay_is_bit_identical_to_eager))
+    yield runs
+    runs.close()
+
+
 # Refused by the support matrix where PyTorch lacks what its capture needs (the CPU tests check
 # that refusal; tests/cpu/test_megatron_cuda_graphs.py).
 FULL_ITERATION_CAPTURABLE = hasattr(torch.autograd.graph, "set_override_stale_capture_stream")
@@ -492,8 +530,8 @@ FULL_ITERATION_CAPTURABLE = hasattr(torch.autograd.graph, "set_override_stale_ca
         reason="full_iteration needs torch.autograd.graph.set_override_stale_capture_stream; "
                "mok refuses it on this PyTorch"))
     for name in CASES])
-def test_graph_replay_is_bit_identical_to_eager(case):
-    assert_case_passed(run_case_in_subprocess(case), PASSED)
+def test_graph_replay_is_bit_identical_to_eager(case, case_runs):
+    assert_case_passed(case_runs.result(case), PASSED)
 
 
 def main() -> int:

@@ -130,9 +130,17 @@ def run_case(name: str) -> None:
     print(PASSED)
 
 
+@pytest.fixture(scope="module")
+def case_runs(request):
+    runs = model_setup.CaseRuns(
+        __file__, model_setup.selected_cases(request, test_moe_layer_matches_reference_backend))
+    yield runs
+    runs.close()
+
+
 @pytest.mark.parametrize("case", list(CASES))
-def test_moe_layer_matches_reference_backend(case):
-    model_setup.assert_case_passed(model_setup.run_script_case(__file__, case), PASSED)
+def test_moe_layer_matches_reference_backend(case, case_runs):
+    model_setup.assert_case_passed(case_runs.result(case), PASSED)
 
 
 def main() -> None:
