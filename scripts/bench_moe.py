@@ -235,11 +235,6 @@ class MegatronBaseline:
                                 "moe_flex_dispatcher_backend": "hybridep"}}
 
     def __init__(self, model, num_experts: int, dispatcher: str = "alltoall"):
-        from megatron.core.process_groups_config import ProcessGroupCollection
-        from megatron.core.transformer.moe.token_dispatcher import (MoEAlltoAllTokenDispatcher,
-                                                                    MoEFlexTokenDispatcher)
-        from megatron.core.transformer.transformer_config import TransformerConfig
-
         world, rank = dist.get_world_size(), dist.get_rank()
         local = num_experts // world
         if dispatcher == "hybridep" and num_experts % 4:
@@ -249,6 +244,11 @@ class MegatronBaseline:
             raise ValueError(f"HybridEP needs experts per rank x ranks per NVLink domain to be "
                              f"a multiple of 4: {local} x {world}")
         load_dispatcher(dispatcher).check_available()
+        from megatron.core.process_groups_config import ProcessGroupCollection
+        from megatron.core.transformer.moe.token_dispatcher import (MoEAlltoAllTokenDispatcher,
+                                                                    MoEFlexTokenDispatcher)
+        from megatron.core.transformer.transformer_config import TransformerConfig
+
         config = TransformerConfig(
             num_layers=1, hidden_size=model.hidden_size, num_attention_heads=8,
             num_moe_experts=num_experts, moe_router_topk=model.topk,
