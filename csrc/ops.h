@@ -113,13 +113,14 @@ void fp8_quantize_weight_blocks(const at::Tensor& w, at::Tensor& codes, at::Tens
 // codes [ceil(K / 128), >= rows] per 1 x 128, W codes [E, N, K] with E8M0 codes per 128 x 128
 // block; epilogue and arguments as grouped_gemm's. stages: the ring's depth (0: the deepest
 // that fits); m_group: m-blocks per group of the tile order (0: the config's); cluster_ctas:
-// 1, or 2 for CTA pairs sharing weight tiles by multicast; the same bits.
+// 1, or 2 for CTA pairs sharing weight tiles by multicast; block_n: the tiles' columns, 0 or
+// 128, or 192 (plain epilogue, one CTA per tile, 4 stages); the same bits.
 void fp8_grouped_gemm(const at::Tensor& a, const at::Tensor& a_scales, const at::Tensor& w,
                       const at::Tensor& w_scales, const at::Tensor& offsets,
                       const c10::optional<at::Tensor>& row_prob, int64_t activation,
                       at::Tensor& out, const c10::optional<at::Tensor>& h_out,
                       int64_t timeout_ns, int64_t rank, int64_t stages, int64_t m_group,
-                      int64_t cluster_ctas);
+                      int64_t cluster_ctas, int64_t block_n);
 
 // gemm/grouped_gemm.cu (sm90 tile engine). activation: -1 = plain store, else ActivationId
 // with row_prob folded in; h_out (optional) receives the bf16 pre-activation. rank: the EP

@@ -16,7 +16,8 @@ with its ring depths and tile orders (RING_VARIANTS). With --fp8-baselines, only
 FP8 grouped GEMMs of the layer (FC1, FC2 and both dgrads, ragged expert sizes) next to the
 public Hopper kernels on the same operands: CUTLASS's grouped blockwise GEMM, DeepGEMM's
 m-grouped contiguous GEMM and cuBLAS's blockwise GEMM on the dense equivalent
-(run_fp8_baselines; benchmarks/probes/cutlass_fp8_grouped/README.md). JSON to --out.
+(run_fp8_baselines; benchmarks/probes/cutlass_fp8_grouped/README.md), ours with 128- and
+192-column tiles (`ours_n192`, checked bit for bit against the 128 tiles). JSON to --out.
 
     python scripts/bench_gemm.py --out benchmarks/results/<card>-<date>-<what>/gemm_engine.json
 """
@@ -404,6 +405,15 @@ def run_fp8_baselines(model, local: int, tokens: int, iters: int, warmup: int,
         timed["ours"]()
         errors["ours"] = rel_l2(out, ref)
         check_agreement({"ours": errors["ours"]}, f"{gemm}: the FP8 engine and the reference")
+        # The 192-column tiles (plain epilogue): the same bits as the 128 tiles, then timed.
+        wide = torch.full_like(out, float("nan"))
+        timed["ours_n192"] = functools.partial(ops.fp8_grouped_gemm, a_codes, a_scales,
+                                               w_codes, w_scales, offsets, wide,
+                                               block_n=ops.FP8_WIDE_BLOCK_N)
+        timed["ours_n192"]()
+        if not torch.equal(wide.view(torch.int16), out.view(torch.int16)):
+            raise SystemExit(f"{gemm}: the 192-column tiles' output differs from the 128 "
+                             f"tiles' (rel-L2 {rel_l2(wide, out):.1e})")
         if "cutlass" not in skipped:
             out_c = torch.full_like(out, float("nan"))
             try:
@@ -442,7 +452,8 @@ def run_fp8_baselines(model, local: int, tokens: int, iters: int, warmup: int,
             "n": n, "k": k, "ms": ms, "tflops": tflops, "errors": errors,
             "disagree": disagree, **notes,
             "ours_vs_best_grouped": tflops["ours"] / max(grouped) if grouped else None,
-            "ours_vs_best_public": tflops["ours"] / max(any_public) if any_public else None}
+            "ours_vs_best_public": tflops["ours"] / max(any_public) if any_public else None,
+            "n192_vs_128": tflops["ours_n192"] / tflops["ours"]}
         del ref, out, a_codes, a_scales, timed
         torch.cuda.empty_cache()
     return result
@@ -468,8 +479,8 @@ def print_baselines(r: dict) -> None:
     for gemm, b in r["gemms"].items():
         tf = b["tflops"]
         line = " ".join(f"{name} {tf[name]:5.0f}" for name in
-                        ("ours", "cutlass", "deepgemm", "cublas_dense", "ours_dense")
-                        if name in tf)
+                        ("ours", "ours_n192", "cutlass", "deepgemm", "cublas_dense",
+                         "ours_dense") if name in tf)
         for key, label in (("ours_vs_best_grouped", "grouped"), ("ours_vs_best_public", "any")):
             if b[key] is not None:
                 line += f" | ours/best {label} x{b[key]:.2f}"

@@ -9,11 +9,13 @@
 // Tiles, schedule and epilogue are the bf16 engine's (grouped_gemm.cu) with kFp8BlockN
 // columns: tiles expert-major from the device-side offsets, each output element computed by
 // one tile in a fixed K order (deterministic); FC1's activation x prob and h for backward in
-// the epilogue (gemm/sm90/tile_epilogue.cuh). Three options change when and where tiles and
+// the epilogue (gemm/sm90/tile_epilogue.cuh). Four options change when and where tiles and
 // stages run, never the bits: the ring's depth (kStages), the tile order's m-block groups
-// (m_group) and CTA pairs (kCtas = 2: clusters of two CTAs whose tiles are adjacent m-blocks of
+// (m_group), CTA pairs (kCtas = 2: clusters of two CTAs whose tiles are adjacent m-blocks of
 // one n-block share the weight tile's L2 reads by TMA multicast, as cuBLAS's blockwise kernel's
-// 2 x 1 clusters do).
+// 2 x 1 clusters do) and, for the plain epilogue, 192-column tiles (kTileN: 1.5x the MMAs per
+// k-block over the same per-block promotion chain, 4 stages; a tile spans two weight-scale
+// blocks).
 #include <c10/cuda/CUDAGuard.h>
 #include <cuda_bf16.h>
 #include <torch/extension.h>
@@ -32,25 +34,32 @@ namespace {
 
 using namespace sm90;
 
-// A consumer's staging buffer holds kFp8BlockN bf16 columns of its 64 rows (swizzled boxes).
-constexpr int kFp8StagedBytes = (kFp8BlockN / 64) * kStagedBoxBytes;
+// The plain epilogue's wide tiles and their ring depth (the deepest that fits beside their
+// staging buffers with every expert count).
+constexpr int kWideTileN = 192;
+constexpr int kWideStages = 4;
 
 // Followed by the launch's expert tables, row_begin and mblock_begin [E + 1] each, sized at
-// launch (fp8_smem_bytes) so that the deepest ring fits at small expert counts.
-template <int kStages>
+// launch (fp8_smem_bytes) so that the deepest ring fits at small expert counts. A consumer's
+// staging buffer holds kTileN bf16 columns of its 64 rows (swizzled boxes).
+template <int kStages, int kTileN = kFp8BlockN>
 struct Fp8SharedStorage {
-  uint8_t staged[kGemmConsumers][kFp8StagedBytes];  // first: 1024-aligned for TMA
-  Fp8StageRing<Fp8BlockScales, kStages> ring;
+  uint8_t staged[kGemmConsumers][(kTileN / 64) * kStagedBoxBytes];  // first: 1024-aligned
+  Fp8StageRing<Fp8BlockScales, kStages, kTileN> ring;
 };
 
-template <int kStages>
+template <int kStages, int kTileN = kFp8BlockN>
 constexpr size_t fp8_smem_bytes(int64_t num_experts) {
-  return aligned_smem_bytes<Fp8SharedStorage<kStages>>() + 2 * (num_experts + 1) * sizeof(int32_t);
+  return aligned_smem_bytes<Fp8SharedStorage<kStages, kTileN>>() +
+         2 * (num_experts + 1) * sizeof(int32_t);
 }
 static_assert(fp8_smem_bytes<kFp8MinStages>(kGemmMaxExperts) <= kMaxDynamicSmemBytes,
               "the shallowest ring fits with every expert count a launch takes");
 static_assert(fp8_smem_bytes<kFp8MaxStages>(32) <= kMaxDynamicSmemBytes,
               "the deepest ring fits at the expert counts of an EP group's ranks (up to 32)");
+static_assert(fp8_smem_bytes<kWideStages, kWideTileN>(kGemmMaxExperts) <= kMaxDynamicSmemBytes &&
+                  fp8_smem_bytes<kWideStages + 1, kWideTileN>(0) > kMaxDynamicSmemBytes,
+              "the wide tiles' ring is the deepest that fits, with every expert count");
 
 struct Fp8Weights {
   const uint8_t* scales;  // block scales: [E, row_blocks, k_blocks] E8M0
@@ -84,7 +93,7 @@ __device__ __forceinline__ OwnTile own_tile(const int32_t* mblock_begin, int num
   }
 }
 
-template <int kAct, int kStages, int kCtas>
+template <int kAct, int kStages, int kCtas, int kTileCols>
 __global__ void __launch_bounds__(kGemmThreads, 1)
     fp8_grouped_gemm_kernel(const __grid_constant__ CUtensorMap a_map,
                             const __grid_constant__ CUtensorMap a_scales_map,
@@ -97,9 +106,13 @@ __global__ void __launch_bounds__(kGemmThreads, 1)
                             __nv_bfloat16* __restrict__ h_out, int64_t h_stride,
                             uint64_t timeout_ns, int* report) {
   constexpr bool kGated = gated_epilogue<kAct>();
-  constexpr int kTileN = tile_cols<kAct, kFp8BlockN>();
+  static_assert(kTileCols == kFp8BlockN || (kTileCols == kWideTileN && kAct == kPlain &&
+                                            kCtas == 1),
+                "wide tiles: the plain epilogue, one CTA per tile");
+  constexpr int kTileN = tile_cols<kAct, kTileCols>();
   extern __shared__ uint8_t smem_raw[];
-  Fp8SharedStorage<kStages>& s = aligned_smem<Fp8SharedStorage<kStages>>(smem_raw);
+  using Storage = Fp8SharedStorage<kStages, kTileCols>;
+  Storage& s = aligned_smem<Storage>(smem_raw);
   int32_t* row_begin = reinterpret_cast<int32_t*>(&s + 1);
   int32_t* mblock_begin = row_begin + num_experts + 1;
 
@@ -142,7 +155,11 @@ __global__ void __launch_bounds__(kGemmThreads, 1)
                                       o.shared_b, timeout_ns, report);
       }
     }
-    if constexpr (kCtas == 2) drain_fp8_ring(s.ring, it, timeout_ns, report);
+    // Pairs: no arrive of the peer's is in flight at exit. Wide tiles: their consumers wait
+    // unbounded, so this bounded wait for every stage's release reports a stalled consumer.
+    if constexpr (kCtas == 2 || kTileCols == kWideTileN) {
+      drain_fp8_ring(s.ring, it, timeout_ns, report);
+    }
     return;
   }
 
@@ -152,7 +169,7 @@ __global__ void __launch_bounds__(kGemmThreads, 1)
   // shared-memory descriptors with uniform-datapath instructions.
   const int consumer = __shfl_sync(0xffffffffu, warpgroup - 1, 0);
   const bool leader = threadIdx.x % 128 == 0;
-  float acc[kFp8AccRegs];
+  float acc[kTileCols / 2];
   int it = 0;
   const auto release = [&] {
     if constexpr (kCtas == 1) {
@@ -174,15 +191,17 @@ __global__ void __launch_bounds__(kGemmThreads, 1)
     float p[2];
     load_row_probs<kAct>(row_prob, row0, rows_valid, p);
     if (rows_valid == 0) {
-      pass_fp8_tile(s.ring, it, k_blocks, tile, leader, kStagingBarrier + consumer, timeout_ns,
-                    report, release);
+      pass_fp8_tile<decltype(s.ring), decltype(release), kTileCols == kFp8BlockN>(
+          s.ring, it, k_blocks, tile, leader, kStagingBarrier + consumer, timeout_ns, report,
+          release);
       continue;
     }
-    const WeightBlockScales<kGated> ws(w.scales, tc.expert, w.row_blocks, k_blocks,
-                                       w.half_rows, tc.n_block * kTileN);
-    consume_fp8_tile<kGated>(s.ring, it, k_blocks, tile, consumer, leader, ws,
-                             row_begin[tc.expert] + m_row0, acc, timeout_ns, report, release);
-    store_rows_staged<kAct, kFp8BlockN>(acc, s.staged[consumer],
+    const WeightBlockScales<kGated, kTileCols> ws(w.scales, tc.expert, w.row_blocks, k_blocks,
+                                                  w.half_rows, tc.n_block * kTileN);
+    consume_fp8_tile<kGated, kTileCols>(s.ring, it, k_blocks, tile, consumer, leader, ws,
+                                        row_begin[tc.expert] + m_row0, acc, timeout_ns, report,
+                                        release);
+    store_rows_staged<kAct, kTileCols>(acc, s.staged[consumer],
                                         EpilogueTensor{&out_map, out, out_stride},
                                         EpilogueTensor{&h_map, h_out, h_stride}, row0,
                                         rows_left >= kStagedRows * (consumer + 1), rows_valid,
@@ -203,18 +222,23 @@ struct Fp8Launch {
   int64_t h_stride, timeout_ns, rank;
 };
 
-template <int kAct, int kStages>
+template <int kAct, int kStages, int kTileCols = kFp8BlockN>
 void launch(const Fp8Launch& l, int ctas) {
   int* report = timeout_report_device(kReportGroupedGemm, l.rank, l.timeout_ns);
   const auto timeout = static_cast<uint64_t>(l.timeout_ns);
-  const size_t smem = fp8_smem_bytes<kStages>(l.num_experts);
-  if (ctas == 2) {
-    launch_persistent_clusters(fp8_grouped_gemm_kernel<kAct, kStages, 2>, smem, 2, l.a_map,
+  const size_t smem = fp8_smem_bytes<kStages, kTileCols>(l.num_experts);
+  if constexpr (kTileCols == kWideTileN) {
+    launch_persistent(fp8_grouped_gemm_kernel<kAct, kStages, 1, kWideTileN>, smem, l.a_map,
+                      l.a_scales_map, l.w_map, l.out_map, l.h_map, l.w, l.offsets,
+                      l.num_experts, l.m_group, l.n_out, l.k_dim, l.row_prob, l.out,
+                      l.out_stride, l.h_out, l.h_stride, timeout, report);
+  } else if (ctas == 2) {
+    launch_persistent_clusters(fp8_grouped_gemm_kernel<kAct, kStages, 2, kFp8BlockN>, smem, 2, l.a_map,
                                l.a_scales_map, l.w_map, l.out_map, l.h_map, l.w, l.offsets,
                                l.num_experts, l.m_group, l.n_out, l.k_dim, l.row_prob, l.out,
                                l.out_stride, l.h_out, l.h_stride, timeout, report);
   } else {
-    launch_persistent(fp8_grouped_gemm_kernel<kAct, kStages, 1>, smem, l.a_map, l.a_scales_map,
+    launch_persistent(fp8_grouped_gemm_kernel<kAct, kStages, 1, kFp8BlockN>, smem, l.a_map, l.a_scales_map,
                       l.w_map, l.out_map, l.h_map, l.w, l.offsets, l.num_experts, l.m_group,
                       l.n_out, l.k_dim, l.row_prob, l.out, l.out_stride, l.h_out, l.h_stride,
                       timeout, report);
@@ -253,7 +277,7 @@ void fp8_grouped_gemm(const at::Tensor& a, const at::Tensor& a_scales, const at:
                       const c10::optional<at::Tensor>& row_prob, int64_t activation,
                       at::Tensor& out, const c10::optional<at::Tensor>& h_out,
                       int64_t timeout_ns, int64_t rank, int64_t stages, int64_t m_group,
-                      int64_t cluster_ctas) {
+                      int64_t cluster_ctas, int64_t block_n) {
   const char* what = "fp8_grouped_gemm";
   MOK_HOST_CHECK(a.is_cuda() && w.is_cuda() && offsets.is_cuda() && out.is_cuda() &&
                      a_scales.device() == a.device() && w_scales.device() == w.device(),
@@ -320,7 +344,16 @@ void fp8_grouped_gemm(const at::Tensor& a, const at::Tensor& a_scales, const at:
   MOK_HOST_CHECK(cluster_ctas == 1 || cluster_ctas == 2, what,
                  ": cluster_ctas must be 1 or 2 (CTA pairs sharing weight tiles), got ",
                  cluster_ctas);
-  const int64_t ring = ring_stages(stages, num_experts);  // checked before anything runs
+  MOK_HOST_CHECK(block_n == 0 || block_n == kFp8BlockN || block_n == kWideTileN, what,
+                 ": block_n must be 0 (", kFp8BlockN, "), ", kFp8BlockN, " or ", kWideTileN,
+                 ", got ", block_n);
+  const bool wide = block_n == kWideTileN;
+  MOK_HOST_CHECK(!wide || (activation == kPlain && cluster_ctas == 1 &&
+                           (stages == 0 || stages == kWideStages)),
+                 what, ": ", kWideTileN, "-column tiles take the plain epilogue, one CTA per "
+                 "tile and ", kWideStages, " stages (stages 0 or ", kWideStages, ")");
+  // checked before anything runs
+  const int64_t ring = wide ? kWideStages : ring_stages(stages, num_experts);
   if (rows == 0) return;
   c10::cuda::CUDAGuard guard(a.device());
 
@@ -333,7 +366,8 @@ void fp8_grouped_gemm(const at::Tensor& a, const at::Tensor& a_scales, const at:
                 ? sm90::fp8_expert_weight_half_map(w.data_ptr(), num_experts, n_rows, k_dim,
                                                    w.stride(0), w.stride(1), halves)
                 : sm90::fp8_expert_weight_map(w.data_ptr(), num_experts, n_rows, k_dim,
-                                              w.stride(0), w.stride(1), halves);
+                                              w.stride(0), w.stride(1), halves,
+                                              wide ? kWideTileN : kFp8BlockN);
   l.out_map = sm90::staged_rows_map(out.data_ptr(), out.size(0), n_out, 1, out.stride(0));
   l.h_map = h_out ? sm90::staged_rows_map(h_ptr, h_out->size(0), n_out, halves, h_stride)
                   : CUtensorMap{};
@@ -351,7 +385,9 @@ void fp8_grouped_gemm(const at::Tensor& a, const at::Tensor& a_scales, const at:
   l.timeout_ns = timeout_ns;
   l.rank = rank;
   l.m_group = static_cast<int>(m_group == 0 ? kFp8TileGroupMBlocks : m_group);
-  if (ring == 5) {
+  if (wide) {
+    launch<kPlain, kWideStages, kWideTileN>(l, 1);
+  } else if (ring == 5) {
     launch_epilogue<5>(l, activation, static_cast<int>(cluster_ctas));
   } else {
     launch_epilogue<6>(l, activation, static_cast<int>(cluster_ctas));

@@ -24,6 +24,8 @@ MAX_LOCAL_EXPERTS = 1024  # kGemmMaxExperts: local experts one launch can schedu
 # The blockwise FP8 grouped GEMM's CTAs per cluster unless a call says otherwise: 2 = pairs
 # sharing weight tiles (csrc/gemm/fp8_grouped_gemm.cu; docs/perf-log.md, Blockwise FP8, 2026-12-05).
 FP8_CLUSTER_CTAS = 1
+# kWideTileN: the blockwise FP8 grouped GEMM's wide tiles for the plain epilogue (block_n).
+FP8_WIDE_BLOCK_N = 192
 
 
 class Stage(enum.IntEnum):
@@ -423,7 +425,7 @@ def fp8_grouped_gemm(a: torch.Tensor, a_scales: torch.Tensor, w: torch.Tensor,
                      activation: Optional[str] = None, row_prob: Optional[torch.Tensor] = None,
                      h_out: Optional[torch.Tensor] = None, timeout_ns: int = 10**10,
                      rank: int = 0, stages: int = 0, m_group: int = 0,
-                     cluster_ctas: int = FP8_CLUSTER_CTAS) -> None:
+                     cluster_ctas: int = FP8_CLUSTER_CTAS, block_n: int = 0) -> None:
     """The blockwise FP8 grouped GEMM (csrc/gemm/fp8_grouped_gemm.cu): ``grouped_gemm``'s
     contract with ``a`` and ``w`` as E4M3 codes and their E8M0 scales, 1 x 128 per row of a
     (``fp8_quantize_rows``) and 128 x 128 per block of w (``fp8_quantize_weight_blocks``).
@@ -431,9 +433,17 @@ def fp8_grouped_gemm(a: torch.Tensor, a_scales: torch.Tensor, w: torch.Tensor,
     ``stages``: the stage ring's depth, 4..6 (0: the deepest that fits beside the launch's
     expert tables); ``m_group``: m-blocks per group of the tile order (0: the config's
     kFp8TileGroupMBlocks); ``cluster_ctas``: 1, or 2 for clusters of two CTAs whose tiles
-    share a weight tile, read from L2 once per pair (TMA multicast). They change only when and
-    where tiles and stages run, never the bits; they are timed by scripts/bench_gemm.py. (MXFP8 GEMMs run on ``grouped_gemm`` with
-    ``w_scales``.)"""
+    share a weight tile, read from L2 once per pair (TMA multicast); ``block_n``: the tiles'
+    columns, 128 (0), or FP8_WIDE_BLOCK_N for the plain epilogue (no activation, one CTA per
+    tile, 4 stages: ``stages`` 0 or 4). They change only when and where tiles and stages run,
+    never the bits; they are timed by scripts/bench_gemm.py. (MXFP8 GEMMs run on
+    ``grouped_gemm`` with ``w_scales``.)"""
+    _check(block_n in (0, FP8_BLOCK, FP8_WIDE_BLOCK_N),
+           f"block_n must be 0, {FP8_BLOCK} or {FP8_WIDE_BLOCK_N}, got {block_n}")
+    _check(block_n != FP8_WIDE_BLOCK_N or (activation is None and cluster_ctas == 1
+                                           and stages in (0, 4)),
+           f"{FP8_WIDE_BLOCK_N}-column tiles take the plain epilogue (no activation), "
+           f"cluster_ctas 1 and stages 0 or 4")
     for name, t in (("a", a), ("w", w)):
         _check(t.is_cuda and t.dtype == torch.float8_e4m3fn,
                f"{name} must be float8_e4m3fn codes on the GPU, got {t.dtype} on {t.device}")
@@ -447,7 +457,7 @@ def fp8_grouped_gemm(a: torch.Tensor, a_scales: torch.Tensor, w: torch.Tensor,
     _cuda("offsets", offsets, torch.int32)
     act_id = _epilogue_id(activation, row_prob, rank)
     extension().fp8_grouped_gemm(a, a_scales, w, w_scales, offsets, row_prob, act_id, out,
-                                 h_out, timeout_ns, rank, stages, m_group, cluster_ctas)
+                                 h_out, timeout_ns, rank, stages, m_group, cluster_ctas, block_n)
 
 
 def mx_quantize_rows_transposed(w: torch.Tensor, codes: torch.Tensor,

@@ -267,3 +267,53 @@ def test_fp8_grouped_gemm_rejects_bad_input():
     s256 = torch.full((256, 2, 2), 127, dtype=torch.uint8, device="cuda")
     with pytest.raises(RuntimeError, match="do not fit"):
         ops.fp8_grouped_gemm(a_codes, a_scales, w256, s256, many, out, stages=6)
+
+
+# The plain epilogue's 192-column tiles (block_n): N not a multiple of 192 (a last tile of 128
+# or 64 columns), tiles starting inside a weight-scale block (n0 % 128 == 64), experts with 0
+# and with fewer than 128 rows.
+WIDE_CASES = CASES + [
+    ([300, 0, 129, 64, 1], 512, 512),    # two wide tiles and a 128-column one
+    ([5, 700, 0, 131], 1024, 1536),      # eight wide tiles: every other one starts mid-block
+    ([1000, 17], 384, 200),              # a wide tile and an 8-column one
+]
+
+
+@pytest.mark.parametrize("case", range(len(WIDE_CASES)))
+def test_fp8_grouped_gemm_wide_tiles_give_the_128_tiles_bits(case):
+    """block_n=192 (plain epilogue): bit for bit the 128-column tiles' output on every weight
+    block layout, whose 128-row blocks each get their own scale here (a wrong block choice at
+    a tile's second block changes the bits), whatever the tile order; poison rows untouched."""
+    counts, k, n = WIDE_CASES[case]
+    offsets, a, w, _ = grouped_case(counts, k, n, seed=100 + case)
+    w = (w.float() * torch.exp2(torch.arange(-(-n // 128), device="cuda").float() - 2)
+         .repeat_interleave(128)[:n].view(1, n, 1)).bfloat16()
+    rows = a.shape[0]
+    a_codes, a_scales = ops.fp8_quantize_rows(a)
+    w_codes, w_scales = ops.fp8_quantize_weight_blocks(w)
+    assert w_scales.unique().numel() > 1
+    outs = {}
+    for block_n, m_group in ((128, 0), (192, 0), (192, 0), (192, 1), (192, 1000)):
+        out = torch.full((rows + 5, n), float("nan"), device="cuda", dtype=torch.bfloat16)
+        ops.fp8_grouped_gemm(a_codes, a_scales, w_codes, w_scales, offsets, out,
+                             block_n=block_n, m_group=m_group)
+        outs.setdefault(block_n, []).append(out)
+    want = outs[128][0].view(torch.int16)
+    for out in outs[192]:
+        assert torch.equal(out.view(torch.int16), want)
+        assert out[rows:].isnan().all()
+
+
+def test_fp8_grouped_gemm_wide_tiles_refuse_what_they_do_not_run():
+    offsets, a, w, prob = grouped_case([100, 30], 256, 384, seed=3)
+    a_codes, a_scales = ops.fp8_quantize_rows(a)
+    w_codes, w_scales = ops.fp8_quantize_weight_blocks(w)
+    out = torch.empty(130, 192, device="cuda", dtype=torch.bfloat16)
+    wide = ops.FP8_WIDE_BLOCK_N
+    with pytest.raises(ValueError, match="block_n must be"):
+        ops.fp8_grouped_gemm(a_codes, a_scales, w_codes, w_scales, offsets, out, block_n=64)
+    for options in ({"activation": "swiglu", "row_prob": prob}, {"cluster_ctas": 2},
+                    {"stages": 5}):
+        with pytest.raises(ValueError, match="plain epilogue"):
+            ops.fp8_grouped_gemm(a_codes, a_scales, w_codes, w_scales, offsets, out,
+                                 block_n=wide, **options)

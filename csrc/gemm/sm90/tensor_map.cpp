@@ -125,11 +125,12 @@ CUtensorMap fp8_row_tile_map(const void* base, uint64_t rows, uint64_t k, uint64
 }
 
 CUtensorMap fp8_expert_weight_map(const void* base, uint64_t experts, uint64_t rows, uint64_t k,
-                                  uint64_t expert_stride, uint64_t row_stride, int halves) {
+                                  uint64_t expert_stride, uint64_t row_stride, int halves,
+                                  int tile_rows) {
   const uint64_t n = rows / halves;
   return encode_4d(CU_TENSOR_MAP_DATA_TYPE_UINT8, base, {k, n, uint64_t(halves), experts},
                    {row_stride, row_stride * n, expert_stride},
-                   {kFp8BlockK, uint32_t(kFp8BlockN / halves), 1, 1}, CU_TENSOR_MAP_SWIZZLE_128B);
+                   {kFp8BlockK, uint32_t(tile_rows / halves), 1, 1}, CU_TENSOR_MAP_SWIZZLE_128B);
 }
 
 CUtensorMap fp8_expert_weight_half_map(const void* base, uint64_t experts, uint64_t rows,

@@ -7,6 +7,8 @@
 #include <array>
 #include <cstdint>
 
+#include "config/kernel_config.cuh"
+
 namespace mok::sm90 {
 
 // A bf16 tensor of `dims` (innermost first) with byte `strides` for dims 1.. (dim 0 is
@@ -68,8 +70,11 @@ CUtensorMap expert_weight_scales_map(const void* base, uint64_t experts, uint64_
 // blocks_per_stage must be the stage ring's kScaleBlocks: the box is what the stage's
 // expected transaction bytes count (a larger box overruns the stage and its barriers).
 CUtensorMap fp8_row_tile_map(const void* base, uint64_t rows, uint64_t k, uint64_t row_stride);
+// tile_rows: the B tile's weight rows (kFp8BlockN, or the grouped GEMM's 192-column tiles),
+// a gated tile's halves one box each.
 CUtensorMap fp8_expert_weight_map(const void* base, uint64_t experts, uint64_t rows, uint64_t k,
-                                  uint64_t expert_stride, uint64_t row_stride, int halves);
+                                  uint64_t expert_stride, uint64_t row_stride, int halves,
+                                  int tile_rows = kFp8BlockN);
 // The same weights in boxes of 64 rows: a B tile as two boxes, one per CTA of a pair
 // (fp8_mainloop.cuh: produce_fp8_tile_pair).
 CUtensorMap fp8_expert_weight_half_map(const void* base, uint64_t experts, uint64_t rows,

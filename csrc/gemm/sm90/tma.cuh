@@ -115,6 +115,15 @@ __device__ __forceinline__ void mbar_wait(uint64_t* bar, uint32_t parity, uint64
                report);
 }
 
+// mbar_wait without a timeout, for a wait whose stall another role's bounded wait is certain
+// to report (the wide FP8 tiles' consumers: their producer waits bounded for every stage's
+// release, fp8_mainloop.cuh). A consumer path without a trap keeps the registers setmaxnreg
+// gives it; one with a trap is compiled to the launch's cap.
+__device__ __forceinline__ void mbar_wait_unbounded(uint64_t* bar, uint32_t parity) {
+  while (!mbar_try_wait(bar, parity)) {
+  }
+}
+
 // Until a counter another block of this GPU raises (release) reaches `target` (acquire).
 __device__ __forceinline__ void counter_wait(const uint32_t* counter, uint32_t target,
                                              uint64_t timeout_ns, int role, int tile, int stage,
