@@ -115,7 +115,9 @@ def render_summary(doc: dict) -> str:
     """One row per shape: alltoall's fwd+bwd ms; each other baseline and each recipe's default
     path as fwd+bwd speedup over alltoall (or why it did not run); the fastest mok row."""
     meta = doc["meta"]
-    baselines = [b for b in meta.get("baselines", {}) if not b.startswith("flex+deepep")]
+    # The baselines the suite ran (rows of paths that are not mok's), alltoall first.
+    baselines = [p for p in dict.fromkeys(r["path"] for r in doc["rows"])
+                 if p not in meta["paths"] and p != "alltoall"]
     defaults = meta["default_paths"]
     shapes: dict[tuple, dict[tuple[str, str], dict]] = {}
     for row in doc["rows"]:

@@ -74,6 +74,11 @@ constexpr int kFp8ScaleBlock = 128;  // 1 x 128 activation blocks, 128 x 128 wei
 constexpr int kFp8MinStages = 5;
 constexpr int kFp8MaxStages = 6;
 constexpr int kFp8TileGroupMBlocks = 8;
+// The grouped GEMM's wide tiles for the plain epilogue (ops.fp8_grouped_gemm block_n): m64n192
+// per consumer (96 accumulators and 96 partial sums), 4 stages of 40 KiB beside three staging
+// boxes per consumer - the deepest ring that fits with every expert count.
+constexpr int kFp8WideBlockN = 192;
+constexpr int kFp8WideStages = 4;
 // The forward megakernel under the blockwise recipe: 5 stages (160 KiB) do not fit beside the
 // megakernel's two 33 KiB staging buffers and its expert tables; 4 do (~211 KiB in all).
 constexpr int kFp8MegakernelStages = 4;

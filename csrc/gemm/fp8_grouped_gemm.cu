@@ -13,9 +13,9 @@
 // stages run, never the bits: the ring's depth (kStages), the tile order's m-block groups
 // (m_group), CTA pairs (kCtas = 2: clusters of two CTAs whose tiles are adjacent m-blocks of
 // one n-block share the weight tile's L2 reads by TMA multicast, as cuBLAS's blockwise kernel's
-// 2 x 1 clusters do) and, for the plain epilogue, 192-column tiles (kTileN: 1.5x the MMAs per
-// k-block over the same per-block promotion chain, 4 stages; a tile spans two weight-scale
-// blocks).
+// 2 x 1 clusters do) and, for the plain epilogue, 192-column tiles (kFp8WideBlockN: 1.5x the
+// MMAs per k-block over the same per-block promotion chain, 4 stages; a tile spans two
+// weight-scale blocks).
 #include <c10/cuda/CUDAGuard.h>
 #include <cuda_bf16.h>
 #include <torch/extension.h>
@@ -33,11 +33,6 @@ namespace mok {
 namespace {
 
 using namespace sm90;
-
-// The plain epilogue's wide tiles and their ring depth (the deepest that fits beside their
-// staging buffers with every expert count).
-constexpr int kWideTileN = 192;
-constexpr int kWideStages = 4;
 
 // Followed by the launch's expert tables, row_begin and mblock_begin [E + 1] each, sized at
 // launch (fp8_smem_bytes) so that the deepest ring fits at small expert counts. A consumer's
@@ -57,8 +52,9 @@ static_assert(fp8_smem_bytes<kFp8MinStages>(kGemmMaxExperts) <= kMaxDynamicSmemB
               "the shallowest ring fits with every expert count a launch takes");
 static_assert(fp8_smem_bytes<kFp8MaxStages>(32) <= kMaxDynamicSmemBytes,
               "the deepest ring fits at the expert counts of an EP group's ranks (up to 32)");
-static_assert(fp8_smem_bytes<kWideStages, kWideTileN>(kGemmMaxExperts) <= kMaxDynamicSmemBytes &&
-                  fp8_smem_bytes<kWideStages + 1, kWideTileN>(0) > kMaxDynamicSmemBytes,
+static_assert(fp8_smem_bytes<kFp8WideStages, kFp8WideBlockN>(kGemmMaxExperts) <=
+                      kMaxDynamicSmemBytes &&
+                  fp8_smem_bytes<kFp8WideStages + 1, kFp8WideBlockN>(0) > kMaxDynamicSmemBytes,
               "the wide tiles' ring is the deepest that fits, with every expert count");
 
 struct Fp8Weights {
@@ -106,7 +102,7 @@ __global__ void __launch_bounds__(kGemmThreads, 1)
                             __nv_bfloat16* __restrict__ h_out, int64_t h_stride,
                             uint64_t timeout_ns, int* report) {
   constexpr bool kGated = gated_epilogue<kAct>();
-  static_assert(kTileCols == kFp8BlockN || (kTileCols == kWideTileN && kAct == kPlain &&
+  static_assert(kTileCols == kFp8BlockN || (kTileCols == kFp8WideBlockN && kAct == kPlain &&
                                             kCtas == 1),
                 "wide tiles: the plain epilogue, one CTA per tile");
   constexpr int kTileN = tile_cols<kAct, kTileCols>();
@@ -157,7 +153,7 @@ __global__ void __launch_bounds__(kGemmThreads, 1)
     }
     // Pairs: no arrive of the peer's is in flight at exit. Wide tiles: their consumers wait
     // unbounded, so this bounded wait for every stage's release reports a stalled consumer.
-    if constexpr (kCtas == 2 || kTileCols == kWideTileN) {
+    if constexpr (kCtas == 2 || kTileCols == kFp8WideBlockN) {
       drain_fp8_ring(s.ring, it, timeout_ns, report);
     }
     return;
@@ -191,16 +187,14 @@ __global__ void __launch_bounds__(kGemmThreads, 1)
     float p[2];
     load_row_probs<kAct>(row_prob, row0, rows_valid, p);
     if (rows_valid == 0) {
-      pass_fp8_tile<decltype(s.ring), decltype(release), kTileCols == kFp8BlockN>(
-          s.ring, it, k_blocks, tile, leader, kStagingBarrier + consumer, timeout_ns, report,
-          release);
+      pass_fp8_tile(s.ring, it, k_blocks, tile, leader, kStagingBarrier + consumer, timeout_ns,
+                    report, release);
       continue;
     }
     const WeightBlockScales<kGated, kTileCols> ws(w.scales, tc.expert, w.row_blocks, k_blocks,
                                                   w.half_rows, tc.n_block * kTileN);
-    consume_fp8_tile<kGated, kTileCols>(s.ring, it, k_blocks, tile, consumer, leader, ws,
-                                        row_begin[tc.expert] + m_row0, acc, timeout_ns, report,
-                                        release);
+    consume_fp8_tile<kGated>(s.ring, it, k_blocks, tile, consumer, leader, ws,
+                             row_begin[tc.expert] + m_row0, acc, timeout_ns, report, release);
     store_rows_staged<kAct, kTileCols>(acc, s.staged[consumer],
                                         EpilogueTensor{&out_map, out, out_stride},
                                         EpilogueTensor{&h_map, h_out, h_stride}, row0,
@@ -227,8 +221,8 @@ void launch(const Fp8Launch& l, int ctas) {
   int* report = timeout_report_device(kReportGroupedGemm, l.rank, l.timeout_ns);
   const auto timeout = static_cast<uint64_t>(l.timeout_ns);
   const size_t smem = fp8_smem_bytes<kStages, kTileCols>(l.num_experts);
-  if constexpr (kTileCols == kWideTileN) {
-    launch_persistent(fp8_grouped_gemm_kernel<kAct, kStages, 1, kWideTileN>, smem, l.a_map,
+  if constexpr (kTileCols == kFp8WideBlockN) {
+    launch_persistent(fp8_grouped_gemm_kernel<kAct, kStages, 1, kFp8WideBlockN>, smem, l.a_map,
                       l.a_scales_map, l.w_map, l.out_map, l.h_map, l.w, l.offsets,
                       l.num_experts, l.m_group, l.n_out, l.k_dim, l.row_prob, l.out,
                       l.out_stride, l.h_out, l.h_stride, timeout, report);
@@ -344,16 +338,16 @@ void fp8_grouped_gemm(const at::Tensor& a, const at::Tensor& a_scales, const at:
   MOK_HOST_CHECK(cluster_ctas == 1 || cluster_ctas == 2, what,
                  ": cluster_ctas must be 1 or 2 (CTA pairs sharing weight tiles), got ",
                  cluster_ctas);
-  MOK_HOST_CHECK(block_n == 0 || block_n == kFp8BlockN || block_n == kWideTileN, what,
-                 ": block_n must be 0 (", kFp8BlockN, "), ", kFp8BlockN, " or ", kWideTileN,
+  MOK_HOST_CHECK(block_n == 0 || block_n == kFp8BlockN || block_n == kFp8WideBlockN, what,
+                 ": block_n must be 0 (", kFp8BlockN, "), ", kFp8BlockN, " or ", kFp8WideBlockN,
                  ", got ", block_n);
-  const bool wide = block_n == kWideTileN;
+  const bool wide = block_n == kFp8WideBlockN;
   MOK_HOST_CHECK(!wide || (activation == kPlain && cluster_ctas == 1 &&
-                           (stages == 0 || stages == kWideStages)),
-                 what, ": ", kWideTileN, "-column tiles take the plain epilogue, one CTA per "
-                 "tile and ", kWideStages, " stages (stages 0 or ", kWideStages, ")");
+                           (stages == 0 || stages == kFp8WideStages)),
+                 what, ": ", kFp8WideBlockN, "-column tiles take the plain epilogue, one CTA "
+                 "per tile and ", kFp8WideStages, " stages (stages 0 or ", kFp8WideStages, ")");
   // checked before anything runs
-  const int64_t ring = wide ? kWideStages : ring_stages(stages, num_experts);
+  const int64_t ring = wide ? kFp8WideStages : ring_stages(stages, num_experts);
   if (rows == 0) return;
   c10::cuda::CUDAGuard guard(a.device());
 
@@ -367,7 +361,7 @@ void fp8_grouped_gemm(const at::Tensor& a, const at::Tensor& a_scales, const at:
                                                    w.stride(0), w.stride(1), halves)
                 : sm90::fp8_expert_weight_map(w.data_ptr(), num_experts, n_rows, k_dim,
                                               w.stride(0), w.stride(1), halves,
-                                              wide ? kWideTileN : kFp8BlockN);
+                                              wide ? kFp8WideBlockN : kFp8BlockN);
   l.out_map = sm90::staged_rows_map(out.data_ptr(), out.size(0), n_out, 1, out.stride(0));
   l.h_map = h_out ? sm90::staged_rows_map(h_ptr, h_out->size(0), n_out, halves, h_stride)
                   : CUtensorMap{};
@@ -386,7 +380,7 @@ void fp8_grouped_gemm(const at::Tensor& a, const at::Tensor& a_scales, const at:
   l.rank = rank;
   l.m_group = static_cast<int>(m_group == 0 ? kFp8TileGroupMBlocks : m_group);
   if (wide) {
-    launch<kPlain, kWideStages, kWideTileN>(l, 1);
+    launch<kPlain, kFp8WideStages, kFp8WideBlockN>(l, 1);
   } else if (ring == 5) {
     launch_epilogue<5>(l, activation, static_cast<int>(cluster_ctas));
   } else {

@@ -24,7 +24,7 @@ MAX_LOCAL_EXPERTS = 1024  # kGemmMaxExperts: local experts one launch can schedu
 # The blockwise FP8 grouped GEMM's CTAs per cluster unless a call says otherwise: 2 = pairs
 # sharing weight tiles (csrc/gemm/fp8_grouped_gemm.cu; docs/perf-log.md, Blockwise FP8, 2026-12-05).
 FP8_CLUSTER_CTAS = 1
-# kWideTileN: the blockwise FP8 grouped GEMM's wide tiles for the plain epilogue (block_n).
+# kFp8WideBlockN: the blockwise FP8 grouped GEMM's wide tiles for the plain epilogue (block_n).
 FP8_WIDE_BLOCK_N = 192
 
 
@@ -430,20 +430,14 @@ def fp8_grouped_gemm(a: torch.Tensor, a_scales: torch.Tensor, w: torch.Tensor,
     contract with ``a`` and ``w`` as E4M3 codes and their E8M0 scales, 1 x 128 per row of a
     (``fp8_quantize_rows``) and 128 x 128 per block of w (``fp8_quantize_weight_blocks``).
     The products of the dequantized values are summed in fp32, promoted once per 128 of K.
-    ``stages``: the stage ring's depth, 4..6 (0: the deepest that fits beside the launch's
+    ``stages``: the stage ring's depth, 5 or 6 (0: the deepest that fits beside the launch's
     expert tables); ``m_group``: m-blocks per group of the tile order (0: the config's
     kFp8TileGroupMBlocks); ``cluster_ctas``: 1, or 2 for clusters of two CTAs whose tiles
     share a weight tile, read from L2 once per pair (TMA multicast); ``block_n``: the tiles'
     columns, 128 (0), or FP8_WIDE_BLOCK_N for the plain epilogue (no activation, one CTA per
-    tile, 4 stages: ``stages`` 0 or 4). They change only when and where tiles and stages run,
-    never the bits; they are timed by scripts/bench_gemm.py. (MXFP8 GEMMs run on
-    ``grouped_gemm`` with ``w_scales``.)"""
-    _check(block_n in (0, FP8_BLOCK, FP8_WIDE_BLOCK_N),
-           f"block_n must be 0, {FP8_BLOCK} or {FP8_WIDE_BLOCK_N}, got {block_n}")
-    _check(block_n != FP8_WIDE_BLOCK_N or (activation is None and cluster_ctas == 1
-                                           and stages in (0, 4)),
-           f"{FP8_WIDE_BLOCK_N}-column tiles take the plain epilogue (no activation), "
-           f"cluster_ctas 1 and stages 0 or 4")
+    tile, 4 stages: ``stages`` 0 or 4); the launcher checks them. They change only when and
+    where tiles and stages run, never the bits; they are timed by scripts/bench_gemm.py.
+    (MXFP8 GEMMs run on ``grouped_gemm`` with ``w_scales``.)"""
     for name, t in (("a", a), ("w", w)):
         _check(t.is_cuda and t.dtype == torch.float8_e4m3fn,
                f"{name} must be float8_e4m3fn codes on the GPU, got {t.dtype} on {t.device}")

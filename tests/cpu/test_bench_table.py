@@ -130,8 +130,7 @@ def test_command_line(tmp_path, capsys):
 
 def test_summary_one_row_per_shape():
     d = doc()
-    d["meta"].update(baselines={"flex+hybridep": "not installed"},
-                     default_paths={"bf16": "separate", "mxfp8": "megakernels",
+    d["meta"].update(default_paths={"bf16": "separate", "mxfp8": "megakernels",
                                     "fp8_blockwise": "fwd_megakernel"},
                      paths=["separate", "fwd_megakernel", "bwd_megakernel", "megakernels"])
     rows = table_rows(bench_table.render_summary(d))

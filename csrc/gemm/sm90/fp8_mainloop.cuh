@@ -38,9 +38,11 @@ static_assert(kFp8BlockK == 128, "a stage's rows are one 128-byte swizzle row of
 
 // kStages: the grouped GEMM takes the deepest ring that fits beside its staging and expert
 // tables (gemm/fp8_grouped_gemm.cu); the forward megakernel fits fewer (megakernel/moe_forward.cu).
-// kTileN: the B tile's weight rows - kFp8BlockN, or 192 for the grouped GEMM's plain tiles.
-template <class Scales, int kStages, int kTileN = kFp8BlockN>
+// kTileN: the B tile's weight rows - kFp8BlockN, or kFp8WideBlockN for the grouped GEMM's
+// plain tiles; the consumers take their tile width from it.
+template <class Scales, int kStages, int kTileN_ = kFp8BlockN>
 struct Fp8StageRing {
+  static constexpr int kTileN = kTileN_;
   static constexpr int kStageCount = kStages;
   static constexpr int kScaleBlocks = kFp8BlockK / Scales::kScaleK;  // per stage
   static constexpr int kRowScaleBytes = kFp8RowScaleBox * kScaleBlocks;
@@ -66,6 +68,7 @@ struct StageBytes {
 };
 
 struct Fp8RingOverStages {
+  static constexpr int kTileN = kFp8BlockN;
   static constexpr int kStageCount = kGemmStages;
   static constexpr int kScaleBlocks = kFp8BlockK / kFp8ScaleBlock;
   static constexpr uint32_t kTxBytes =
@@ -217,11 +220,11 @@ __device__ __forceinline__ StageDescs stage_descs(Ring& ring, int stage, int con
 // committed and not waited for.
 template <int kRegs>
 __device__ __forceinline__ void issue_stage_mmas(StageDescs d, float (&partial)[kRegs]) {
-  static_assert(kRegs == 64 || kRegs == 96, "128- or 192-column tiles");
+  static_assert(kRegs == kFp8BlockN / 2 || kRegs == kFp8WideBlockN / 2, "128 or 192 columns");
   wgmma_fence();
 #pragma unroll
   for (int k = 0; k < kFp8BlockK / 32; ++k) {
-    if constexpr (kRegs == 64) {
+    if constexpr (kRegs == kFp8BlockN / 2) {
       wgmma_m64n128k32_e4m3(partial, k_major_sw128_desc(d.a + 2 * k),
                             k_major_sw128_desc(d.b + 2 * k), k > 0);
     } else {
@@ -236,11 +239,11 @@ __device__ __forceinline__ void issue_stage_mmas(StageDescs d, float (&partial)[
 // wide tiles, unbounded - their producer's bounded waits for the stages' release (and its
 // drain after the last tile) report any stall the consumer would wait in, and a consumer path
 // without a trap keeps the registers setmaxnreg gives it.
-template <bool kBounded>
+template <class Ring>
 __device__ __forceinline__ void wait_stage_full(uint64_t* full, uint32_t parity,
                                                 uint64_t timeout_ns, int tile, int stage,
                                                 int* report) {
-  if constexpr (kBounded) {
+  if constexpr (Ring::kTileN == kFp8BlockN) {
     mbar_wait(full, parity, timeout_ns, kWaitMma, tile, stage, report);
   } else {
     mbar_wait_unbounded(full, parity);
@@ -248,15 +251,15 @@ __device__ __forceinline__ void wait_stage_full(uint64_t* full, uint32_t parity,
 }
 
 // A consumer warpgroup with none of its rows in the tile releases each stage (pass_tile).
-template <class Ring, class Release = LocalRelease, bool kBounded = true>
+template <class Ring, class Release = LocalRelease>
 __device__ __forceinline__ void pass_fp8_tile(Ring& ring, int& it, int k_blocks, int tile,
                                               bool leader, int barrier_id, uint64_t timeout_ns,
                                               int* report, const Release& release = Release{}) {
   if (leader) {
     for (int kb = 0; kb < k_blocks; ++kb) {
       const int stage = (it + kb) % Ring::kStageCount;
-      wait_stage_full<kBounded>(&ring.full[stage], ((it + kb) / Ring::kStageCount) & 1,
-                                timeout_ns, tile, stage, report);
+      wait_stage_full<Ring>(&ring.full[stage], ((it + kb) / Ring::kStageCount) & 1, timeout_ns,
+                            tile, stage, report);
       release(&ring.empty[stage]);
     }
   }
@@ -266,14 +269,14 @@ __device__ __forceinline__ void pass_fp8_tile(Ring& ring, int& it, int k_blocks,
 
 // The weight-block scales one consumer thread applies (blockwise): for every k-block, the
 // E8M0 codes of the block holding the tile's first kFp8BlockN / halves rows of each half
-// (w_scales [E, ceil(rows / 128), k_blocks], rows = halves x the half's rows). A 192-row
-// plain tile (n0 a multiple of 192, so of 64) spans two blocks: half0 is the one its first
+// (w_scales [E, ceil(rows / 128), k_blocks], rows = halves x the half's rows). A wide
+// (kFp8WideBlockN-row) plain tile (n0 a multiple of 192, so of 64) spans two blocks: half0 is the one its first
 // rows are in, half1 the next (the last block again past the weight's rows), and `wide_first`
 // says the first block holds 128 of its rows (n0 % 128 == 0), else 64.
 template <bool kGatedWeights, int kTileN = kFp8BlockN>
 struct WeightBlockScales {
-  static_assert(kTileN == kFp8BlockN || (kTileN == 192 && !kGatedWeights),
-                "192-row tiles are plain");
+  static_assert(kTileN == kFp8BlockN || (kTileN == kFp8WideBlockN && !kGatedWeights),
+                "wide tiles are plain");
   const uint8_t* half0;
   const uint8_t* half1;
   bool wide_first;
@@ -283,7 +286,7 @@ struct WeightBlockScales {
     const uint8_t* e = w_scales + int64_t(expert) * row_blocks * k_blocks;
     const int first = n0 / kFp8ScaleBlock;
     half0 = e + first * k_blocks;
-    if constexpr (kTileN == 192) {
+    if constexpr (kTileN == kFp8WideBlockN) {
       half1 = e + min(first + 1, row_blocks - 1) * k_blocks;
     } else {
       half1 = kGatedWeights ? e + ((half_rows + n0) / kFp8ScaleBlock) * k_blocks : half0;
@@ -299,24 +302,25 @@ __device__ __forceinline__ int row_scale_index(int tile_row0, int consumer) {
          (t % 32) / 4;
 }
 
-// acc += scale x partial, chunk j of the fragment (8 columns) scaled by s[i][half of j]: one
-// FFMA per accumulator. (A first block written as partial x scale instead made ptxas issue a
-// predicated FMUL beside every FFMA, twice the promotion's instructions.) A 192-column tile's
-// chunks 0-7 are in its first weight block, 16-23 in the second, 8-15 in the first where it
-// is the wide one (wide_first): one select per row per k-block, not per accumulator.
+// acc += scale x partial, chunk j of the fragment (8 columns) scaled by its weight block's
+// s[i][...]: one FFMA per accumulator. (A first block written as partial x scale instead made
+// ptxas issue a predicated FMUL beside every FFMA, twice the promotion's instructions.) Chunks
+// 0-7 are in the first block and 16-23 in the second; 8-15 in the second on a 128-column tile
+// (a gated tile's up half), on a wide one in the block it holds 128 rows of (wide_first): one
+// select per row and k-block, not per accumulator.
 template <int kRegs>
 __device__ __forceinline__ void promote_block_scaled(float (&acc)[kRegs],
                                                      const float (&partial)[kRegs],
                                                      const float (&s)[2][2], bool wide_first) {
+  constexpr bool kWide = kRegs == kFp8WideBlockN / 2;
   float mid[2];
 #pragma unroll
-  for (int i = 0; i < 2; ++i) mid[i] = wide_first ? s[i][0] : s[i][1];
+  for (int i = 0; i < 2; ++i) mid[i] = kWide && wide_first ? s[i][0] : s[i][1];
 #pragma unroll
   for (int j = 0; j < kRegs / 4; ++j) {
 #pragma unroll
     for (int i = 0; i < 2; ++i) {
-      const float scale = kRegs == 64 ? s[i][j < 8 ? 0 : 1]
-                                      : (j < 8 ? s[i][0] : j < 16 ? mid[i] : s[i][1]);
+      const float scale = j < 8 ? s[i][0] : j < 16 ? mid[i] : s[i][1];
 #pragma unroll
       for (int c = 0; c < 2; ++c) {
         const int x = 4 * j + 2 * i + c;
@@ -353,21 +357,21 @@ __device__ __forceinline__ void stage_scales(const Ring& ring, int stage, int r,
 // for the probe.
 // `partial` holds the MMAs' fresh sums of a block; a caller whose other tiles' accumulators
 // stay live (the backward megakernel's BF16 n256 tiles) lends their registers for it.
-// kTileN: 128, or 192 (the grouped GEMM's plain tiles; the ring's B tiles as wide).
-template <bool kGatedWeights, int kTileN = kFp8BlockN, class Ring, class Release = LocalRelease>
+// The tile is as wide as the ring's B tiles (Ring::kTileN: 128, or the grouped GEMM's wide
+// plain tiles).
+template <bool kGatedWeights, class Ring, class Release = LocalRelease>
 __device__ __forceinline__ void consume_fp8_tile(
     Ring& ring, int& it, int k_blocks, int tile, int consumer, bool leader,
-    const WeightBlockScales<kGatedWeights, kTileN>& ws, int tile_row0, float (&acc)[kTileN / 2],
-    float (&partial)[kTileN / 2], uint64_t timeout_ns, int* report,
-    const Release& release = Release{}) {
+    const WeightBlockScales<kGatedWeights, Ring::kTileN>& ws, int tile_row0,
+    float (&acc)[Ring::kTileN / 2], float (&partial)[Ring::kTileN / 2], uint64_t timeout_ns,
+    int* report, const Release& release = Release{}) {
   const int r = row_scale_index(tile_row0, consumer);
 #pragma unroll
-  for (int x = 0; x < kTileN / 2; ++x) acc[x] = 0.f;
+  for (int x = 0; x < Ring::kTileN / 2; ++x) acc[x] = 0.f;
   int stage = it % Ring::kStageCount;
   uint32_t phase = (it / Ring::kStageCount) & 1;
-  constexpr bool kBounded = kTileN == kFp8BlockN;
   uint8_t w_codes[2] = {__ldg(ws.half0), __ldg(ws.half1)};
-  wait_stage_full<kBounded>(&ring.full[stage], phase, timeout_ns, tile, stage, report);
+  wait_stage_full<Ring>(&ring.full[stage], phase, timeout_ns, tile, stage, report);
   const int last = k_blocks - 1;
   for (int kb = 0; kb < k_blocks; ++kb) {
     issue_stage_mmas(stage_descs(ring, stage, consumer), partial);
@@ -383,7 +387,7 @@ __device__ __forceinline__ void consume_fp8_tile(
     if (leader) release(&ring.empty[stage]);
     promote_block_scaled(acc, partial, s, ws.wide_first);
     if (!next_ready) {
-      wait_stage_full<kBounded>(&ring.full[next], next_phase, timeout_ns, tile, next, report);
+      wait_stage_full<Ring>(&ring.full[next], next_phase, timeout_ns, tile, next, report);
     }
     stage = next;
     phase = next_phase;
@@ -391,14 +395,15 @@ __device__ __forceinline__ void consume_fp8_tile(
   it += k_blocks;
 }
 
-template <bool kGatedWeights, int kTileN = kFp8BlockN, class Ring, class Release = LocalRelease>
+template <bool kGatedWeights, class Ring, class Release = LocalRelease>
 __device__ __forceinline__ void consume_fp8_tile(
     Ring& ring, int& it, int k_blocks, int tile, int consumer, bool leader,
-    const WeightBlockScales<kGatedWeights, kTileN>& ws, int tile_row0, float (&acc)[kTileN / 2],
-    uint64_t timeout_ns, int* report, const Release& release = Release{}) {
-  float partial[kTileN / 2];
-  consume_fp8_tile<kGatedWeights, kTileN>(ring, it, k_blocks, tile, consumer, leader, ws,
-                                          tile_row0, acc, partial, timeout_ns, report, release);
+    const WeightBlockScales<kGatedWeights, Ring::kTileN>& ws, int tile_row0,
+    float (&acc)[Ring::kTileN / 2], uint64_t timeout_ns, int* report,
+    const Release& release = Release{}) {
+  float partial[Ring::kTileN / 2];
+  consume_fp8_tile<kGatedWeights>(ring, it, k_blocks, tile, consumer, leader, ws, tile_row0, acc,
+                                  partial, timeout_ns, report, release);
 }
 
 }  // namespace mok::sm90

@@ -70,7 +70,7 @@ CUtensorMap expert_weight_scales_map(const void* base, uint64_t experts, uint64_
 // blocks_per_stage must be the stage ring's kScaleBlocks: the box is what the stage's
 // expected transaction bytes count (a larger box overruns the stage and its barriers).
 CUtensorMap fp8_row_tile_map(const void* base, uint64_t rows, uint64_t k, uint64_t row_stride);
-// tile_rows: the B tile's weight rows (kFp8BlockN, or the grouped GEMM's 192-column tiles),
+// tile_rows: the B tile's weight rows (kFp8BlockN, or kFp8WideBlockN for the wide tiles),
 // a gated tile's halves one box each.
 CUtensorMap fp8_expert_weight_map(const void* base, uint64_t experts, uint64_t rows, uint64_t k,
                                   uint64_t expert_stride, uint64_t row_stride, int halves,

@@ -122,13 +122,18 @@ __device__ __forceinline__ void write_staged(uint8_t* buf, int t, Value value) {
   }
 }
 
-// write_staged of accumulators acc[first ..] rounded to bf16 pairs (the fragment's order).
+// The accumulators acc[first ..] as write_staged's values: bf16 pairs in the fragment's order.
+template <int kRegs>
+__device__ __forceinline__ auto rounded_pairs(const float (&acc)[kRegs], int first = 0) {
+  return [&acc, first](int j, int i) {
+    return __floats2bfloat162_rn(acc[first + 4 * j + 2 * i], acc[first + 4 * j + 2 * i + 1]);
+  };
+}
+
 template <int kCols, int kRegs>
 __device__ __forceinline__ void write_staged_rounded(uint8_t* buf, int t,
                                                      const float (&acc)[kRegs], int first = 0) {
-  write_staged<kCols>(buf, t, [&](int j, int i) {
-    return __floats2bfloat162_rn(acc[first + 4 * j + 2 * i], acc[first + 4 * j + 2 * i + 1]);
-  });
+  write_staged<kCols>(buf, t, rounded_pairs(acc, first));
 }
 
 // One thread: the staged boxes (write_staged) of a whole 64-row block into half `half` of
@@ -219,16 +224,10 @@ __device__ __forceinline__ void store_rows_staged(const float (&d)[kRegs], uint8
   if constexpr (kAct != kPlain) {
     if (h.base != nullptr) {
       store_round<kCols>(buf, h, 0, row0, full, rows_valid, col0, n_out, consumer, leader,
-                         [&](int j, int i) {
-                           return __floats2bfloat162_rn(d[4 * j + 2 * i], d[4 * j + 2 * i + 1]);
-                         });
+                         rounded_pairs(d));
       if constexpr (gated_epilogue<kAct>()) {
-        constexpr int kUp = 4 * (kCols / 8);
         store_round<kCols>(buf, h, 1, row0, full, rows_valid, col0, n_out, consumer, leader,
-                           [&](int j, int i) {
-                             return __floats2bfloat162_rn(d[kUp + 4 * j + 2 * i],
-                                                          d[kUp + 4 * j + 2 * i + 1]);
-                           });
+                           rounded_pairs(d, 4 * (kCols / 8)));
       }
     }
   }

@@ -117,8 +117,8 @@ __device__ __forceinline__ void mbar_wait(uint64_t* bar, uint32_t parity, uint64
 
 // mbar_wait without a timeout, for a wait whose stall another role's bounded wait is certain
 // to report (the wide FP8 tiles' consumers: their producer waits bounded for every stage's
-// release, fp8_mainloop.cuh). A consumer path without a trap keeps the registers setmaxnreg
-// gives it; one with a trap is compiled to the launch's cap.
+// release, fp8_mainloop.cuh): without the trap in their path they keep the registers
+// setmaxnreg gives them (with bounded waits ptxas spilled 560 bytes there, without 16).
 __device__ __forceinline__ void mbar_wait_unbounded(uint64_t* bar, uint32_t parity) {
   while (!mbar_try_wait(bar, parity)) {
   }
