@@ -1,11 +1,16 @@
 """Where a MoE layer's backward spends its GPU time at EP=1: per kernel (torch.profiler), for
 the separate backward and the backward megakernel at several numbers of dY-pulling blocks
 (kernel.comm_sms_backward), on one model shape; under an FP8 recipe (--precision) the
-separate kernels only (the megakernels run BF16). Forward runs outside the profile.
+separate kernels only (the megakernels run BF16). Forward runs outside the profile. The
+separate backward runs after each forward of --forward-kernel: after the forward megakernel
+it recomputes FC1 on our tile engine (the megakernel's bits), after the separate forward on
+torch's grouped GEMM, so the two tables show what that recompute costs.
 
     python benchmarks/diagnostics/profile_backward.py --model qwen3_30b_a3b_like --variant full --tokens 4096 \
         --comm-sms-backward 4 8 16 32
     python benchmarks/diagnostics/profile_backward.py --model deepseek_v3_like --variant ep64 --precision fp8_blockwise
+    python benchmarks/diagnostics/profile_backward.py --model mixtral_8x7b_like --variant full \
+        --forward-kernel megakernel separate --comm-sms-backward
 """
 
 from __future__ import annotations
@@ -105,7 +110,11 @@ def main():
     p.add_argument("--model", default="qwen3_30b_a3b_like")
     p.add_argument("--variant", default="full", choices=["full", "ep64"])
     p.add_argument("--tokens", type=int, default=4096)
-    p.add_argument("--comm-sms-backward", type=int, nargs="+", default=[16])
+    p.add_argument("--comm-sms-backward", type=int, nargs="*", default=[16],
+                   help="the backward megakernel's pulling blocks, one run each (none: no run)")
+    p.add_argument("--forward-kernel", nargs="+", default=["megakernel"],
+                   choices=["megakernel", "separate"],
+                   help="BF16: the forwards the separate backward runs after")
     p.add_argument("--precision", default="bf16", choices=["bf16", "mxfp8", "fp8_blockwise"])
     p.add_argument("--iters", type=int, default=5)
     p.add_argument("--out", type=Path, default=None)
@@ -113,14 +122,16 @@ def main():
     spec, inputs, dy = variant_problem(args)
     runs = {}
     bf16 = args.precision == "bf16"
-    settings = [("separate", {})] + [
+    forwards = args.forward_kernel if bf16 else ["separate"]
+    settings = [(f"separate after the {f} forward" if len(forwards) > 1 else "separate",
+                 {"forward_kernel": f}) for f in forwards] + [
         (f"megakernel comm_sms_backward={c}",
-         {"backward_kernel": "megakernel", "comm_sms_backward": c})
+         {"forward_kernel": "megakernel", "backward_kernel": "megakernel",
+          "comm_sms_backward": c})
         for c in (args.comm_sms_backward if bf16 else [])]
     for name, knobs in settings:
         recipe = Recipe(name="profile", precision=args.precision, backend="cuda",
                         kernel=KernelKnobs(max_tokens_per_rank=args.tokens,
-                                           forward_kernel="megakernel" if bf16 else "separate",
                                            comm_sms_forward=12, **knobs))
         runs[name] = backward_kernels(inputs, dy, recipe, args.iters)
         r = runs[name]
