@@ -5,7 +5,9 @@
 #   PYTHON=/path/to/python benchmarks/probes/cutlass_fp8_grouped/build.sh
 set -euo pipefail
 ROOT=$(cd "$(dirname "$0")/../../.." && pwd)
-PY=${PYTHON:-python3}
+# As a path that still holds after the cd below (PYTHON may be relative, e.g. .venv/bin/python).
+PY=$(command -v "${PYTHON:-python3}")
+PY=$(cd "$(dirname "$PY")" && pwd)/$(basename "$PY")
 DEST=${DEST:-$ROOT/.carry/cutlass_fp8_grouped}
 WORK=$ROOT/build/cutlass_fp8_grouped
 CUTLASS_VERSION=4.2.0
