@@ -126,10 +126,12 @@ void fp8_grouped_gemm(const at::Tensor& a, const at::Tensor& a_scales, const at:
 // with row_prob folded in; h_out (optional) receives the bf16 pre-activation. rank: the EP
 // rank launching it, which names its timeout report (gemm/timeout_report.h). With w_scales,
 // W holds MXFP8 codes (float8_e4m3fn) and w_scales their E8M0 scales [E, N, ceil(K / 32)].
+// m_group: m-blocks per group of the tile order (0: kEngineTileGroupMBlocks; the same bits).
 void grouped_gemm(const at::Tensor& a, const at::Tensor& w, const at::Tensor& offsets,
                   const c10::optional<at::Tensor>& row_prob, int64_t activation, at::Tensor& out,
                   const c10::optional<at::Tensor>& h_out,
-                  const c10::optional<at::Tensor>& w_scales, int64_t timeout_ns, int64_t rank);
+                  const c10::optional<at::Tensor>& w_scales, int64_t timeout_ns, int64_t rank,
+                  int64_t m_group);
 
 // schedule/routing_map_check.cu: a routing map [T, E] (bool) with more than topk experts
 // selected for a token stops with a report naming the token (no host sync). rank: named by

@@ -106,15 +106,29 @@ def run_case(model, local: int, tokens: int, iters: int, warmup: int, seed: int,
     def fc2_torch():
         return torch._grouped_mm(act_torch, w2.transpose(1, 2), offs=offsets[1:])
 
+    # FC1 as backward recomputes it after the forward megakernel (h alone, plain epilogue),
+    # in the engine's tile order and in the plain one (m_group=1), next to torch's.
+    h_plain = {m: torch.full_like(h_ours, float("nan")) for m in (0, 1)}
+
+    def fc1_plain_ours(m_group: int):
+        ops.grouped_gemm(x, w1, offsets, h_plain[m_group], m_group=m_group)
+
     fc1_ours()
     h_torch = fc1_torch()
     fc2_ours()
     y_torch = fc2_torch()
+    for m_group in h_plain:
+        fc1_plain_ours(m_group)
+    if not all(torch.equal(h[:rows], h_ours[:rows]) for h in h_plain.values()):
+        raise RuntimeError("the plain FC1's h differs from the activation epilogue's")
     errors = {"h": rel_l2(h_ours, h_torch), "act": rel_l2(act_ours, act_torch),
               "fc2": rel_l2(y_ours, y_torch)}
     check_agreement(errors, "engine and torch")
     timed = [("fc1_ours", fc1_ours), ("fc1_torch", fc1_torch), ("fc2_ours", fc2_ours),
-             ("fc2_torch", fc2_torch)]
+             ("fc2_torch", fc2_torch), ("fc1_plain_ours", lambda: fc1_plain_ours(0)),
+             ("fc1_plain_ours_m1", lambda: fc1_plain_ours(1)),
+             ("fc1_plain_torch", lambda: torch._grouped_mm(x, w1.transpose(1, 2),
+                                                           offs=offsets[1:]))]
     if mxfp8:
         q1, q2 = quantize_weight(w1, halves=2), quantize_weight(w2)
         act_mx, h_mx, y_mx = (torch.empty_like(t) for t in (act_ours, h_ours, y_ours))
@@ -177,6 +191,8 @@ def run_case(model, local: int, tokens: int, iters: int, warmup: int, seed: int,
                    "fc2_torch": flops2 / t["fc2_torch"] / 1e9},
         "hbm_bytes": {"fc1": bytes1, "fc2": bytes2},
         "speedup": {"fc1": t["fc1_torch"] / t["fc1_ours"], "fc2": t["fc2_torch"] / t["fc2_ours"],
+                    "fc1_plain": t["fc1_plain_torch"] / t["fc1_plain_ours"],
+                    "fc1_plain_m1": t["fc1_plain_torch"] / t["fc1_plain_ours_m1"],
                     **({"fc1_mx_vs_torch": t["fc1_torch"] / t["fc1_mx"],
                         "fc2_mx_vs_torch": t["fc2_torch"] / t["fc2_mx"]} if mxfp8 else {})},
     }
@@ -545,6 +561,10 @@ def main(argv=None):
                       f" torch {r['ms']['fc2_torch']:7.3f} x{r['speedup']['fc2']:.2f} | "
                       f"err h {r['errors']['h']:.1e} act {r['errors']['act']:.1e} "
                       f"fc2 {r['errors']['fc2']:.1e}", flush=True)
+                m = r["ms"]
+                print(f"{'':31s} FC1 plain (h only) ours {m['fc1_plain_ours']:7.3f} ms, in the "
+                      f"plain tile order {m['fc1_plain_ours_m1']:7.3f}, torch "
+                      f"{m['fc1_plain_torch']:7.3f} x{r['speedup']['fc1_plain']:.2f}", flush=True)
                 if args.mxfp8:
                     m = r["ms"]
                     print(f"{'':31s} MXFP8 weights: FC1 {m['fc1_mx']:7.3f} ms "

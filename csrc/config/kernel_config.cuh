@@ -108,6 +108,12 @@ constexpr int kTileQueueDepth = 4;
 // tiles reading one weight slab run together (megakernel/macrobatch_ring.cuh). Larger groups
 // spread an m-block's tiles (its A rows' reuse) over more indices.
 constexpr int kTileGroupMBlocks = 4;
+// The standalone BF16 engine (gemm/grouped_gemm.cu): its tiles in groups of this many m-blocks
+// of an expert, n-block by n-block (sm90::group_order; an option of the call, m_group). In the
+// plain order (1) a layer with many n-blocks reads each weight slab once per m-block: at
+// Mixtral's FC1 (112 n-blocks, 8 m-blocks per expert) all of W1, 1.9 GB, eight times - more than
+// L2 can keep between them. With 8 a wave of 132 tiles reads each slab about once.
+constexpr int kEngineTileGroupMBlocks = 8;
 // Macrobatches one megakernel launch can walk (the backward megakernel keeps a table of them in
 // shared memory: megakernel/backward_tiles.cuh); a call whose ring would need more is refused
 // before anything runs (mok_megatron/cuda/symm_moe.py check_kernel_call, mirrored by

@@ -12,8 +12,10 @@
 // The epilogue (plain for FC2; activation x prob for FC1, with the bf16 pre-activation h for
 // backward when h_out is given) and its staged TMA store: gemm/sm90/tile_epilogue.cuh.
 //
-// Schedule: tiles are numbered expert-major (expert, m-block, n-block) from the device-side
-// offsets, so the host never learns the row counts; CTA b takes tiles b, b + grid, ...
+// Schedule: tiles are numbered expert-major from the device-side offsets, so the host never
+// learns the row counts, each expert's m-blocks in groups of m_group taken n-block by n-block
+// (sm90::decode_grouped_tile; kEngineTileGroupMBlocks unless the call says): the tiles that
+// read one weight slab run in the same wave. CTA b takes tiles b, b + grid, ...
 // Each output element is computed by exactly one tile in a fixed K order: deterministic.
 #include <c10/cuda/CUDAGuard.h>
 #include <cuda_bf16.h>
@@ -54,7 +56,7 @@ __global__ void __launch_bounds__(kGemmThreads, 1)
                         const int32_t* __restrict__ offsets, int num_experts, int n_out,
                         int k_dim, const float* __restrict__ row_prob,
                         __nv_bfloat16* __restrict__ out, int64_t out_stride,
-                        __nv_bfloat16* __restrict__ h_out, int64_t h_stride,
+                        __nv_bfloat16* __restrict__ h_out, int64_t h_stride, int m_group,
                         uint64_t timeout_ns, int* report) {
   constexpr bool kGated = gated_epilogue<kAct>();
   constexpr int kTileN = tile_cols<kAct>();
@@ -80,7 +82,8 @@ __global__ void __launch_bounds__(kGemmThreads, 1)
     prefetch_tensor_map(&w_map);
     int it = 0;
     for (int tile = blockIdx.x; tile < num_tiles; tile += gridDim.x) {
-      const TileCoord tc = decode_tile(s.mblock_begin, num_experts, n_blocks, tile);
+      const TileCoord tc =
+        decode_grouped_tile(s.mblock_begin, num_experts, n_blocks, tile, m_group);
       const int row0 = s.row_begin[tc.expert] + tc.m_block * kGemmBlockM;
       const int n0 = tc.n_block * kTileN;
       constexpr uint32_t kBytes = kMx ? kMxStageTxBytes : kStageBytes;
@@ -105,7 +108,8 @@ __global__ void __launch_bounds__(kGemmThreads, 1)
   const MxWeightStage<kGated> mx;
   int it = 0;
   for (int tile = blockIdx.x; tile < num_tiles; tile += gridDim.x) {
-    const TileCoord tc = decode_tile(s.mblock_begin, num_experts, n_blocks, tile);
+    const TileCoord tc =
+        decode_grouped_tile(s.mblock_begin, num_experts, n_blocks, tile, m_group);
     const int m_row0 = tc.m_block * kGemmBlockM;
     const int rows_left = s.row_begin[tc.expert + 1] - s.row_begin[tc.expert] - m_row0;
     const int rows_valid = max(0, min(kStagedRows, rows_left - kStagedRows * consumer));
@@ -143,12 +147,12 @@ void launch(const CUtensorMap& a_map, const CUtensorMap& w_map,
             const CUtensorMap* w_scales_map, const CUtensorMap& out_map,
             const CUtensorMap& h_map, const at::Tensor& offsets, int num_experts, int n_out,
             int k_dim, const float* row_prob, at::Tensor& out, __nv_bfloat16* h_out,
-            int64_t h_stride, int64_t timeout_ns, int64_t rank) {
+            int64_t h_stride, int m_group, int64_t timeout_ns, int64_t rank) {
   auto run = [&](auto kernel, const CUtensorMap& scales_map) {
     launch_persistent(kernel, kSharedBytes, a_map, w_map, scales_map, out_map, h_map,
                       offsets.data_ptr<int32_t>(), num_experts, n_out, k_dim, row_prob,
                       reinterpret_cast<__nv_bfloat16*>(out.data_ptr()), out.stride(0), h_out,
-                      h_stride, static_cast<uint64_t>(timeout_ns),
+                      h_stride, m_group, static_cast<uint64_t>(timeout_ns),
                       timeout_report_device(kReportGroupedGemm, rank, timeout_ns));
   };
   if (w_scales_map != nullptr) run(grouped_gemm_kernel<kAct, true>, *w_scales_map);
@@ -160,7 +164,8 @@ void launch(const CUtensorMap& a_map, const CUtensorMap& w_map,
 void grouped_gemm(const at::Tensor& a, const at::Tensor& w, const at::Tensor& offsets,
                   const c10::optional<at::Tensor>& row_prob, int64_t activation, at::Tensor& out,
                   const c10::optional<at::Tensor>& h_out,
-                  const c10::optional<at::Tensor>& w_scales, int64_t timeout_ns, int64_t rank) {
+                  const c10::optional<at::Tensor>& w_scales, int64_t timeout_ns, int64_t rank,
+                  int64_t m_group) {
   MOK_HOST_CHECK(a.is_cuda() && w.is_cuda() && offsets.is_cuda() && out.is_cuda(),
                  "grouped_gemm: all tensors must be on the GPU");
   const bool mx = w_scales.has_value();
@@ -210,6 +215,8 @@ void grouped_gemm(const at::Tensor& a, const at::Tensor& w, const at::Tensor& of
     h_ptr = reinterpret_cast<__nv_bfloat16*>(h_out->data_ptr());
     h_stride = h_out->stride(0);
   }
+  MOK_HOST_CHECK(m_group >= 0 && m_group <= 65536, "grouped_gemm: m_group must be 0 (the "
+                 "default, ", kEngineTileGroupMBlocks, ") or 1..65536 m-blocks, got ", m_group);
   if (a.size(0) == 0) return;
   c10::cuda::CUDAGuard guard(a.device());
 
@@ -234,14 +241,15 @@ void grouped_gemm(const at::Tensor& a, const at::Tensor& w, const at::Tensor& of
             : CUtensorMap{};
   const float* prob = activation == kPlain ? nullptr : row_prob->data_ptr<float>();
   const int e = static_cast<int>(num_experts), n = static_cast<int>(n_out),
-            k = static_cast<int>(k_dim);
+            k = static_cast<int>(k_dim),
+            group = m_group == 0 ? kEngineTileGroupMBlocks : static_cast<int>(m_group);
   if (activation == kPlain) {
     launch<kPlain>(a_map, w_map, mx ? &scales_map : nullptr, out_map, h_map, offsets, e, n, k,
-                   prob, out, h_ptr, h_stride, timeout_ns, rank);
+                   prob, out, h_ptr, h_stride, group, timeout_ns, rank);
   } else {
     MOK_DISPATCH_ACTIVATION(activation, KACT,
         launch<KACT>(a_map, w_map, mx ? &scales_map : nullptr, out_map, h_map, offsets, e, n,
-                     k, prob, out, h_ptr, h_stride, timeout_ns, rank));
+                     k, prob, out, h_ptr, h_stride, group, timeout_ns, rank));
   }
 }
 

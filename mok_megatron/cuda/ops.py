@@ -482,7 +482,7 @@ def gather_slot_values(values, ids, out):
 def grouped_gemm(a: torch.Tensor, w: torch.Tensor, offsets: torch.Tensor, out: torch.Tensor, *,
                  activation: Optional[str] = None, row_prob: Optional[torch.Tensor] = None,
                  h_out: Optional[torch.Tensor] = None, w_scales: Optional[torch.Tensor] = None,
-                 timeout_ns: int = 10**10, rank: int = 0) -> None:
+                 timeout_ns: int = 10**10, rank: int = 0, m_group: int = 0) -> None:
     """The sm90 grouped GEMM tile engine: ``out[rows of e] = epilogue(a[rows of e] @ w[e].T)``,
     expert ``e`` owning rows ``offsets[e]:offsets[e+1]`` (int32, on the device).
 
@@ -495,7 +495,11 @@ def grouped_gemm(a: torch.Tensor, w: torch.Tensor, offsets: torch.Tensor, out: t
     With ``w_scales`` (uint8 E8M0 ``[E, ceil(K / 32), halves, N / halves padded to 16]``,
     halves = 2 for a gated activation), ``w`` holds MXFP8 codes (float8_e4m3fn ``[E, N, K]``,
     rows 16-byte aligned) dequantized in shared memory: the result is bit for bit this
-    engine's on the weights ``mx_round_columns`` rounds (mxfp8_weights.py makes both)."""
+    engine's on the weights ``mx_round_columns`` rounds (mxfp8_weights.py makes both).
+
+    ``m_group``: m-blocks of an expert per group of the tile order, whose tiles run n-block by
+    n-block (0: the config's kEngineTileGroupMBlocks; 1: each m-block's tiles in turn). It
+    changes only when tiles run, never the bits; scripts/bench_gemm.py times it."""
     _check(a.is_cuda and w.is_cuda and out.is_cuda, "a, w and out must be CUDA tensors")
     w_dtype = torch.bfloat16 if w_scales is None else torch.float8_e4m3fn
     for name, t, dtype in (("a", a, torch.bfloat16), ("w", w, w_dtype),
@@ -504,7 +508,7 @@ def grouped_gemm(a: torch.Tensor, w: torch.Tensor, offsets: torch.Tensor, out: t
     _cuda("offsets", offsets, torch.int32)
     act_id = _epilogue_id(activation, row_prob, rank)
     extension().grouped_gemm(a, w, offsets, row_prob, act_id, out, h_out, w_scales, timeout_ns,
-                             rank)
+                             rank, m_group)
 
 
 def grouped_wgrad_accumulate(a: torch.Tensor, b: torch.Tensor, offsets: torch.Tensor,

@@ -125,6 +125,29 @@ def test_bitwise_deterministic_and_no_h_out_same_result():
     assert all(torch.equal(results[0], r) for r in results[1:])
 
 
+@pytest.mark.parametrize("name", ["ragged", "many_tiles", "short_tails", "split_k_mixed"])
+def test_tile_order_changes_no_bits(name):
+    """m_group (the tile order's m-blocks per group: the default, each m-block alone, groups
+    that end mid-expert, one group per expert) moves only when tiles run: the same bits, plain
+    and with the activation epilogue, every row written."""
+    experts, rows, k, n = CASES[name]
+    a, w, offsets, prob, total = make(experts, rows, k, 2 * n, seed=4)
+    results = []
+    for m_group in (0, 1, 3, 65536):
+        out = _poisoned_like(torch.empty(a.shape[0], n, device="cuda", dtype=torch.bfloat16))
+        h = _poisoned_like(torch.empty(a.shape[0], 2 * n, device="cuda", dtype=torch.bfloat16))
+        plain = _poisoned_like(h)
+        ops.grouped_gemm(a, w, offsets, out, activation="swiglu", row_prob=prob, h_out=h,
+                         m_group=m_group)
+        ops.grouped_gemm(a, w, offsets, plain, m_group=m_group)
+        assert not h[:total].isnan().any() and not out[:total].isnan().any()
+        results.append((out[:total], h[:total], plain[:total]))
+    assert rel_l2(results[0][2], torch_fc(a, w, offsets, total)) < VS_TORCH
+    for got in results[1:]:
+        assert all(torch.equal(x, y) for x, y in zip(results[0], got))
+    assert torch.equal(results[0][1], results[0][2]), "plain FC1's h is the epilogue's h"
+
+
 def test_zero_rows_writes_nothing():
     a, w, offsets, _, _ = make(4, [0, 0, 0, 0], 128, 256, cap_extra=64)
     out = _poisoned_like(torch.empty(a.shape[0], 256, device="cuda", dtype=torch.bfloat16))
@@ -147,6 +170,8 @@ def test_bad_inputs_raise():
         ops.grouped_gemm(a, w, offsets[:2], out)
     with pytest.raises(RuntimeError, match="positive"):
         ops.grouped_gemm(a, w[:1].expand(2, -1, -1), offsets, out)
+    with pytest.raises(RuntimeError, match="m_group must be"):
+        ops.grouped_gemm(a, w, offsets, out, m_group=-1)
 
 
 # Weight gradients added into fp32 gradients (ops.grouped_wgrad_accumulate): expert row counts
