@@ -308,12 +308,13 @@ def test_fp8_grouped_gemm_wide_tiles_refuse_what_they_do_not_run():
     offsets, a, w, prob = grouped_case([100, 30], 256, 384, seed=3)
     a_codes, a_scales = ops.fp8_quantize_rows(a)
     w_codes, w_scales = ops.fp8_quantize_weight_blocks(w)
-    out = torch.empty(130, 192, device="cuda", dtype=torch.bfloat16)
+    plain = torch.empty(130, 384, device="cuda", dtype=torch.bfloat16)
+    gated = torch.empty(130, 192, device="cuda", dtype=torch.bfloat16)  # SwiGLU: N / 2
     wide = ops.FP8_WIDE_BLOCK_N
     with pytest.raises(RuntimeError, match="block_n must be"):
-        ops.fp8_grouped_gemm(a_codes, a_scales, w_codes, w_scales, offsets, out, block_n=64)
-    for options in ({"activation": "swiglu", "row_prob": prob}, {"cluster_ctas": 2},
-                    {"stages": 5}):
+        ops.fp8_grouped_gemm(a_codes, a_scales, w_codes, w_scales, offsets, plain, block_n=64)
+    for out, options in ((gated, {"activation": "swiglu", "row_prob": prob}),
+                         (plain, {"cluster_ctas": 2}), (plain, {"stages": 5})):
         with pytest.raises(RuntimeError, match="192-column tiles take the plain epilogue"):
             ops.fp8_grouped_gemm(a_codes, a_scales, w_codes, w_scales, offsets, out,
                                  block_n=wide, **options)
