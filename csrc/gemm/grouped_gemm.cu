@@ -83,7 +83,7 @@ __global__ void __launch_bounds__(kGemmThreads, 1)
     int it = 0;
     for (int tile = blockIdx.x; tile < num_tiles; tile += gridDim.x) {
       const TileCoord tc =
-        decode_grouped_tile(s.mblock_begin, num_experts, n_blocks, tile, m_group);
+          decode_grouped_tile(s.mblock_begin, num_experts, n_blocks, tile, m_group);
       const int row0 = s.row_begin[tc.expert] + tc.m_block * kGemmBlockM;
       const int n0 = tc.n_block * kTileN;
       constexpr uint32_t kBytes = kMx ? kMxStageTxBytes : kStageBytes;
