@@ -566,7 +566,6 @@ def main(argv=None):
                       f"plain tile order {m['fc1_plain_ours_m1']:7.3f}, torch "
                       f"{m['fc1_plain_torch']:7.3f} x{r['speedup']['fc1_plain']:.2f}", flush=True)
                 if args.mxfp8:
-                    m = r["ms"]
                     print(f"{'':31s} MXFP8 weights: FC1 {m['fc1_mx']:7.3f} ms "
                           f"(x{r['speedup']['fc1_mx_vs_torch']:.2f} vs torch bf16) FC2 "
                           f"{m['fc2_mx']:7.3f} ms (x{r['speedup']['fc2_mx_vs_torch']:.2f}); "

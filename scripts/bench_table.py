@@ -111,6 +111,15 @@ def _speedup(row: Optional[dict]) -> str:
     return _ratio(row.get("speedup_vs_alltoall"))
 
 
+def by_shape(rows: list[dict]) -> dict[tuple, dict[tuple[str, str], dict]]:
+    """The rows per shape (model, variant, experts, tokens), each by (recipe, path)."""
+    shapes: dict[tuple, dict[tuple[str, str], dict]] = {}
+    for row in rows:
+        key = (row["model"], row["variant"], row["experts"], row["tokens"])
+        shapes.setdefault(key, {})[(row["recipe"], row["path"])] = row
+    return shapes
+
+
 def render_summary(doc: dict) -> str:
     """One row per shape: alltoall's fwd+bwd ms; each other baseline and each recipe's default
     path as fwd+bwd speedup over alltoall (or why it did not run); the fastest mok row."""
@@ -119,15 +128,11 @@ def render_summary(doc: dict) -> str:
     baselines = [p for p in dict.fromkeys(r["path"] for r in doc["rows"])
                  if p not in meta["paths"] and p != "alltoall"]
     defaults = meta["default_paths"]
-    shapes: dict[tuple, dict[tuple[str, str], dict]] = {}
-    for row in doc["rows"]:
-        key = (row["model"], row["variant"], row["experts"], row["tokens"])
-        shapes.setdefault(key, {})[(row["recipe"], row["path"])] = row
     header = (["layer", "E", "T", "alltoall fwd+bwd ms"] + baselines
               + [f"{recipe} ({path})" for recipe, path in defaults.items()] + ["fastest mok"])
     lines = ["| " + " | ".join(header) + " |",
              "|" + "|".join("---" if i < 1 else "--:" for i in range(len(header))) + "|"]
-    for (model, variant, experts, tokens), rows in shapes.items():
+    for (model, variant, experts, tokens), rows in by_shape(doc["rows"]).items():
         by_path = {path: row for (_, path), row in rows.items()}
         alltoall = by_path.get("alltoall")
         mok = [r for (_, path), r in rows.items() if r["status"] == "ok"
@@ -147,7 +152,7 @@ def source_line(doc: dict, results_path: Optional[str] = None) -> str:
     """One line: where the table's figures come from."""
     meta = doc["meta"]
     commit = meta["commit"] + (" with uncommitted changes" if meta.get("dirty") else "")
-    shapes_done = len({(r["model"], r["variant"], r["tokens"]) for r in doc["rows"]})
+    shapes_done = len(by_shape(doc["rows"]))
     partial = ("" if meta.get("complete")
                else f" Partial run: {shapes_done} of {len(meta['shapes'])} shapes.")
     where = f" Source: `{results_path}`." if results_path else ""
@@ -196,7 +201,7 @@ def main(argv: Optional[list[str]] = None) -> int:
         args.write.write_text(replace_between_markers(args.write.read_text(), block))
     except ValueError as err:
         raise SystemExit(f"{args.write}: {err}") from None
-    rows = (len({(r["model"], r["variant"], r["tokens"]) for r in doc["rows"]}) if args.summary
+    rows = (len(by_shape(doc["rows"])) if args.summary
             else len(selected(doc["rows"], args.recipes, args.paths)))
     print(f"{args.write}: table of {rows} rows written")
     return 0

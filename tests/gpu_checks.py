@@ -5,6 +5,7 @@ tolerance, bitwise run-to-run equality, and CUDA-graph replay with new inputs.""
 
 from __future__ import annotations
 
+import gc
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
 from typing import Optional
@@ -477,9 +478,10 @@ def check_recomputed_backward(spec: ProblemSpec, rank: int, group, **knobs) -> N
 
 def forward_kept_bytes(problem, max_tokens: int, **knobs) -> int:
     """What one forward (rank 0, no group) keeps allocated for its backward, its output aside.
-    A call with the same knobs comes first, so that what their first call sets up (a workspace
-    of their layout, replacing an earlier call's, which would be freed inside the window) stays
-    outside it."""
+    Nothing else may allocate or free inside the window: a call with the same knobs comes
+    first (what a first call sets up stays outside), then a garbage collection, and none runs
+    during the measured call (earlier calls' cyclic garbage freed there would count; the cause
+    of a negative count seen once, 2026-12-07, one H100, was not established)."""
     device = torch.device("cuda", torch.cuda.current_device())
     inputs = problem.local(0, device)
     rec = recipe(max_tokens, **knobs)
@@ -490,11 +492,18 @@ def forward_kept_bytes(problem, max_tokens: int, **knobs) -> int:
 
     forward()  # its output and what it saved for backward freed at once
     mxfp8_weights.clear()  # no earlier call's quantized weights freed inside the window
-    torch.cuda.synchronize(device)
-    before = torch.cuda.memory_allocated(device)
-    y = forward()
-    torch.cuda.synchronize(device)
-    return torch.cuda.memory_allocated(device) - before - y.numel() * y.element_size()
+    gc.collect()
+    collecting = gc.isenabled()
+    gc.disable()
+    try:
+        torch.cuda.synchronize(device)
+        before = torch.cuda.memory_allocated(device)
+        y = forward()
+        torch.cuda.synchronize(device)
+        return torch.cuda.memory_allocated(device) - before - y.numel() * y.element_size()
+    finally:
+        if collecting:
+            gc.enable()
 
 
 def check_kept_h(spec: ProblemSpec, rank: int, group,

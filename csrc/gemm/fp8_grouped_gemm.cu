@@ -221,22 +221,23 @@ void launch(const Fp8Launch& l, int ctas) {
   int* report = timeout_report_device(kReportGroupedGemm, l.rank, l.timeout_ns);
   const auto timeout = static_cast<uint64_t>(l.timeout_ns);
   const size_t smem = fp8_smem_bytes<kStages, kTileCols>(l.num_experts);
-  if constexpr (kTileCols == kFp8WideBlockN) {
-    launch_persistent(fp8_grouped_gemm_kernel<kAct, kStages, 1, kFp8WideBlockN>, smem, l.a_map,
-                      l.a_scales_map, l.w_map, l.out_map, l.h_map, l.w, l.offsets,
-                      l.num_experts, l.m_group, l.n_out, l.k_dim, l.row_prob, l.out,
-                      l.out_stride, l.h_out, l.h_stride, timeout, report);
-  } else if (ctas == 2) {
-    launch_persistent_clusters(fp8_grouped_gemm_kernel<kAct, kStages, 2, kFp8BlockN>, smem, 2, l.a_map,
-                               l.a_scales_map, l.w_map, l.out_map, l.h_map, l.w, l.offsets,
-                               l.num_experts, l.m_group, l.n_out, l.k_dim, l.row_prob, l.out,
-                               l.out_stride, l.h_out, l.h_stride, timeout, report);
-  } else {
-    launch_persistent(fp8_grouped_gemm_kernel<kAct, kStages, 1, kFp8BlockN>, smem, l.a_map, l.a_scales_map,
-                      l.w_map, l.out_map, l.h_map, l.w, l.offsets, l.num_experts, l.m_group,
-                      l.n_out, l.k_dim, l.row_prob, l.out, l.out_stride, l.h_out, l.h_stride,
-                      timeout, report);
+  // One argument list for both launches: one CTA per tile, or clusters of two.
+  const auto run = [&](auto kernel, int cluster_ctas) {
+    const auto start = [&](const auto&... args) {
+      if (cluster_ctas == 1) {
+        launch_persistent(kernel, smem, args...);
+      } else {
+        launch_persistent_clusters(kernel, smem, cluster_ctas, args...);
+      }
+    };
+    start(l.a_map, l.a_scales_map, l.w_map, l.out_map, l.h_map, l.w, l.offsets, l.num_experts,
+          l.m_group, l.n_out, l.k_dim, l.row_prob, l.out, l.out_stride, l.h_out, l.h_stride,
+          timeout, report);
+  };
+  if constexpr (kTileCols == kFp8BlockN) {  // wide tiles run one CTA per tile
+    if (ctas == 2) return run(fp8_grouped_gemm_kernel<kAct, kStages, 2, kFp8BlockN>, 2);
   }
+  run(fp8_grouped_gemm_kernel<kAct, kStages, 1, kTileCols>, 1);
 }
 
 template <int kStages>
