@@ -19,6 +19,7 @@ import gpu_checks
 from mok_megatron.recipes import fp8_blockwise
 from mok_megatron.cuda import fp8_block_weights, mxfp8_weights, ops
 from mok_megatron.functional import moe_experts
+from mok_megatron.testing import ProblemSpec
 from test_backward_megakernel import ODD_SPECS
 from test_symm_moe import SPECS
 
@@ -189,6 +190,37 @@ def test_backward_megakernel_matches_blockwise_reference(spec, setting):
     """gpu_checks.check_backward_megakernel: against the blockwise reference and the separate
     backward; y unchanged."""
     gpu_checks.check_backward_megakernel(spec, **BACKWARD_SETTINGS[setting])
+
+
+# A layer of the benchmark's size (Qwen3-30B-A3B-like at EP64: 8 experts, H 2048, F 768, 2048
+# tokens x top-8, zipf routing): experts of many m-blocks, tiles of 16 and 6 k-blocks, stage
+# rings that wrap many times with tiles starting at every stage. The specs above run tiles of
+# one to four k-blocks.
+AT_SCALE = ProblemSpec("qwen_ep64_scale", (2048,), num_experts=8, hidden=2048, ffn=768, topk=8,
+                       dtype=torch.bfloat16, probs_dtype=torch.float32, routing="zipf", seed=7)
+
+
+def test_paths_same_bits_at_scale():
+    """At the benchmark's size: the separate path bit-identical over runs, the forward
+    megakernel bit for bit the separate path, the backward megakernel (after either forward)
+    with the separate backward's y and dx bit for bit, its weight gradients (BF16 tiles against
+    the separate backward's GEMMs) and dprobs (another summation order) within 1e-4."""
+    problem = AT_SCALE.build()
+    tokens = AT_SCALE.tokens_per_rank[0]
+    separate = gpu_checks.run_cuda(problem, 0, None, tokens, **SEPARATE)
+    gpu_checks.assert_same_bits(separate, gpu_checks.run_cuda(problem, 0, None, tokens, **SEPARATE),
+                                "between two runs of the separate path")
+    gpu_checks.assert_same_bits(separate,
+                                gpu_checks.run_cuda(problem, 0, None, tokens, **MEGAKERNEL),
+                                "between the separate path and the forward megakernel")
+    for setting in ("separate_forward", "megakernels"):
+        got = gpu_checks.run_cuda(problem, 0, None, tokens, **BACKWARD_SETTINGS[setting])
+        for name in ("y", "dx"):
+            assert torch.equal(got[name], separate[name]), f"{name} differs ({setting})"
+        for name in ("dw1", "dw2", "dprobs"):
+            want = separate[name].float()
+            rel = ((got[name].float() - want).norm() / want.norm()).item()
+            assert rel <= 1e-4, f"{name}: rel-L2 {rel:.2e} from the separate backward ({setting})"
 
 
 def test_backward_megakernel_settings_and_graph_replay():

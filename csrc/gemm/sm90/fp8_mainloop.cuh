@@ -330,15 +330,24 @@ __device__ __forceinline__ void promote_block_scaled(float (&acc)[kRegs],
   }
 }
 
-// The scales of k-block kb's stage for this thread's rows r, r + 8 and the two halves:
-// s[i][h] = row scale x weight scale (the weight codes w, read from global memory earlier).
+// The E8M0 codes of this thread's rows r, r + 8 in a stage's row-scale box. Read before the
+// stage's MMAs are issued: a shared-memory load issued after them may be scheduled past the
+// stage's release, when the producer may already be refilling it.
 template <class Ring>
-__device__ __forceinline__ void stage_scales(const Ring& ring, int stage, int r,
-                                             const uint8_t (&w)[2], float (&s)[2][2]) {
+__device__ __forceinline__ void row_scale_codes(const Ring& ring, int stage, int r,
+                                                uint8_t (&codes)[2]) {
+#pragma unroll
+  for (int i = 0; i < 2; ++i) codes[i] = ld_shared_u8(ring.a_scales[stage] + r + 8 * i);
+}
+
+// The scales of a k-block for this thread's rows r, r + 8 and the two halves: s[i][h] = row
+// scale x weight scale (from the rows' codes a and the weight codes w).
+__device__ __forceinline__ void block_scales(const uint8_t (&a)[2], const uint8_t (&w)[2],
+                                             float (&s)[2][2]) {
   const float w_scale[2] = {e8m0_factor(w[0]), e8m0_factor(w[1])};
 #pragma unroll
   for (int i = 0; i < 2; ++i) {
-    const float a_scale = e8m0_factor(ld_shared_u8(ring.a_scales[stage] + r + 8 * i));
+    const float a_scale = e8m0_factor(a[i]);
 #pragma unroll
     for (int h = 0; h < 2; ++h) s[i][h] = a_scale * w_scale[h];
   }
@@ -350,11 +359,15 @@ __device__ __forceinline__ void stage_scales(const Ring& ring, int stage, int r,
 // second.
 // The promotion of block kb waits for its MMAs, and the MMAs of kb + 1 reuse its partial sums,
 // so what lies between one block's MMAs and the next's is this warpgroup's critical path (the
-// other consumer's MMAs fill the tensor cores meanwhile): the promotion's FFMAs and the next
-// MMAs' descriptors. Everything else runs while kb's MMAs do (docs/perf-log.md, Blockwise FP8, consumer setup, 2026-12-05): kb's
-// scales (read before the stage is released), the weight codes of kb + 1, and a probe of kb +
-// 1's stage whose outcome is branched on only after the promotion, so the branch does not wait
-// for the probe.
+// other consumer's MMAs fill the tensor cores meanwhile): the promotion's FFMAs, the next
+// stage's wait, its rows' scale codes and the next MMAs' descriptors. kb's scales are decoded
+// and kb + 1's weight codes read while kb's MMAs run.
+// The k-loop is unrolled over the ring's stages, so each copy's stage is a constant: its
+// barriers' and tiles' shared-memory addresses, and so the MMAs' descriptors, are fixed
+// offsets from the ring's base (uniform registers) rather than arithmetic on a stage index
+// held per thread - the ladder probe (benchmarks/probes/fp8_consumer_ladder.cu) measured that
+// loop 1.37x the indexed one. A tile starts at any stage (`it`): the first turn skips the
+// copies before it, the last stops after k_blocks.
 // `partial` holds the MMAs' fresh sums of a block; a caller whose other tiles' accumulators
 // stay live (the backward megakernel's BF16 n256 tiles) lends their registers for it.
 // The tile is as wide as the ring's B tiles (Ring::kTileN: 128, or the grouped GEMM's wide
@@ -365,32 +378,37 @@ __device__ __forceinline__ void consume_fp8_tile(
     const WeightBlockScales<kGatedWeights, Ring::kTileN>& ws, int tile_row0,
     float (&acc)[Ring::kTileN / 2], float (&partial)[Ring::kTileN / 2], uint64_t timeout_ns,
     int* report, const Release& release = Release{}) {
+  constexpr int kStages = Ring::kStageCount;
   const int r = row_scale_index(tile_row0, consumer);
 #pragma unroll
   for (int x = 0; x < Ring::kTileN / 2; ++x) acc[x] = 0.f;
-  int stage = it % Ring::kStageCount;
-  uint32_t phase = (it / Ring::kStageCount) & 1;
-  uint8_t w_codes[2] = {__ldg(ws.half0), __ldg(ws.half1)};
-  wait_stage_full<Ring>(&ring.full[stage], phase, timeout_ns, tile, stage, report);
   const int last = k_blocks - 1;
-  for (int kb = 0; kb < k_blocks; ++kb) {
-    issue_stage_mmas(stage_descs(ring, stage, consumer), partial);
-    float s[2][2];
-    stage_scales(ring, stage, r, w_codes, s);
-    w_codes[0] = __ldg(ws.half0 + min(kb + 1, last));
-    w_codes[1] = __ldg(ws.half1 + min(kb + 1, last));
-    const int next = stage + 1 == Ring::kStageCount ? 0 : stage + 1;
-    const uint32_t next_phase = next == 0 ? phase ^ 1 : phase;
-    const bool next_ready = kb == last || mbar_test_wait(&ring.full[next], next_phase);
-    wgmma_wait<0>();
-    fence_accumulators(partial);
-    if (leader) release(&ring.empty[stage]);
-    promote_block_scaled(acc, partial, s, ws.wide_first);
-    if (!next_ready) {
-      wait_stage_full<Ring>(&ring.full[next], next_phase, timeout_ns, tile, next, report);
+  uint8_t w_codes[2] = {__ldg(ws.half0), __ldg(ws.half1)};
+  uint32_t phase = (it / kStages) & 1;
+  int first = it % kStages;  // the first turn's first stage
+  int kb = 0;
+  while (true) {
+#pragma unroll
+    for (int stage = 0; stage < kStages; ++stage) {
+      if (stage >= first && kb < k_blocks) {
+        wait_stage_full<Ring>(&ring.full[stage], phase, timeout_ns, tile, stage, report);
+        uint8_t a_codes[2];
+        row_scale_codes(ring, stage, r, a_codes);
+        issue_stage_mmas(stage_descs(ring, stage, consumer), partial);
+        float s[2][2];
+        block_scales(a_codes, w_codes, s);
+        w_codes[0] = __ldg(ws.half0 + min(kb + 1, last));
+        w_codes[1] = __ldg(ws.half1 + min(kb + 1, last));
+        wgmma_wait<0>();
+        fence_accumulators(partial);
+        if (leader) release(&ring.empty[stage]);
+        promote_block_scaled(acc, partial, s, ws.wide_first);
+        ++kb;
+      }
     }
-    stage = next;
-    phase = next_phase;
+    if (kb >= k_blocks) break;
+    first = 0;
+    phase ^= 1;
   }
   it += k_blocks;
 }
