@@ -365,9 +365,11 @@ __device__ __forceinline__ void block_scales(const uint8_t (&a)[2], const uint8_
 // The k-loop is unrolled over the ring's stages, so each copy's stage is a constant: its
 // barriers' and tiles' shared-memory addresses, and so the MMAs' descriptors, are fixed
 // offsets from the ring's base (uniform registers) rather than arithmetic on a stage index
-// held per thread - the ladder probe (benchmarks/probes/fp8_consumer_ladder.cu) measured that
-// loop 1.37x the indexed one. A tile starts at any stage (`it`): the first turn skips the
-// copies before it, the last stops after k_blocks.
+// held per thread: 1.20x a minimal consumer's rate in the ladder probe
+// (benchmarks/probes/fp8_consumer_ladder.cu), this consumer 1.16x its indexed form
+// (docs/perf-log.md, Blockwise FP8, the consumer ladder).
+// A tile starts at any stage (`it`): the first turn skips the copies before it, the last stops
+// after k_blocks.
 // `partial` holds the MMAs' fresh sums of a block; a caller whose other tiles' accumulators
 // stay live (the backward megakernel's BF16 n256 tiles) lends their registers for it.
 // The tile is as wide as the ring's B tiles (Ring::kTileN: 128, or the grouped GEMM's wide
