@@ -330,9 +330,10 @@ __device__ __forceinline__ void promote_block_scaled(float (&acc)[kRegs],
   }
 }
 
-// The E8M0 codes of this thread's rows r, r + 8 in a stage's row-scale box. Read before the
-// stage's MMAs are issued: a shared-memory load issued after them may be scheduled past the
-// stage's release, when the producer may already be refilling it.
+// The E8M0 codes of this thread's rows r, r + 8 in a stage's row-scale box, read before the
+// stage's MMAs are issued (as DeepGEMM's loop reads its scales). An unrolled loop that read
+// them after the issue and probed the next stage during the MMAs gave wrong bits at the
+// benchmark's size, cause not established (docs/perf-log.md, the consumer ladder).
 template <class Ring>
 __device__ __forceinline__ void row_scale_codes(const Ring& ring, int stage, int r,
                                                 uint8_t (&codes)[2]) {
