@@ -69,22 +69,6 @@ __device__ __forceinline__ bool mbar_try_wait(uint64_t* bar, uint32_t parity) {
   return done != 0;
 }
 
-// Whether the phase with `parity` has completed, without waiting (try_wait may suspend the
-// thread for a while first).
-__device__ __forceinline__ bool mbar_test_wait(uint64_t* bar, uint32_t parity) {
-  uint32_t done;
-  asm volatile(
-      "{\n"
-      ".reg .pred p;\n"
-      "mbarrier.test_wait.parity.shared::cta.b64 p, [%1], %2;\n"
-      "selp.u32 %0, 1, 0, p;\n"
-      "}\n"
-      : "=r"(done)
-      : "r"(smem_addr(bar)), "r"(parity)
-      : "memory");
-  return done != 0;
-}
-
 // Bounded wait: a pipeline that never fills (a bad descriptor, a lost TMA) traps instead of
 // hanging the GPU, after leaving {role, block, tile, stage} in `report` (host-mapped memory
 // the host reads after the trap). No printf: a printf is a function call, and ptxas then
