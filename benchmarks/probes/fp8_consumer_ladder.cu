@@ -40,6 +40,7 @@ enum Mode { kMinimal = 0, kMinimalScales = 1, kStatic = 2, kEngine = 3, kEngineN
 constexpr int kSourceChunks = 8;
 constexpr int kChunkBytes = 24 * 1024;  // a source chunk holds one stage's A or B codes
 constexpr uint64_t kTimeoutNs = 2000000000ull;
+constexpr int kMinimalStages = 6;  // the minimal rungs' ring; the static rung's unroll
 
 // The minimal rungs' ring: A and B codes and the A rows' fp32 scales per stage.
 template <int kStages>
@@ -54,13 +55,15 @@ struct MinimalRing {
   static constexpr uint32_t kTxBytes = kFp8ATileBytes + kFp8BTileBytes + kGemmBlockM * 4;
 };
 
+using Minimal = MinimalRing<kMinimalStages>;
+
 template <int kMode>
 struct RingOf {
-  using T = MinimalRing<6>;
+  using T = Minimal;
 };
 template <>
 struct RingOf<kEngine> {
-  using T = Fp8StageRing<Fp8BlockScales, 6, kFp8BlockN>;
+  using T = Fp8StageRing<Fp8BlockScales, kFp8MaxStages, kFp8BlockN>;  // the grouped GEMM's at E = 8
 };
 template <>
 struct RingOf<kEngineN192> {
@@ -69,7 +72,7 @@ struct RingOf<kEngineN192> {
 
 template <class Ring>
 __device__ void produce(Ring& ring, const uint8_t* src, int tiles, int k_blocks) {
-  constexpr bool kEngineRing = !std::is_same_v<Ring, MinimalRing<6>>;
+  constexpr bool kEngineRing = !std::is_same_v<Ring, Minimal>;
   int it = 0;
   for (int tile = 0; tile < tiles; ++tile) {
     for (int kb = 0; kb < k_blocks; ++kb, ++it) {
@@ -97,7 +100,7 @@ __device__ void produce(Ring& ring, const uint8_t* src, int tiles, int k_blocks)
 
 // One k-block of the minimal rungs on `stage`: MMAs, wait, release, promotion by s0 (rows r)
 // and s1 (rows r + 8).
-__device__ __forceinline__ void minimal_block(MinimalRing<6>& ring, int stage, int consumer,
+__device__ __forceinline__ void minimal_block(Minimal& ring, int stage, int consumer,
                                               bool leader, float s0, float s1, float (&acc)[64],
                                               float (&partial)[64]) {
   const StageDescs d = stage_descs(ring, stage, consumer);
@@ -144,10 +147,10 @@ __device__ void consume(typename RingOf<kMode>::T& ring, const float* w_scales_f
       }
       if constexpr (kMode == kStatic) {
         // it is a multiple of the ring's stages at every tile start (k_blocks is).
-        for (int kb0 = 0; kb0 < k_blocks; kb0 += 6) {
-          const uint32_t phase = ((it + kb0) / 6) & 1;
+        for (int kb0 = 0; kb0 < k_blocks; kb0 += kMinimalStages) {
+          const uint32_t phase = ((it + kb0) / kMinimalStages) & 1;
 #pragma unroll
-          for (int s = 0; s < 6; ++s) {
+          for (int s = 0; s < kMinimalStages; ++s) {
             const float wsc = ring.w_scales[consumer][kb0 + s];
             mbar_wait_unbounded(&ring.full[s], phase);
             const float s0 = ring.a_scales[s][r] * wsc, s1 = ring.a_scales[s][r + 8] * wsc;
@@ -156,8 +159,8 @@ __device__ void consume(typename RingOf<kMode>::T& ring, const float* w_scales_f
         }
       } else {
         for (int kb = 0; kb < k_blocks; ++kb) {
-          const int i = it + kb, stage = i % 6;
-          mbar_wait_unbounded(&ring.full[stage], (i / 6) & 1);
+          const int i = it + kb, stage = i % kMinimalStages;
+          mbar_wait_unbounded(&ring.full[stage], (i / kMinimalStages) & 1);
           float s0 = 1.f, s1 = 1.f;
           if constexpr (kMode == kMinimalScales) {
             const float wsc = ring.w_scales[consumer][kb];
