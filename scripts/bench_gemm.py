@@ -221,9 +221,10 @@ def run_fp8_blockwise(model, local: int, tokens: int, iters: int, warmup: int,
     x_q = ops.fp8_quantize_rows(x)
     w1_q, w2_q = ops.fp8_quantize_weight_blocks(w1), ops.fp8_quantize_weight_blocks(w2)
 
-    def fc1_fp8(stages=0, m_group=0, ctas=1):
+    def fc1_fp8(stages=0, m_group=0, ctas=1, block_n=0):
         ops.fp8_grouped_gemm(*x_q, *w1_q, offsets, act, activation="swiglu", row_prob=prob,
-                             h_out=h, stages=stages, m_group=m_group, cluster_ctas=ctas)
+                             h_out=h, stages=stages, m_group=m_group, cluster_ctas=ctas,
+                             block_n=block_n)
 
     fc1_fp8()
     act_q = ops.fp8_quantize_rows(act)
@@ -235,7 +236,21 @@ def run_fp8_blockwise(model, local: int, tokens: int, iters: int, warmup: int,
     fc2_fp8()
     # The ring's depth and the tile order's groups (RING_VARIANTS): the same bits as the
     # defaults; a depth that does not fit beside this launch's expert tables is left out.
-    act_default, y_default = act.clone(), y.clone()
+    act_default, y_default, h_default = act.clone(), y.clone(), h.clone()
+
+    def fc2_wide(ctas=1):
+        ops.fp8_grouped_gemm(*act_q, *w2_q, offsets, y, block_n=ops.FP8_WIDE_BLOCK_N,
+                             cluster_ctas=ctas)
+
+    # The 192-column tiles (FC1's: 96 gate + 96 up weight rows), alone and as CTA pairs: the
+    # 128-column tiles' act, h and y.
+    for ctas in (1, 2):
+        fc1_fp8(block_n=ops.FP8_WIDE_BLOCK_N, ctas=ctas)
+        fc2_wide(ctas)
+        if not (torch.equal(act, act_default) and torch.equal(h, h_default)
+                and torch.equal(y, y_default)):
+            raise SystemExit(f"the 192-column tiles (cluster_ctas={ctas}) give other bits "
+                             "than the 128-column tiles")
     variants, ring_same_bits = [], True
     for v in RING_VARIANTS:
         try:
@@ -265,7 +280,11 @@ def run_fp8_blockwise(model, local: int, tokens: int, iters: int, warmup: int,
         return lambda: torch._scaled_mm(a, b.t(), scale_a=sa, scale_b=sb,
                                         out_dtype=torch.bfloat16)
 
-    timed = [("fc1_fp8", fc1_fp8), ("fc2_fp8", fc2_fp8)]
+    timed = [("fc1_fp8", fc1_fp8), ("fc2_fp8", fc2_fp8),
+             ("fc1_fp8_n192", lambda: fc1_fp8(block_n=ops.FP8_WIDE_BLOCK_N)),
+             ("fc2_fp8_n192", fc2_wide),
+             ("fc1_fp8_n192_c2", lambda: fc1_fp8(block_n=ops.FP8_WIDE_BLOCK_N, ctas=2)),
+             ("fc2_fp8_n192_c2", lambda: fc2_wide(2))]
     for v in variants:
         name = "s{}_g{}_c{}".format(*v)
         timed += [(f"fc1_fp8_{name}", lambda v=v: fc1_fp8(*v)),
@@ -579,6 +598,12 @@ def main(argv=None):
                     r["fp8_blockwise"] = b = run_fp8_blockwise(model, local, tokens, args.iters,
                                                                args.warmup, args.seed)
                     m, tf = b["ms"], b["tflops"]
+                    print(f"{'':31s} FP8 blockwise, 192-column tiles: FC1 "
+                          f"{tf['fc1_fp8_n192']:5.0f} TF (x{m['fc1_fp8'] / m['fc1_fp8_n192']:.2f}"
+                          f" the 128) FC2 {tf['fc2_fp8_n192']:5.0f} TF "
+                          f"(x{m['fc2_fp8'] / m['fc2_fp8_n192']:.2f}); as CTA pairs FC1 "
+                          f"{tf['fc1_fp8_n192_c2']:5.0f} FC2 {tf['fc2_fp8_n192_c2']:5.0f} TF",
+                          flush=True)
                     print(f"{'':31s} FP8 blockwise: FC1 {m['fc1_fp8']:7.3f} ms "
                           f"({tf['fc1_fp8']:5.0f} TF, x{r['ms']['fc1_ours'] / m['fc1_fp8']:.2f} "
                           f"vs our bf16) FC2 {m['fc2_fp8']:7.3f} ms ({tf['fc2_fp8']:5.0f} TF, "

@@ -13,9 +13,10 @@
 // stages run, never the bits: the ring's depth (kStages), the tile order's m-block groups
 // (m_group), CTA pairs (kCtas = 2: clusters of two CTAs whose tiles are adjacent m-blocks of
 // one n-block share the weight tile's L2 reads by TMA multicast, as cuBLAS's blockwise kernel's
-// 2 x 1 clusters do) and, for the plain epilogue, 192-column tiles (kFp8WideBlockN: 1.5x the
-// MMAs per k-block over the same per-block promotion chain, 4 stages; a tile spans two
-// weight-scale blocks).
+// 2 x 1 clusters do) and 192-column tiles (kFp8WideBlockN: 1.5x the MMAs per k-block over the
+// same per-block promotion chain, 4 stages; a tile's weight rows span two scale blocks, a
+// gated tile's 96 gate and 96 up rows two each, and its 96 output columns leave as 32-column
+// boxes: tile_epilogue.cuh, StagedBox).
 #include <c10/cuda/CUDAGuard.h>
 #include <cuda_bf16.h>
 #include <torch/extension.h>
@@ -102,9 +103,6 @@ __global__ void __launch_bounds__(kGemmThreads, 1)
                             __nv_bfloat16* __restrict__ h_out, int64_t h_stride,
                             uint64_t timeout_ns, int* report) {
   constexpr bool kGated = gated_epilogue<kAct>();
-  static_assert(kTileCols == kFp8BlockN || (kTileCols == kFp8WideBlockN && kAct == kPlain &&
-                                            kCtas == 1),
-                "wide tiles: the plain epilogue, one CTA per tile");
   constexpr int kTileN = tile_cols<kAct, kTileCols>();
   extern __shared__ uint8_t smem_raw[];
   using Storage = Fp8SharedStorage<kStages, kTileCols>;
@@ -234,18 +232,16 @@ void launch(const Fp8Launch& l, int ctas) {
           l.m_group, l.n_out, l.k_dim, l.row_prob, l.out, l.out_stride, l.h_out, l.h_stride,
           timeout, report);
   };
-  if constexpr (kTileCols == kFp8BlockN) {  // wide tiles run one CTA per tile
-    if (ctas == 2) return run(fp8_grouped_gemm_kernel<kAct, kStages, 2, kFp8BlockN>, 2);
-  }
+  if (ctas == 2) return run(fp8_grouped_gemm_kernel<kAct, kStages, 2, kTileCols>, 2);
   run(fp8_grouped_gemm_kernel<kAct, kStages, 1, kTileCols>, 1);
 }
 
-template <int kStages>
+template <int kStages, int kTileCols = kFp8BlockN>
 void launch_epilogue(const Fp8Launch& l, int64_t activation, int ctas) {
   if (activation == kPlain) {
-    launch<kPlain, kStages>(l, ctas);
+    launch<kPlain, kStages, kTileCols>(l, ctas);
   } else {
-    MOK_DISPATCH_ACTIVATION(activation, KACT, (launch<KACT, kStages>(l, ctas)));
+    MOK_DISPATCH_ACTIVATION(activation, KACT, (launch<KACT, kStages, kTileCols>(l, ctas)));
   }
 }
 
@@ -343,10 +339,9 @@ void fp8_grouped_gemm(const at::Tensor& a, const at::Tensor& a_scales, const at:
                  ": block_n must be 0 (", kFp8BlockN, "), ", kFp8BlockN, " or ", kFp8WideBlockN,
                  ", got ", block_n);
   const bool wide = block_n == kFp8WideBlockN;
-  MOK_HOST_CHECK(!wide || (activation == kPlain && cluster_ctas == 1 &&
-                           (stages == 0 || stages == kFp8WideStages)),
-                 what, ": ", kFp8WideBlockN, "-column tiles take the plain epilogue, one CTA "
-                 "per tile and ", kFp8WideStages, " stages (stages 0 or ", kFp8WideStages, ")");
+  MOK_HOST_CHECK(!wide || stages == 0 || stages == kFp8WideStages, what, ": ", kFp8WideBlockN,
+                 "-column tiles run ", kFp8WideStages, " stages (stages 0 or ", kFp8WideStages,
+                 ")");
   // checked before anything runs
   const int64_t ring = wide ? kFp8WideStages : ring_stages(stages, num_experts);
   if (rows == 0) return;
@@ -359,12 +354,17 @@ void fp8_grouped_gemm(const at::Tensor& a, const at::Tensor& a_scales, const at:
                                             kFp8BlockK / Fp8BlockScales::kScaleK);
   l.w_map = cluster_ctas == 2
                 ? sm90::fp8_expert_weight_half_map(w.data_ptr(), num_experts, n_rows, k_dim,
-                                                   w.stride(0), w.stride(1), halves)
+                                                   w.stride(0), w.stride(1), halves,
+                                                   wide ? kFp8WideBlockN : kFp8BlockN)
                 : sm90::fp8_expert_weight_map(w.data_ptr(), num_experts, n_rows, k_dim,
                                               w.stride(0), w.stride(1), halves,
                                               wide ? kFp8WideBlockN : kFp8BlockN);
-  l.out_map = sm90::staged_rows_map(out.data_ptr(), out.size(0), n_out, 1, out.stride(0));
-  l.h_map = h_out ? sm90::staged_rows_map(h_ptr, h_out->size(0), n_out, halves, h_stride)
+  // A wide gated tile's 96 output columns are three 32-column boxes (tile_epilogue.cuh).
+  const uint32_t box_cols = wide && gated ? 32 : 64;
+  l.out_map = sm90::staged_rows_map(out.data_ptr(), out.size(0), n_out, 1, out.stride(0), 0,
+                                    box_cols);
+  l.h_map = h_out ? sm90::staged_rows_map(h_ptr, h_out->size(0), n_out, halves, h_stride, 0,
+                                          box_cols)
                   : CUtensorMap{};
   l.w = Fp8Weights{w_scales.data_ptr<uint8_t>(), static_cast<int>(row_blocks),
                    static_cast<int>(n_out)};
@@ -381,7 +381,8 @@ void fp8_grouped_gemm(const at::Tensor& a, const at::Tensor& a_scales, const at:
   l.rank = rank;
   l.m_group = static_cast<int>(m_group == 0 ? kFp8TileGroupMBlocks : m_group);
   if (wide) {
-    launch<kPlain, kFp8WideStages, kFp8WideBlockN>(l, 1);
+    launch_epilogue<kFp8WideStages, kFp8WideBlockN>(l, activation,
+                                                    static_cast<int>(cluster_ctas));
   } else if (ring == 5) {
     launch_epilogue<5>(l, activation, static_cast<int>(cluster_ctas));
   } else {

@@ -339,13 +339,12 @@ class Fp8BlockwiseOperands(_QuantizedOperands):
 
     def _gemm(self, plan, sched, a, w, out, **epilogue):
         codes, scales = a  # ops.fp8_quantize_rows
-        # FC2 and the dgrads (the plain epilogue) on 192-column tiles: the 128 tiles' bits,
-        # 1.11-1.18x their rate on the EP64-equivalents since the unrolled k-loop (one H100,
-        # docs/perf-log.md, Blockwise FP8, the consumer ladder).
-        block_n = 0 if epilogue else ops.FP8_WIDE_BLOCK_N
+        # Every GEMM on 192-column tiles (FC1's: 96 gate and 96 up weight rows): the 128
+        # tiles' bits; FC2 and the dgrads 1.11-1.18x their rate on the EP64-equivalents since
+        # the unrolled k-loop (one H100, docs/perf-log.md, Blockwise FP8, the consumer ladder).
         ops.fp8_grouped_gemm(codes, scales, w.codes, w.scales, sched.offsets, out,
-                             timeout_ns=plan.ws.timeout_ns, rank=plan.ws.rank, block_n=block_n,
-                             **epilogue)
+                             timeout_ns=plan.ws.timeout_ns, rank=plan.ws.rank,
+                             block_n=ops.FP8_WIDE_BLOCK_N, **epilogue)
         return out
 
     # The forward megakernel (recomputed backward inputs only: config.recipe_problems) pulls

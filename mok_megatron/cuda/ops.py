@@ -24,7 +24,7 @@ MAX_LOCAL_EXPERTS = 1024  # kGemmMaxExperts: local experts one launch can schedu
 # The blockwise FP8 grouped GEMM's CTAs per cluster unless a call says otherwise: 2 = pairs
 # sharing weight tiles (csrc/gemm/fp8_grouped_gemm.cu; docs/perf-log.md, Blockwise FP8, 2026-12-05).
 FP8_CLUSTER_CTAS = 1
-# kFp8WideBlockN: the blockwise FP8 grouped GEMM's wide tiles for the plain epilogue (block_n).
+# kFp8WideBlockN: the blockwise FP8 grouped GEMM's wide tiles (block_n).
 FP8_WIDE_BLOCK_N = 192
 
 
@@ -434,8 +434,8 @@ def fp8_grouped_gemm(a: torch.Tensor, a_scales: torch.Tensor, w: torch.Tensor,
     expert tables); ``m_group``: m-blocks per group of the tile order (0: the config's
     kFp8TileGroupMBlocks); ``cluster_ctas``: 1, or 2 for clusters of two CTAs whose tiles
     share a weight tile, read from L2 once per pair (TMA multicast); ``block_n``: the tiles'
-    columns, 128 (0), or FP8_WIDE_BLOCK_N for the plain epilogue (no activation, one CTA per
-    tile, 4 stages: ``stages`` 0 or 4); the launcher checks them. They change only when and
+    weight rows, 128 (0), or FP8_WIDE_BLOCK_N (a gated tile: 96 gate and 96 up rows; 4
+    stages: ``stages`` 0 or 4); the launcher checks them. They change only when and
     where tiles and stages run, never the bits; they are timed by scripts/bench_gemm.py.
     (MXFP8 GEMMs run on ``grouped_gemm`` with ``w_scales``.)"""
     for name, t in (("a", a), ("w", w)):

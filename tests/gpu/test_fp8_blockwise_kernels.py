@@ -279,11 +279,18 @@ WIDE_CASES = CASES + [
 ]
 
 
+# (block_n, m_group, cluster_ctas): the 128 tiles, then the wide ones twice, in other tile
+# orders and as CTA pairs (odd groups: pairs across n-blocks, which share no weight tile).
+WIDE_RUNS = [(128, 0, 1), (192, 0, 1), (192, 0, 1), (192, 1, 1), (192, 1000, 1), (192, 0, 2),
+             (192, 3, 2)]
+
+
 @pytest.mark.parametrize("case", range(len(WIDE_CASES)))
 def test_fp8_grouped_gemm_wide_tiles_give_the_128_tiles_bits(case):
     """block_n=192 (plain epilogue): bit for bit the 128-column tiles' output on every weight
     block layout, whose 128-row blocks each get their own scale here (a wrong block choice at
-    a tile's second block changes the bits), whatever the tile order; poison rows untouched."""
+    a tile's second block changes the bits), whatever the tile order, alone or as CTA pairs;
+    poison rows untouched."""
     counts, k, n = WIDE_CASES[case]
     offsets, a, w, _ = grouped_case(counts, k, n, seed=100 + case)
     w = (w.float() * torch.exp2(torch.arange(-(-n // 128), device="cuda").float() - 2)
@@ -293,10 +300,10 @@ def test_fp8_grouped_gemm_wide_tiles_give_the_128_tiles_bits(case):
     w_codes, w_scales = ops.fp8_quantize_weight_blocks(w)
     assert w_scales.unique().numel() > 1
     outs = {}
-    for block_n, m_group in ((128, 0), (192, 0), (192, 0), (192, 1), (192, 1000)):
+    for block_n, m_group, ctas in WIDE_RUNS:
         out = torch.full((rows + 5, n), float("nan"), device="cuda", dtype=torch.bfloat16)
         ops.fp8_grouped_gemm(a_codes, a_scales, w_codes, w_scales, offsets, out,
-                             block_n=block_n, m_group=m_group)
+                             block_n=block_n, m_group=m_group, cluster_ctas=ctas)
         outs.setdefault(block_n, []).append(out)
     want = outs[128][0].view(torch.int16)
     for out in outs[192]:
@@ -304,17 +311,62 @@ def test_fp8_grouped_gemm_wide_tiles_give_the_128_tiles_bits(case):
         assert out[rows:].isnan().all()
 
 
+# The activation epilogues on 192-column tiles: a gated tile takes 96 gate and 96 up weight
+# rows, each half spanning one or two 128-row scale blocks, its 96 output columns stored as
+# three 32-column boxes. F not a multiple of 96 (a last tile of 32 or 64 columns), F % 128 ==
+# 64 (the up half's blocks start mid-block, not where the gate half's do), experts with 0 and
+# with fewer than 64 rows (the copied-out partial blocks).
+WIDE_ACTIVATION_CASES = [  # (rows per expert, K, F)
+    ([300, 0, 129, 64, 1], 256, 192),
+    ([5, 700, 0, 131], 384, 320),       # F % 128 == 64, F % 96 == 32
+    ([1000, 17], 7168, 2048),           # DeepSeek's H and F: 22 tiles, the last of 32 columns
+    ([77, 500, 3], 208, 768),           # K not a multiple of 128; Qwen's F: 8 whole tiles
+]
+
+
+@pytest.mark.parametrize("activation", ["swiglu", "geglu", "squared_relu"])
+@pytest.mark.parametrize("case", range(len(WIDE_ACTIVATION_CASES)))
+def test_fp8_grouped_gemm_wide_activation_tiles_give_the_128_tiles_bits(activation, case):
+    """block_n=192 with an activation epilogue: out and h bit for bit the 128-column tiles'
+    (every 128-row weight block has its own scale: a wrong block for any 32-row group of
+    either half changes the bits), whatever the tile order, alone or as CTA pairs; poison
+    rows untouched."""
+    counts, k, f = WIDE_ACTIVATION_CASES[case]
+    gated = activation in ("swiglu", "geglu")
+    n = 2 * f if gated else f
+    offsets, a, w, prob = grouped_case(counts, k, n, seed=200 + case)
+    w = (w.float() * torch.exp2(torch.arange(-(-n // 128), device="cuda").float() % 7 - 3)
+         .repeat_interleave(128)[:n].view(1, n, 1)).bfloat16()
+    rows = a.shape[0]
+    a_codes, a_scales = ops.fp8_quantize_rows(a)
+    w_codes, w_scales = ops.fp8_quantize_weight_blocks(w)
+    assert w_scales.unique().numel() > 2
+    outs = {}
+    for block_n, m_group, ctas in WIDE_RUNS:
+        out = torch.full((rows + 5, f), float("nan"), device="cuda", dtype=torch.bfloat16)
+        h = torch.full((rows + 5, n), float("nan"), device="cuda", dtype=torch.bfloat16)
+        ops.fp8_grouped_gemm(a_codes, a_scales, w_codes, w_scales, offsets, out,
+                             activation=activation, row_prob=prob, h_out=h, block_n=block_n,
+                             m_group=m_group, cluster_ctas=ctas)
+        outs.setdefault(block_n, []).append((out, h))
+    bits = lambda t: t.view(torch.int16)  # noqa: E731 - the poison rows are NaN
+    want_out, want_h = outs[128][0]
+    assert not want_out[:rows].isnan().any()
+    for out, h in outs[192]:
+        assert torch.equal(bits(out), bits(want_out))
+        assert torch.equal(bits(h), bits(want_h))
+        assert out[rows:].isnan().all() and h[rows:].isnan().all()
+
+
 def test_fp8_grouped_gemm_wide_tiles_refuse_what_they_do_not_run():
     offsets, a, w, prob = grouped_case([100, 30], 256, 384, seed=3)
     a_codes, a_scales = ops.fp8_quantize_rows(a)
     w_codes, w_scales = ops.fp8_quantize_weight_blocks(w)
     plain = torch.empty(130, 384, device="cuda", dtype=torch.bfloat16)
-    gated = torch.empty(130, 192, device="cuda", dtype=torch.bfloat16)  # SwiGLU: N / 2
     wide = ops.FP8_WIDE_BLOCK_N
     with pytest.raises(RuntimeError, match="block_n must be"):
         ops.fp8_grouped_gemm(a_codes, a_scales, w_codes, w_scales, offsets, plain, block_n=64)
-    for out, options in ((gated, {"activation": "swiglu", "row_prob": prob}),
-                         (plain, {"cluster_ctas": 2}), (plain, {"stages": 5})):
-        with pytest.raises(RuntimeError, match="192-column tiles take the plain epilogue"):
-            ops.fp8_grouped_gemm(a_codes, a_scales, w_codes, w_scales, offsets, out,
-                                 block_n=wide, **options)
+    for stages in (5, 6):
+        with pytest.raises(RuntimeError, match="192-column tiles run 4 stages"):
+            ops.fp8_grouped_gemm(a_codes, a_scales, w_codes, w_scales, offsets, plain,
+                                 block_n=wide, stages=stages)

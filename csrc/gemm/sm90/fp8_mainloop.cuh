@@ -151,16 +151,16 @@ __device__ __forceinline__ void produce_fp8_tile(Ring& ring, int& it, int k_bloc
     const int k0 = kb * kFp8BlockK;
     tma_load_4d(ring.b[stage], w_map, full, k0, n0, 0, expert);
     if constexpr (kGatedWeights) {
-      tma_load_4d(ring.b[stage] + kFp8BTileBytes / 2, w_map, full, k0, n0, 1, expert);
+      tma_load_4d(ring.b[stage] + Ring::kTileN * kFp8BlockK / 2, w_map, full, k0, n0, 1, expert);
     }
   }
 }
 
 // produce_fp8_tile for a CTA of a pair (rank 0 or 1): its own A rows and row scales, and the B
-// tile as two 64-row boxes (w_half_map) - with `shared_b` (both CTAs' tiles read the same
-// weight rows) box `rank` into both CTAs' stages (multicast), so L2 serves the tile once per
-// pair; otherwise both boxes into this CTA's stage alone. Either way 32 KB land in each CTA's
-// stage. Gated weights: box 0 the gate rows, box 1 the up rows.
+// tile as two boxes of half its rows (w_half_map) - with `shared_b` (both CTAs' tiles read the
+// same weight rows) box `rank` into both CTAs' stages (multicast), so L2 serves the tile once
+// per pair; otherwise both boxes into this CTA's stage alone. Either way the whole B tile
+// lands in each CTA's stage. Gated weights: box 0 the gate rows, box 1 the up rows.
 template <bool kGatedWeights, class Ring>
 __device__ __forceinline__ void produce_fp8_tile_pair(Ring& ring, int& it, int k_blocks, int tile,
                                                       const CUtensorMap* a_map,
@@ -169,7 +169,7 @@ __device__ __forceinline__ void produce_fp8_tile_pair(Ring& ring, int& it, int k
                                                       int n0, int expert, uint32_t rank,
                                                       bool shared_b, uint64_t timeout_ns,
                                                       int* report) {
-  constexpr int kBoxBytes = kFp8BTileBytes / 2;
+  constexpr int kBoxRows = Ring::kTileN / 2, kBoxBytes = kBoxRows * kFp8BlockK;
   for (int kb = 0; kb < k_blocks; ++kb, ++it) {
     const int stage =
         start_fp8_stage(ring, it, kb, tile, a_map, a_scales_map, row0, timeout_ns, report);
@@ -177,7 +177,7 @@ __device__ __forceinline__ void produce_fp8_tile_pair(Ring& ring, int& it, int k
     const int k0 = kb * kFp8BlockK;
 #pragma unroll
     for (int box = 0; box < 2; ++box) {
-      const int c1 = kGatedWeights ? n0 : n0 + box * (kFp8BlockN / 2);
+      const int c1 = kGatedWeights ? n0 : n0 + box * kBoxRows;
       const int c2 = kGatedWeights ? box : 0;
       if (!shared_b) {
         tma_load_4d(ring.b[stage] + box * kBoxBytes, w_half_map, full, k0, c1, c2, expert);
@@ -275,8 +275,7 @@ __device__ __forceinline__ void pass_fp8_tile(Ring& ring, int& it, int k_blocks,
 // says the first block holds 128 of its rows (n0 % 128 == 0), else 64.
 template <bool kGatedWeights, int kTileN = kFp8BlockN>
 struct WeightBlockScales {
-  static_assert(kTileN == kFp8BlockN || (kTileN == kFp8WideBlockN && !kGatedWeights),
-                "wide tiles are plain");
+  static constexpr int kCodes = 2;  // per k-block
   const uint8_t* half0;
   const uint8_t* half1;
   bool wide_first;
@@ -293,6 +292,44 @@ struct WeightBlockScales {
     }
     wide_first = n0 % kFp8ScaleBlock == 0;
   }
+
+  __device__ void load(int kb, uint8_t (&codes)[kCodes]) const {
+    codes[0] = __ldg(half0 + kb);
+    codes[1] = __ldg(half1 + kb);
+  }
+};
+
+// A wide gated tile: 96 gate rows from n0 (a multiple of 96, so of 32) and the 96 up rows
+// half_rows further (F, a multiple of 64). Each half spans up to two 128-row blocks, in
+// 32-row groups that never straddle one: codes [gate's first block, the next, up's first, the
+// next] per k-block (a next block past the weight's rows is the last again: its rows read as
+// zero), and bit g of `second` says group g (gate 0-2, up 3-5) is in its half's next block.
+template <>
+struct WeightBlockScales<true, kFp8WideBlockN> {
+  static constexpr int kCodes = 4;
+  const uint8_t* block[kCodes];
+  uint32_t second;
+
+  __device__ WeightBlockScales(const uint8_t* w_scales, int expert, int row_blocks,
+                               int k_blocks, int half_rows, int n0) {
+    const uint8_t* e = w_scales + int64_t(expert) * row_blocks * k_blocks;
+    second = 0;
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const int row = h * half_rows + n0, first = row / kFp8ScaleBlock;
+      block[2 * h] = e + first * k_blocks;
+      block[2 * h + 1] = e + min(first + 1, row_blocks - 1) * k_blocks;
+#pragma unroll
+      for (int g = 1; g < 3; ++g) {
+        if ((row + 32 * g) / kFp8ScaleBlock != first) second |= 1u << (3 * h + g);
+      }
+    }
+  }
+
+  __device__ void load(int kb, uint8_t (&codes)[kCodes]) const {
+#pragma unroll
+    for (int c = 0; c < kCodes; ++c) codes[c] = __ldg(block[c] + kb);
+  }
 };
 
 // This thread's rows r, r + 8 of the tile, as an index into a stage's row-scale box.
@@ -308,14 +345,14 @@ __device__ __forceinline__ int row_scale_index(int tile_row0, int consumer) {
 // 0-7 are in the first block and 16-23 in the second; 8-15 in the second on a 128-column tile
 // (a gated tile's up half), on a wide one in the block it holds 128 rows of (wide_first): one
 // select per row and k-block, not per accumulator.
-template <int kRegs>
-__device__ __forceinline__ void promote_block_scaled(float (&acc)[kRegs],
-                                                     const float (&partial)[kRegs],
-                                                     const float (&s)[2][2], bool wide_first) {
+template <int kRegs, bool kGatedWeights, int kTileN>
+__device__ __forceinline__ void promote_block_scaled(
+    float (&acc)[kRegs], const float (&partial)[kRegs], const float (&s)[2][2],
+    const WeightBlockScales<kGatedWeights, kTileN>& ws) {
   constexpr bool kWide = kRegs == kFp8WideBlockN / 2;
   float mid[2];
 #pragma unroll
-  for (int i = 0; i < 2; ++i) mid[i] = kWide && wide_first ? s[i][0] : s[i][1];
+  for (int i = 0; i < 2; ++i) mid[i] = kWide && ws.wide_first ? s[i][0] : s[i][1];
 #pragma unroll
   for (int j = 0; j < kRegs / 4; ++j) {
 #pragma unroll
@@ -325,6 +362,36 @@ __device__ __forceinline__ void promote_block_scaled(float (&acc)[kRegs],
       for (int c = 0; c < 2; ++c) {
         const int x = 4 * j + 2 * i + c;
         acc[x] = __fmaf_rn(partial[x], scale, acc[x]);
+      }
+    }
+  }
+}
+
+// The same for a wide gated tile: 32-column group g (chunks 4g .. 4g + 3; gate 0-2, up 3-5)
+// scaled by its half's first or next block (ws.second); the first group of each half is in
+// its first block. One select per row, group and k-block.
+template <int kRegs>
+__device__ __forceinline__ void promote_block_scaled(
+    float (&acc)[kRegs], const float (&partial)[kRegs], const float (&s)[2][4],
+    const WeightBlockScales<true, kFp8WideBlockN>& ws) {
+  static_assert(kRegs == kFp8WideBlockN / 2, "96 accumulators");
+  float group_scale[2][6];
+#pragma unroll
+  for (int g = 0; g < 6; ++g) {
+    const int h = g / 3;
+#pragma unroll
+    for (int i = 0; i < 2; ++i) {
+      group_scale[i][g] = g % 3 != 0 && (ws.second >> g & 1u) ? s[i][2 * h + 1] : s[i][2 * h];
+    }
+  }
+#pragma unroll
+  for (int j = 0; j < kRegs / 4; ++j) {
+#pragma unroll
+    for (int i = 0; i < 2; ++i) {
+#pragma unroll
+      for (int c = 0; c < 2; ++c) {
+        const int x = 4 * j + 2 * i + c;
+        acc[x] = __fmaf_rn(partial[x], group_scale[i][j / 4], acc[x]);
       }
     }
   }
@@ -341,16 +408,19 @@ __device__ __forceinline__ void row_scale_codes(const Ring& ring, int stage, int
   for (int i = 0; i < 2; ++i) codes[i] = ld_shared_u8(ring.a_scales[stage] + r + 8 * i);
 }
 
-// The scales of a k-block for this thread's rows r, r + 8 and the two halves: s[i][h] = row
-// scale x weight scale (from the rows' codes a and the weight codes w).
-__device__ __forceinline__ void block_scales(const uint8_t (&a)[2], const uint8_t (&w)[2],
-                                             float (&s)[2][2]) {
-  const float w_scale[2] = {e8m0_factor(w[0]), e8m0_factor(w[1])};
+// The scales of a k-block for this thread's rows r, r + 8 and the weight blocks:
+// s[i][h] = row scale x weight scale (from the rows' codes a and the weight codes w).
+template <int kCodes>
+__device__ __forceinline__ void block_scales(const uint8_t (&a)[2], const uint8_t (&w)[kCodes],
+                                             float (&s)[2][kCodes]) {
+  float w_scale[kCodes];
+#pragma unroll
+  for (int h = 0; h < kCodes; ++h) w_scale[h] = e8m0_factor(w[h]);
 #pragma unroll
   for (int i = 0; i < 2; ++i) {
     const float a_scale = e8m0_factor(a[i]);
 #pragma unroll
-    for (int h = 0; h < 2; ++h) s[i][h] = a_scale * w_scale[h];
+    for (int h = 0; h < kCodes; ++h) s[i][h] = a_scale * w_scale[h];
   }
 }
 
@@ -386,7 +456,9 @@ __device__ __forceinline__ void consume_fp8_tile(
 #pragma unroll
   for (int x = 0; x < Ring::kTileN / 2; ++x) acc[x] = 0.f;
   const int last = k_blocks - 1;
-  uint8_t w_codes[2] = {__ldg(ws.half0), __ldg(ws.half1)};
+  using Scales = WeightBlockScales<kGatedWeights, Ring::kTileN>;
+  uint8_t w_codes[Scales::kCodes];
+  ws.load(0, w_codes);
   uint32_t phase = (it / kStages) & 1;
   int first = it % kStages;  // the first turn's first stage
   int kb = 0;
@@ -398,14 +470,13 @@ __device__ __forceinline__ void consume_fp8_tile(
         uint8_t a_codes[2];
         row_scale_codes(ring, stage, r, a_codes);
         issue_stage_mmas(stage_descs(ring, stage, consumer), partial);
-        float s[2][2];
+        float s[2][Scales::kCodes];
         block_scales(a_codes, w_codes, s);
-        w_codes[0] = __ldg(ws.half0 + min(kb + 1, last));
-        w_codes[1] = __ldg(ws.half1 + min(kb + 1, last));
+        ws.load(min(kb + 1, last), w_codes);
         wgmma_wait<0>();
         fence_accumulators(partial);
         if (leader) release(&ring.empty[stage]);
-        promote_block_scaled(acc, partial, s, ws.wide_first);
+        promote_block_scaled(acc, partial, s, ws);
         ++kb;
       }
     }

@@ -75,11 +75,13 @@ CUtensorMap expert_weight_map(const void* base, uint64_t experts, uint64_t rows,
 }
 
 CUtensorMap staged_rows_map(const void* base, uint64_t rows, uint64_t n_out, int halves,
-                            uint64_t row_stride, uint32_t box_rows) {
+                            uint64_t row_stride, uint32_t box_rows, uint32_t box_cols) {
+  MOK_HOST_CHECK(box_cols == 64 || box_cols == 32, "staged boxes are 64 or 32 columns wide");
   const uint64_t row_bytes = row_stride * 2;
-  return make_bf16_tensor_map_4d(base, {n_out, uint64_t(halves), rows, 1},
-                                 {n_out * 2, row_bytes, rows * row_bytes},
-                                 {64, 1, box_rows > 0 ? box_rows : kGemmWarpgroupRows, 1});
+  return encode_4d(CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, base, {n_out, uint64_t(halves), rows, 1},
+                   {n_out * 2, row_bytes, rows * row_bytes},
+                   {box_cols, 1, box_rows > 0 ? box_rows : kGemmWarpgroupRows, 1},
+                   box_cols == 64 ? CU_TENSOR_MAP_SWIZZLE_128B : CU_TENSOR_MAP_SWIZZLE_64B);
 }
 
 CUtensorMap mn_major_rows_map(const void* base, uint64_t rows, uint64_t cols,
@@ -135,11 +137,11 @@ CUtensorMap fp8_expert_weight_map(const void* base, uint64_t experts, uint64_t r
 
 CUtensorMap fp8_expert_weight_half_map(const void* base, uint64_t experts, uint64_t rows,
                                        uint64_t k, uint64_t expert_stride, uint64_t row_stride,
-                                       int halves) {
+                                       int halves, int tile_rows) {
   const uint64_t n = rows / halves;
   return encode_4d(CU_TENSOR_MAP_DATA_TYPE_UINT8, base, {k, n, uint64_t(halves), experts},
                    {row_stride, row_stride * n, expert_stride},
-                   {kFp8BlockK, uint32_t(kFp8BlockN / 2), 1, 1}, CU_TENSOR_MAP_SWIZZLE_128B);
+                   {kFp8BlockK, uint32_t(tile_rows / 2), 1, 1}, CU_TENSOR_MAP_SWIZZLE_128B);
 }
 
 CUtensorMap fp8_row_scales_map(const void* base, uint64_t k_blocks, uint64_t rows,

@@ -32,10 +32,11 @@ CUtensorMap expert_weight_map(const void* base, uint64_t experts, uint64_t rows,
 
 // Rows the staged epilogue stores (gemm/sm90/tile_epilogue.cuh): `rows` rows of `halves` x
 // `n_out` bf16 (row stride `row_stride` elements) viewed as [rows, halves, n_out], written in
-// boxes of 64 rows (or box_rows) x 64 columns of one half, so a box never crosses from gate
-// into up.
+// boxes of 64 rows (or box_rows) x 64 columns (128-byte swizzle) of one half, so a box never
+// crosses from gate into up; box_cols 32: 64-byte swizzled boxes of 32 columns (sm90::
+// StagedBox, for tiles of 96 output columns).
 CUtensorMap staged_rows_map(const void* base, uint64_t rows, uint64_t n_out, int halves,
-                            uint64_t row_stride, uint32_t box_rows = 0);
+                            uint64_t row_stride, uint32_t box_rows = 0, uint32_t box_cols = 64);
 
 // An MN-major operand read from rows: `rows` rows of `cols` bf16 (row stride `row_stride`
 // elements), K = rows, read in boxes of 64 columns x kGemmBlockK rows (tile_engine.cuh:
@@ -75,11 +76,11 @@ CUtensorMap fp8_row_tile_map(const void* base, uint64_t rows, uint64_t k, uint64
 CUtensorMap fp8_expert_weight_map(const void* base, uint64_t experts, uint64_t rows, uint64_t k,
                                   uint64_t expert_stride, uint64_t row_stride, int halves,
                                   int tile_rows = kFp8BlockN);
-// The same weights in boxes of 64 rows: a B tile as two boxes, one per CTA of a pair
-// (fp8_mainloop.cuh: produce_fp8_tile_pair).
+// The same weights in boxes of half a B tile's rows (tile_rows / 2): a B tile as two boxes,
+// one per CTA of a pair (fp8_mainloop.cuh: produce_fp8_tile_pair).
 CUtensorMap fp8_expert_weight_half_map(const void* base, uint64_t experts, uint64_t rows,
                                        uint64_t k, uint64_t expert_stride, uint64_t row_stride,
-                                       int halves);
+                                       int halves, int tile_rows = kFp8BlockN);
 CUtensorMap fp8_row_scales_map(const void* base, uint64_t k_blocks, uint64_t rows,
                                uint64_t row_stride, int blocks_per_stage);
 // The same A codes [rows, K] as a store target: one consumer warpgroup's staged 64 rows of

@@ -38,6 +38,32 @@ namespace mok::sm90 {
 // 64 rows x 64 columns (one 128-byte swizzle row each).
 constexpr int kStagedRows = kGemmWarpgroupRows;
 constexpr int kStagedBoxBytes = kStagedRows * 128;
+
+// A staged box of 64 rows x kBoxCols bf16 columns, each row one TMA swizzle span: 64 columns
+// (128-byte swizzle), or 32 (64-byte swizzle) for a tile whose columns are not whole 64s - the
+// FP8 engine's wide gated tiles, 96 output columns - since TMA stores whole boxes. 16-byte
+// chunk c of row r sits at chunk c ^ swizzle(r): the 8 rows one warp store touches land in
+// 8 different bank groups either way.
+template <int kBoxCols>
+struct StagedBox {
+  static_assert(kBoxCols == 64 || kBoxCols == 32, "128- or 64-byte swizzled rows");
+  static constexpr int kRowBytes = kBoxCols * 2;
+  static constexpr int kChunks = kRowBytes / 16;  // per row
+  static constexpr int kBytes = kStagedRows * kRowBytes;
+  __device__ static int swizzle(int r) { return kBoxCols == 64 ? r % 8 : (r / 2) % 4; }
+  // Chunk c (8 columns) of row r of a staged tile of such boxes.
+  __device__ static int offset(int r, int c) {
+    return (c / kChunks) * kBytes + r * kRowBytes + ((c % kChunks) ^ swizzle(r)) * 16;
+  }
+};
+static_assert(StagedBox<64>::kBytes == kStagedBoxBytes, "the 64-column box is the default");
+
+// The box width a staged tile of kCols columns is stored in.
+template <int kCols>
+constexpr int staged_box_cols() {
+  static_assert(kCols % 32 == 0, "staged tiles are whole 32-column boxes");
+  return kCols % 64 == 0 ? 64 : 32;
+}
 // Scattered rows (store_rows_scattered) are staged unswizzled, one row of kGemmBlockN bf16 per
 // kScatterRowBytes: the 16 bytes of padding put the 8 rows one warp store touches in 8
 // different bank groups. The buffer holds either layout; 33 KiB keeps it 1024-aligned.
@@ -96,27 +122,27 @@ struct EpilogueTensor {
   int64_t stride;
 };
 
-// Writes value(j, i) for this thread's accumulator pairs into buf, 128-byte swizzled: 16-byte
-// chunk c of row r sits at c ^ (r % 8), so the 8 rows one warp store touches hit 8 different
-// chunks; box b (64 columns) starts at b * kStagedBoxBytes. `t` is the thread's index in its
-// consumer warpgroup.
+// Writes value(j, i) for this thread's accumulator pairs into buf as StagedBox rows (64
+// columns a box, 128-byte swizzled, unless kCols is not a multiple of 64): box b starts at
+// b * StagedBox::kBytes. `t` is the thread's index in its consumer warpgroup.
 template <int kCols, class Value>
 __device__ __forceinline__ void write_staged(uint8_t* buf, int t, Value value) {
+  using Box = StagedBox<staged_box_cols<kCols>()>;
   const int warp = t / 32, lane = t % 32;
-  // Chunk j of row r sits in box j / 8 at chunk (j % 8) ^ (r % 8); rows r and r + 8 share
-  // r % 8, so 8 base addresses (one per j % 8) plus immediates cover every store and the
-  // address arithmetic stays out of the registers the MMAs need.
+  // Chunk j of row r sits in box j / kChunks at chunk (j % kChunks) ^ swizzle(r); rows r and
+  // r + 8 share the swizzle, so kChunks base addresses plus immediates cover every store and
+  // the address arithmetic stays out of the registers the MMAs need.
   const int r0 = 16 * warp + lane / 4;
-  uint8_t* row_base = buf + r0 * 128 + (lane % 4) * 4;
+  uint8_t* row_base = buf + r0 * Box::kRowBytes + (lane % 4) * 4;
 #pragma unroll
-  for (int jj = 0; jj < 8; ++jj) {
-    uint8_t* base = row_base + ((jj ^ (r0 % 8)) * 16);
+  for (int jj = 0; jj < Box::kChunks; ++jj) {
+    uint8_t* base = row_base + ((jj ^ Box::swizzle(r0)) * 16);
 #pragma unroll
-    for (int box = 0; box < kCols / 64; ++box) {
+    for (int box = 0; box < kCols / (8 * Box::kChunks); ++box) {
 #pragma unroll
       for (int i = 0; i < 2; ++i) {
-        *reinterpret_cast<__nv_bfloat162*>(base + box * kStagedBoxBytes + i * 8 * 128) =
-            value(8 * box + jj, i);
+        *reinterpret_cast<__nv_bfloat162*>(base + box * Box::kBytes + i * 8 * Box::kRowBytes) =
+            value(Box::kChunks * box + jj, i);
       }
     }
   }
@@ -138,13 +164,15 @@ __device__ __forceinline__ void write_staged_rounded(uint8_t* buf, int t,
 
 // One thread: the staged boxes (write_staged) of a whole 64-row block into half `half` of
 // `dst` at rows row0 .. row0 + 63 by TMA, one bulk group; columns at or past n_out are
-// clipped by box.
+// clipped by box. dst's map has kBoxCols-column boxes (staged_rows_map's box_cols).
+template <int kBoxCols = 64>
 __device__ __forceinline__ void issue_staged_boxes(const EpilogueTensor& dst, const uint8_t* buf,
                                                    int boxes, int half, int row0, int col0,
                                                    int n_out) {
   for (int box = 0; box < boxes; ++box) {
-    if (col0 + 64 * box < n_out) {
-      tma_store_4d(dst.map, buf + box * kStagedBoxBytes, col0 + 64 * box, half, row0, 0);
+    if (col0 + kBoxCols * box < n_out) {
+      tma_store_4d(dst.map, buf + box * StagedBox<kBoxCols>::kBytes, col0 + kBoxCols * box,
+                   half, row0, 0);
     }
   }
   bulk_commit();
@@ -162,8 +190,8 @@ __device__ __forceinline__ void copy_staged_rows(const uint8_t* buf, const Epilo
     const int r = idx / kChunksPerRow, c = idx % kChunksPerRow;
     const int col = col0 + 8 * c;
     if (col >= n_out) continue;
-    const uint4 v = *reinterpret_cast<const uint4*>(buf + (c / 8) * kStagedBoxBytes + r * 128 +
-                                                    (((c % 8) ^ (r % 8)) * 16));
+    const uint4 v = *reinterpret_cast<const uint4*>(
+        buf + StagedBox<staged_box_cols<kCols>()>::offset(r, c));
     *reinterpret_cast<uint4*>(dst.base + int64_t(row0 + r) * dst.stride +
                               int64_t(half) * n_out + col) = v;
   }
@@ -184,7 +212,10 @@ __device__ __forceinline__ void store_round(uint8_t* buf, const EpilogueTensor& 
   fence_proxy_async_shared();
   named_barrier_sync(kStagingBarrier + consumer, 128);
   if (full) {
-    if (leader) issue_staged_boxes(dst, buf, kCols / 64, half, row0, col0, n_out);
+    constexpr int kBoxCols = staged_box_cols<kCols>();
+    if (leader) {
+      issue_staged_boxes<kBoxCols>(dst, buf, kCols / kBoxCols, half, row0, col0, n_out);
+    }
     return;
   }
   copy_staged_rows<kCols>(buf, dst, half, row0, rows_valid, col0, n_out, t, 128);
