@@ -221,10 +221,10 @@ def run_fp8_blockwise(model, local: int, tokens: int, iters: int, warmup: int,
     x_q = ops.fp8_quantize_rows(x)
     w1_q, w2_q = ops.fp8_quantize_weight_blocks(w1), ops.fp8_quantize_weight_blocks(w2)
 
-    def fc1_fp8(stages=0, m_group=0, ctas=1, block_n=0):
+    def fc1_fp8(stages=0, m_group=0, ctas=1, block_n=0, keep_h=True):
         ops.fp8_grouped_gemm(*x_q, *w1_q, offsets, act, activation="swiglu", row_prob=prob,
-                             h_out=h, stages=stages, m_group=m_group, cluster_ctas=ctas,
-                             block_n=block_n)
+                             h_out=h if keep_h else None, stages=stages, m_group=m_group,
+                             cluster_ctas=ctas, block_n=block_n)
 
     fc1_fp8()
     act_q = ops.fp8_quantize_rows(act)
@@ -284,6 +284,13 @@ def run_fp8_blockwise(model, local: int, tokens: int, iters: int, warmup: int,
              ("fc1_fp8_n192", lambda: fc1_fp8(block_n=ops.FP8_WIDE_BLOCK_N)),
              ("fc2_fp8_n192", fc2_wide),
              ("fc1_fp8_n192_c2", lambda: fc1_fp8(block_n=ops.FP8_WIDE_BLOCK_N, ctas=2)),
+             # What the separate path runs recomputing: forward's FC1 without h, backward's
+             # h as the plain product.
+             ("fc1_fp8_act_n192", lambda: fc1_fp8(block_n=ops.FP8_WIDE_BLOCK_N, keep_h=False)),
+             ("fc1_fp8_act_n192_c2", lambda: fc1_fp8(block_n=ops.FP8_WIDE_BLOCK_N, ctas=2,
+                                                     keep_h=False)),
+             ("fc1_fp8_h_n192", lambda: ops.fp8_grouped_gemm(*x_q, *w1_q, offsets, h,
+                                                             block_n=ops.FP8_WIDE_BLOCK_N)),
              ("fc2_fp8_n192_c2", lambda: fc2_wide(2))]
     for v in variants:
         name = "s{}_g{}_c{}".format(*v)
@@ -602,8 +609,10 @@ def main(argv=None):
                           f"{tf['fc1_fp8_n192']:5.0f} TF (x{m['fc1_fp8'] / m['fc1_fp8_n192']:.2f}"
                           f" the 128) FC2 {tf['fc2_fp8_n192']:5.0f} TF "
                           f"(x{m['fc2_fp8'] / m['fc2_fp8_n192']:.2f}); as CTA pairs FC1 "
-                          f"{tf['fc1_fp8_n192_c2']:5.0f} FC2 {tf['fc2_fp8_n192_c2']:5.0f} TF",
-                          flush=True)
+                          f"{tf['fc1_fp8_n192_c2']:5.0f} FC2 {tf['fc2_fp8_n192_c2']:5.0f} TF; "
+                          f"FC1 act alone {tf['fc1_fp8_act_n192']:5.0f} (pairs "
+                          f"{tf['fc1_fp8_act_n192_c2']:5.0f}), h alone (plain) "
+                          f"{tf['fc1_fp8_h_n192']:5.0f} TF", flush=True)
                     print(f"{'':31s} FP8 blockwise: FC1 {m['fc1_fp8']:7.3f} ms "
                           f"({tf['fc1_fp8']:5.0f} TF, x{r['ms']['fc1_ours'] / m['fc1_fp8']:.2f} "
                           f"vs our bf16) FC2 {m['fc2_fp8']:7.3f} ms ({tf['fc2_fp8']:5.0f} TF, "

@@ -74,9 +74,9 @@ constexpr int kFp8ScaleBlock = 128;  // 1 x 128 activation blocks, 128 x 128 wei
 constexpr int kFp8MinStages = 5;
 constexpr int kFp8MaxStages = 6;
 constexpr int kFp8TileGroupMBlocks = 8;
-// The grouped GEMM's wide tiles for the plain epilogue (ops.fp8_grouped_gemm block_n): m64n192
-// per consumer (96 accumulators and 96 partial sums), 4 stages of 40 KiB beside three staging
-// boxes per consumer - the deepest ring that fits with every expert count.
+// The grouped GEMM's wide tiles (ops.fp8_grouped_gemm block_n; a gated tile: 96 gate and 96 up
+// weight rows): m64n192 per consumer (96 accumulators and 96 partial sums), 4 stages of 40 KiB
+// beside three staging boxes per consumer - the deepest ring that fits with every expert count.
 constexpr int kFp8WideBlockN = 192;
 constexpr int kFp8WideStages = 4;
 // The forward megakernel under the blockwise recipe: 5 stages (160 KiB) do not fit beside the

@@ -134,8 +134,9 @@ class Bf16Operands:
         the launch's buffers of n rows of the forms along K)."""
         return dict(w1=plan.w1, w2=plan.w2)
 
-    def fc1(self, plan: Plan, sched: Schedule, rows: torch.Tensor):
-        """-> (h [cap, F1], act = act(h) * p [cap, F])."""
+    def fc1(self, plan: Plan, sched: Schedule, rows: torch.Tensor, keep_h: bool = True):
+        """-> (h [cap, F1], act = act(h) * p [cap, F]); h None where not keep_h and the
+        recipe's engine makes act without writing h (here it is act's input anyway)."""
         h = _grouped(rows, plan.w1.transpose(1, 2), sched.offs)
         act = _rows(sched, plan.ffn)
         ops.activation_forward(h, sched.row_prob, sched.num_rows, plan.activation, act)
@@ -223,23 +224,27 @@ class _QuantizedOperands(Bf16Operands, abc.ABC):
             return ops.mx_dequantize_segments(a.codes, a.scales, sched.offsets, self.block)
         return ops.mx_round_segments(a, sched.offsets, block=self.block)
 
-    def fc1(self, plan, sched, rows):
-        return self.fc1_prepared(plan, sched, self._along_k(sched, rows))
+    def fc1(self, plan, sched, rows, keep_h=True):
+        return self.fc1_prepared(plan, sched, self._along_k(sched, rows), keep_h)
+
+    def _k_rows_past(self, past, rows, first):
+        """FC1's operand for the rows from `first` on (fc1_past), prepared along K."""
+        return (self._k_rows_from(rows.along_k, first) if isinstance(rows, RoundedBoth)
+                else self._prepare(past, rows[first:]))
 
     def fc1_past(self, plan, past, rows, first):
         # The engine's h comes with its activation epilogue (h_out), as forward made it.
-        a = (self._k_rows_from(rows.along_k, first) if isinstance(rows, RoundedBoth)
-             else self._prepare(past, rows[first:]))
-        return self.fc1_prepared(plan, past, a)[0]
+        return self.fc1_prepared(plan, past, self._k_rows_past(past, rows, first))[0]
 
     @staticmethod
     @abc.abstractmethod
     def _k_rows_from(along_k, first: int):
         """The rows from `first` on (a multiple of 16) of an operand prepared along K."""
 
-    def fc1_prepared(self, plan, sched, rows):
-        """FC1 of rows already prepared (pulled so: separate_path.forward)."""
-        h = _rows(sched, plan.w1.shape[1])
+    def fc1_prepared(self, plan, sched, rows, keep_h=True):
+        """FC1 of rows already prepared (pulled so: separate_path.forward): (h, act), h None
+        unless keep_h (the epilogue then writes act alone)."""
+        h = _rows(sched, plan.w1.shape[1]) if keep_h else None
         act = self._gemm(plan, sched, rows, self.weights.w1,
                          _rows(sched, plan.ffn), activation=plan.activation,
                          row_prob=sched.row_prob, h_out=h)
@@ -336,6 +341,12 @@ class Fp8BlockwiseOperands(_QuantizedOperands):
     def _k_rows_from(along_k, first):
         codes, scales = along_k  # scales transposed: [K blocks, rows padded to 16]
         return codes[first:], scales[:, first:]
+
+    def fc1_past(self, plan, past, rows, first):
+        # h alone, as the plain product on W1's codes: the bits of the activation epilogue's
+        # h (both round the fp32 sums to bf16 once), without act's stores and math.
+        return self._gemm(plan, past, self._k_rows_past(past, rows, first), self.weights.w1,
+                          _rows(past, plan.w1.shape[1]))
 
     def _gemm(self, plan, sched, a, w, out, **epilogue):
         codes, scales = a  # ops.fp8_quantize_rows

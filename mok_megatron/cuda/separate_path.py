@@ -52,19 +52,21 @@ def pull_operand(plan: Plan, region: str, sched: Schedule):
                                           ws.layout.max_tokens, plan.topk, ws.layout.hidden)
 
 
-def forward(plan: Plan, sched: Schedule) -> ExpertInputs:
-    """What forward keeps: the rows (None when they came as FP8 rows), h and act."""
+def forward(plan: Plan, sched: Schedule, keep_h: bool = True) -> ExpertInputs:
+    """What forward keeps: the rows (None when they came as FP8 rows), h (None where not
+    keep_h and the recipe's FC1 epilogue makes act without it) and act."""
     ws = plan.ws
     fp8_rows = ws.layout.fp8_rows
     pull_from = (ws.peer_bases, ws.offsets["tokens"], sched.row_slot, sched.num_rows,
                  ws.layout.max_tokens, plan.topk, fp8_rows)
     if fp8_rows is None:
         rows = pull(plan, "tokens", sched)
-        kept = ExpertInputs(rows, *plan.operands.fc1(plan, sched, rows))
+        kept = ExpertInputs(rows, *plan.operands.fc1(plan, sched, rows, keep_h))
     else:  # codes, or the wire's values as bf16 rows (exact) for an FC1 multiplying bf16
         pull_fp8 = (ops.pull_fp8_rows if plan.operands.fc1_reads_codes
                     else ops.pull_fp8_rows_dequantized)
-        kept = ExpertInputs(None, *plan.operands.fc1_prepared(plan, sched, pull_fp8(*pull_from)))
+        kept = ExpertInputs(None, *plan.operands.fc1_prepared(plan, sched, pull_fp8(*pull_from),
+                                                              keep_h))
     out_rows = plan.operands.fc2(plan, sched, kept.act)
     ops.push_rows(ws.peer_bases, ws.offsets["slots"], sched.row_slot, sched.num_rows,
                   ws.layout.max_tokens * plan.topk, out_rows)

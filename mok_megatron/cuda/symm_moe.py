@@ -109,7 +109,8 @@ class _SymmMoE(torch.autograd.Function):
             kept = megakernel_path.forward(plan, sched, keep, head_rows)
             head = kept.h if plan.recompute else None
         else:
-            kept = separate_path.forward(plan, sched)
+            # Recomputing with no h kept, backward makes h again: FC1 writes act alone.
+            kept = separate_path.forward(plan, sched, keep_h=not plan.recompute or head_rows > 0)
             head = (None if head_rows == 0 else kept.h if head_rows == sched.capacity
                     else kept.h[:head_rows].clone())
         ws.barrier(ops.Stage.FORWARD_COMBINED)

@@ -370,3 +370,25 @@ def test_fp8_grouped_gemm_wide_tiles_refuse_what_they_do_not_run():
         with pytest.raises(RuntimeError, match="192-column tiles run 4 stages"):
             ops.fp8_grouped_gemm(a_codes, a_scales, w_codes, w_scales, offsets, plain,
                                  block_n=wide, stages=stages)
+
+
+@pytest.mark.parametrize("case", range(len(WIDE_ACTIVATION_CASES)))
+def test_fp8_grouped_gemm_plain_product_is_the_gated_epilogues_h(case):
+    """The separate backward recomputes h as the plain product on W1's codes (operands.py:
+    Fp8BlockwiseOperands.fc1_past): bit for bit the h a gated epilogue writes beside act,
+    on 128- and 192-column tiles."""
+    counts, k, f = WIDE_ACTIVATION_CASES[case]
+    offsets, a, w, prob = grouped_case(counts, k, 2 * f, seed=300 + case)
+    rows = a.shape[0]
+    a_codes, a_scales = ops.fp8_quantize_rows(a)
+    w_codes, w_scales = ops.fp8_quantize_weight_blocks(w)
+    act = torch.empty(rows, f, device="cuda", dtype=torch.bfloat16)
+    h = torch.full((rows, 2 * f), float("nan"), device="cuda", dtype=torch.bfloat16)
+    ops.fp8_grouped_gemm(a_codes, a_scales, w_codes, w_scales, offsets, act,
+                         activation="swiglu", row_prob=prob, h_out=h)
+    assert not h.isnan().any()
+    for block_n in (128, 192):
+        plain = torch.full_like(h, float("nan"))
+        ops.fp8_grouped_gemm(a_codes, a_scales, w_codes, w_scales, offsets, plain,
+                             block_n=block_n)
+        assert torch.equal(plain.view(torch.int16), h.view(torch.int16))
