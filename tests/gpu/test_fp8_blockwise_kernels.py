@@ -279,6 +279,19 @@ WIDE_CASES = CASES + [
 ]
 
 
+def block_scaled_case(counts, k, n, seed):
+    """grouped_case quantized, each 128-row weight block scaled by its own power of two first
+    (a tile reading a block's rows with another block's scale gives other bits): offsets,
+    prob, rows and the operands' codes and scale codes."""
+    offsets, a, w, prob = grouped_case(counts, k, n, seed)
+    block_factor = torch.exp2(torch.arange(-(-n // 128), device="cuda").float() % 7 - 3)
+    w = (w.float() * block_factor.repeat_interleave(128)[:n].view(1, n, 1)).bfloat16()
+    a_codes, a_scales = ops.fp8_quantize_rows(a)
+    w_codes, w_scales = ops.fp8_quantize_weight_blocks(w)
+    assert w_scales.unique().numel() > 1
+    return offsets, prob, a.shape[0], a_codes, a_scales, w_codes, w_scales
+
+
 # (block_n, m_group, cluster_ctas): the 128 tiles, then the wide ones twice, in other tile
 # orders and as CTA pairs (odd groups: pairs across n-blocks, which share no weight tile).
 WIDE_RUNS = [(128, 0, 1), (192, 0, 1), (192, 0, 1), (192, 1, 1), (192, 1000, 1), (192, 0, 2),
@@ -292,13 +305,8 @@ def test_fp8_grouped_gemm_wide_tiles_give_the_128_tiles_bits(case):
     a tile's second block changes the bits), whatever the tile order, alone or as CTA pairs;
     poison rows untouched."""
     counts, k, n = WIDE_CASES[case]
-    offsets, a, w, _ = grouped_case(counts, k, n, seed=100 + case)
-    w = (w.float() * torch.exp2(torch.arange(-(-n // 128), device="cuda").float() - 2)
-         .repeat_interleave(128)[:n].view(1, n, 1)).bfloat16()
-    rows = a.shape[0]
-    a_codes, a_scales = ops.fp8_quantize_rows(a)
-    w_codes, w_scales = ops.fp8_quantize_weight_blocks(w)
-    assert w_scales.unique().numel() > 1
+    offsets, _, rows, a_codes, a_scales, w_codes, w_scales = block_scaled_case(
+        counts, k, n, seed=100 + case)
     outs = {}
     for block_n, m_group, ctas in WIDE_RUNS:
         out = torch.full((rows + 5, n), float("nan"), device="cuda", dtype=torch.bfloat16)
@@ -334,13 +342,8 @@ def test_fp8_grouped_gemm_wide_activation_tiles_give_the_128_tiles_bits(activati
     counts, k, f = WIDE_ACTIVATION_CASES[case]
     gated = activation in ("swiglu", "geglu")
     n = 2 * f if gated else f
-    offsets, a, w, prob = grouped_case(counts, k, n, seed=200 + case)
-    w = (w.float() * torch.exp2(torch.arange(-(-n // 128), device="cuda").float() % 7 - 3)
-         .repeat_interleave(128)[:n].view(1, n, 1)).bfloat16()
-    rows = a.shape[0]
-    a_codes, a_scales = ops.fp8_quantize_rows(a)
-    w_codes, w_scales = ops.fp8_quantize_weight_blocks(w)
-    assert w_scales.unique().numel() > 2
+    offsets, prob, rows, a_codes, a_scales, w_codes, w_scales = block_scaled_case(
+        counts, k, n, seed=200 + case)
     outs = {}
     for block_n, m_group, ctas in WIDE_RUNS:
         out = torch.full((rows + 5, f), float("nan"), device="cuda", dtype=torch.bfloat16)
@@ -378,10 +381,8 @@ def test_fp8_grouped_gemm_plain_product_is_the_gated_epilogues_h(case):
     Fp8BlockwiseOperands.fc1_past): bit for bit the h a gated epilogue writes beside act,
     on 128- and 192-column tiles."""
     counts, k, f = WIDE_ACTIVATION_CASES[case]
-    offsets, a, w, prob = grouped_case(counts, k, 2 * f, seed=300 + case)
-    rows = a.shape[0]
-    a_codes, a_scales = ops.fp8_quantize_rows(a)
-    w_codes, w_scales = ops.fp8_quantize_weight_blocks(w)
+    offsets, prob, rows, a_codes, a_scales, w_codes, w_scales = block_scaled_case(
+        counts, k, 2 * f, seed=300 + case)
     act = torch.empty(rows, f, device="cuda", dtype=torch.bfloat16)
     h = torch.full((rows, 2 * f), float("nan"), device="cuda", dtype=torch.bfloat16)
     ops.fp8_grouped_gemm(a_codes, a_scales, w_codes, w_scales, offsets, act,
