@@ -39,7 +39,7 @@ static_assert(kFp8BlockK == 128, "a stage's rows are one 128-byte swizzle row of
 // kStages: the grouped GEMM takes the deepest ring that fits beside its staging and expert
 // tables (gemm/fp8_grouped_gemm.cu); the forward megakernel fits fewer (megakernel/moe_forward.cu).
 // kTileN: the B tile's weight rows - kFp8BlockN, or kFp8WideBlockN for the grouped GEMM's
-// plain tiles; the consumers take their tile width from it.
+// wide tiles; the consumers take their tile width from it.
 template <class Scales, int kStages, int kTileN_ = kFp8BlockN>
 struct Fp8StageRing {
   static constexpr int kTileN = kTileN_;
@@ -270,9 +270,10 @@ __device__ __forceinline__ void pass_fp8_tile(Ring& ring, int& it, int k_blocks,
 // The weight-block scales one consumer thread applies (blockwise): for every k-block, the
 // E8M0 codes of the block holding the tile's first kFp8BlockN / halves rows of each half
 // (w_scales [E, ceil(rows / 128), k_blocks], rows = halves x the half's rows). A wide
-// (kFp8WideBlockN-row) plain tile (n0 a multiple of 192, so of 64) spans two blocks: half0 is the one its first
-// rows are in, half1 the next (the last block again past the weight's rows), and `wide_first`
-// says the first block holds 128 of its rows (n0 % 128 == 0), else 64.
+// (kFp8WideBlockN-row) plain tile (n0 a multiple of 192, so of 64) spans two blocks: half0 is
+// the one its first rows are in, half1 the next (the last block again past the weight's rows),
+// and `wide_first` says the first block holds 128 of its rows (n0 % 128 == 0), else 64. (A
+// wide gated tile: the specialization below.)
 template <bool kGatedWeights, int kTileN = kFp8BlockN>
 struct WeightBlockScales {
   static constexpr int kCodes = 2;  // per k-block
@@ -444,7 +445,7 @@ __device__ __forceinline__ void block_scales(const uint8_t (&a)[2], const uint8_
 // `partial` holds the MMAs' fresh sums of a block; a caller whose other tiles' accumulators
 // stay live (the backward megakernel's BF16 n256 tiles) lends their registers for it.
 // The tile is as wide as the ring's B tiles (Ring::kTileN: 128, or the grouped GEMM's wide
-// plain tiles).
+// tiles).
 template <bool kGatedWeights, class Ring, class Release = LocalRelease>
 __device__ __forceinline__ void consume_fp8_tile(
     Ring& ring, int& it, int k_blocks, int tile, int consumer, bool leader,
