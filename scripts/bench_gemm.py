@@ -229,24 +229,20 @@ def run_fp8_blockwise(model, local: int, tokens: int, iters: int, warmup: int,
     fc1_fp8()
     act_q = ops.fp8_quantize_rows(act)
 
-    def fc2_fp8(stages=0, m_group=0, ctas=1):
+    def fc2_fp8(stages=0, m_group=0, ctas=1, block_n=0):
         ops.fp8_grouped_gemm(*act_q, *w2_q, offsets, y, stages=stages, m_group=m_group,
-                             cluster_ctas=ctas)
+                             cluster_ctas=ctas, block_n=block_n)
 
     fc2_fp8()
     # The ring's depth and the tile order's groups (RING_VARIANTS): the same bits as the
     # defaults; a depth that does not fit beside this launch's expert tables is left out.
     act_default, y_default, h_default = act.clone(), y.clone(), h.clone()
-
-    def fc2_wide(ctas=1):
-        ops.fp8_grouped_gemm(*act_q, *w2_q, offsets, y, block_n=ops.FP8_WIDE_BLOCK_N,
-                             cluster_ctas=ctas)
-
+    wide = ops.FP8_WIDE_BLOCK_N
     # The 192-column tiles (FC1's: 96 gate + 96 up weight rows), alone and as CTA pairs: the
     # 128-column tiles' act, h and y.
     for ctas in (1, 2):
-        fc1_fp8(block_n=ops.FP8_WIDE_BLOCK_N, ctas=ctas)
-        fc2_wide(ctas)
+        fc1_fp8(ctas=ctas, block_n=wide)
+        fc2_fp8(ctas=ctas, block_n=wide)
         if not (torch.equal(act, act_default) and torch.equal(h, h_default)
                 and torch.equal(y, y_default)):
             raise SystemExit(f"the 192-column tiles (cluster_ctas={ctas}) give other bits "
@@ -281,17 +277,16 @@ def run_fp8_blockwise(model, local: int, tokens: int, iters: int, warmup: int,
                                         out_dtype=torch.bfloat16)
 
     timed = [("fc1_fp8", fc1_fp8), ("fc2_fp8", fc2_fp8),
-             ("fc1_fp8_n192", lambda: fc1_fp8(block_n=ops.FP8_WIDE_BLOCK_N)),
-             ("fc2_fp8_n192", fc2_wide),
-             ("fc1_fp8_n192_c2", lambda: fc1_fp8(block_n=ops.FP8_WIDE_BLOCK_N, ctas=2)),
+             ("fc1_fp8_n192", lambda: fc1_fp8(block_n=wide)),
+             ("fc2_fp8_n192", lambda: fc2_fp8(block_n=wide)),
+             ("fc1_fp8_n192_c2", lambda: fc1_fp8(ctas=2, block_n=wide)),
+             ("fc2_fp8_n192_c2", lambda: fc2_fp8(ctas=2, block_n=wide)),
              # What the separate path runs recomputing: forward's FC1 without h, backward's
              # h as the plain product.
-             ("fc1_fp8_act_n192", lambda: fc1_fp8(block_n=ops.FP8_WIDE_BLOCK_N, keep_h=False)),
-             ("fc1_fp8_act_n192_c2", lambda: fc1_fp8(block_n=ops.FP8_WIDE_BLOCK_N, ctas=2,
-                                                     keep_h=False)),
+             ("fc1_fp8_act_n192", lambda: fc1_fp8(block_n=wide, keep_h=False)),
+             ("fc1_fp8_act_n192_c2", lambda: fc1_fp8(ctas=2, block_n=wide, keep_h=False)),
              ("fc1_fp8_h_n192", lambda: ops.fp8_grouped_gemm(*x_q, *w1_q, offsets, h,
-                                                             block_n=ops.FP8_WIDE_BLOCK_N)),
-             ("fc2_fp8_n192_c2", lambda: fc2_wide(2))]
+                                                             block_n=wide))]
     for v in variants:
         name = "s{}_g{}_c{}".format(*v)
         timed += [(f"fc1_fp8_{name}", lambda v=v: fc1_fp8(*v)),

@@ -352,15 +352,15 @@ void fp8_grouped_gemm(const at::Tensor& a, const at::Tensor& a_scales, const at:
   l.a_scales_map = sm90::fp8_row_scales_map(a_scales.data_ptr(), k_blocks, rows,
                                             a_scales.stride(0),
                                             kFp8BlockK / Fp8BlockScales::kScaleK);
+  const int tile_rows = wide ? kFp8WideBlockN : kFp8BlockN;
   l.w_map = cluster_ctas == 2
                 ? sm90::fp8_expert_weight_half_map(w.data_ptr(), num_experts, n_rows, k_dim,
-                                                   w.stride(0), w.stride(1), halves,
-                                                   wide ? kFp8WideBlockN : kFp8BlockN)
+                                                   w.stride(0), w.stride(1), halves, tile_rows)
                 : sm90::fp8_expert_weight_map(w.data_ptr(), num_experts, n_rows, k_dim,
-                                              w.stride(0), w.stride(1), halves,
-                                              wide ? kFp8WideBlockN : kFp8BlockN);
-  // A wide gated tile's 96 output columns are three 32-column boxes (tile_epilogue.cuh).
-  const uint32_t box_cols = wide && gated ? 32 : 64;
+                                              w.stride(0), w.stride(1), halves, tile_rows);
+  // The boxes the epilogue stages a tile's output columns in (a wide gated tile's 96: three
+  // of 32 columns).
+  const auto box_cols = static_cast<uint32_t>(sm90::staged_box_cols(tile_rows / halves));
   l.out_map = sm90::staged_rows_map(out.data_ptr(), out.size(0), n_out, 1, out.stride(0), 0,
                                     box_cols);
   l.h_map = h_out ? sm90::staged_rows_map(h_ptr, h_out->size(0), n_out, halves, h_stride, 0,

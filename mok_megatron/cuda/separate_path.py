@@ -4,7 +4,7 @@ as the baseline the megakernels are measured against and checked bit for bit wit
 forward   pull x rows from their source ranks (FP8 rows under an FP8 recipe with recomputed
           backward inputs) | FC1 | act * p | FC2
           push result rows to their (source rank, token, k) slots
-recompute pull x rows again (from the peers' republished inputs) | FC1, as forward did it,
+recompute pull x rows again (from the peers' republished inputs) | h as forward's FC1 made it,
           on the rows past the h forward kept (kernel.kept_h_tokens)
 backward  pull dY rows | dA = dY W2 | act backward (dh, act, dp)
           dX rows = dh W1, pushed with dp to the source slots | dW2, dW1
@@ -76,7 +76,7 @@ def forward(plan: Plan, sched: Schedule, keep_h: bool = True) -> ExpertInputs:
 def recompute(plan: Plan, sched: Schedule, head: Optional[torch.Tensor] = None
               ) -> ExpertInputs:
     """The rows (as wgrad reads them) and h forward had, bit for bit: the token rows pulled
-    again from the peers' republished inputs and FC1 by the same kernels - past `head`, the
+    again from the peers' republished inputs and FC1 again (operands' fc1_past) - past `head`, the
     h of the first rows that forward kept (then h is a SplitH). act is left to the separate
     backward, which makes it in the activation's backward."""
     rows = pull_operand(plan, "inputs", sched)

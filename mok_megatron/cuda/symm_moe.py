@@ -110,7 +110,7 @@ class _SymmMoE(torch.autograd.Function):
             head = kept.h if plan.recompute else None
         else:
             # Recomputing with no h kept, backward makes h again: FC1 writes act alone.
-            kept = separate_path.forward(plan, sched, keep_h=not plan.recompute or head_rows > 0)
+            kept = separate_path.forward(plan, sched, keep_h=keep or head_rows > 0)
             head = (None if head_rows == 0 else kept.h if head_rows == sched.capacity
                     else kept.h[:head_rows].clone())
         ws.barrier(ops.Stage.FORWARD_COMBINED)

@@ -298,6 +298,22 @@ struct WeightBlockScales {
     codes[0] = __ldg(half0 + kb);
     codes[1] = __ldg(half1 + kb);
   }
+
+  // The scale of each 32-column group of this thread's rows, from s[i][c] (row scale x code
+  // c's): groups 0-1 in the first block and the last two in the second; 2-3 in the second on a
+  // 128-column tile (a gated tile's up half), on a wide one in the block it holds 128 rows of
+  // (wide_first): one select per row and k-block.
+  template <int kGroups>
+  __device__ void group_scales(const float (&s)[2][kCodes], float (&g)[2][kGroups]) const {
+#pragma unroll
+    for (int i = 0; i < 2; ++i) {
+      const float mid = kGroups == kFp8WideBlockN / 32 && wide_first ? s[i][0] : s[i][1];
+#pragma unroll
+      for (int grp = 0; grp < kGroups; ++grp) {
+        g[i][grp] = grp < 2 ? s[i][0] : grp < 4 ? mid : s[i][1];
+      }
+    }
+  }
 };
 
 // A wide gated tile: 96 gate rows from n0 (a multiple of 96, so of 32) and the 96 up rows
@@ -331,6 +347,21 @@ struct WeightBlockScales<true, kFp8WideBlockN> {
 #pragma unroll
     for (int c = 0; c < kCodes; ++c) codes[c] = __ldg(block[c] + kb);
   }
+
+  // Group g's scale: its half's first or next block (`second`; the first group of each half
+  // is in its first block). One select per row, group and k-block.
+  template <int kGroups>
+  __device__ void group_scales(const float (&s)[2][kCodes], float (&g)[2][kGroups]) const {
+    static_assert(kGroups == 6, "96 gate and 96 up columns");
+#pragma unroll
+    for (int grp = 0; grp < kGroups; ++grp) {
+      const int h = grp / 3;
+#pragma unroll
+      for (int i = 0; i < 2; ++i) {
+        g[i][grp] = grp % 3 != 0 && (second >> grp & 1u) ? s[i][2 * h + 1] : s[i][2 * h];
+      }
+    }
+  }
 };
 
 // This thread's rows r, r + 8 of the tile, as an index into a stage's row-scale box.
@@ -340,51 +371,18 @@ __device__ __forceinline__ int row_scale_index(int tile_row0, int consumer) {
          (t % 32) / 4;
 }
 
-// acc += scale x partial, chunk j of the fragment (8 columns) scaled by its weight block's
-// s[i][...]: one FFMA per accumulator. (A first block written as partial x scale instead made
-// ptxas issue a predicated FMUL beside every FFMA, twice the promotion's instructions.) Chunks
-// 0-7 are in the first block and 16-23 in the second; 8-15 in the second on a 128-column tile
-// (a gated tile's up half), on a wide one in the block it holds 128 rows of (wide_first): one
-// select per row and k-block, not per accumulator.
-template <int kRegs, bool kGatedWeights, int kTileN>
-__device__ __forceinline__ void promote_block_scaled(
-    float (&acc)[kRegs], const float (&partial)[kRegs], const float (&s)[2][2],
-    const WeightBlockScales<kGatedWeights, kTileN>& ws) {
-  constexpr bool kWide = kRegs == kFp8WideBlockN / 2;
-  float mid[2];
-#pragma unroll
-  for (int i = 0; i < 2; ++i) mid[i] = kWide && ws.wide_first ? s[i][0] : s[i][1];
-#pragma unroll
-  for (int j = 0; j < kRegs / 4; ++j) {
-#pragma unroll
-    for (int i = 0; i < 2; ++i) {
-      const float scale = j < 8 ? s[i][0] : j < 16 ? mid[i] : s[i][1];
-#pragma unroll
-      for (int c = 0; c < 2; ++c) {
-        const int x = 4 * j + 2 * i + c;
-        acc[x] = __fmaf_rn(partial[x], scale, acc[x]);
-      }
-    }
-  }
-}
-
-// The same for a wide gated tile: 32-column group g (chunks 4g .. 4g + 3; gate 0-2, up 3-5)
-// scaled by its half's first or next block (ws.second); the first group of each half is in
-// its first block. One select per row, group and k-block.
-template <int kRegs>
-__device__ __forceinline__ void promote_block_scaled(
-    float (&acc)[kRegs], const float (&partial)[kRegs], const float (&s)[2][4],
-    const WeightBlockScales<true, kFp8WideBlockN>& ws) {
-  static_assert(kRegs == kFp8WideBlockN / 2, "96 accumulators");
-  float group_scale[2][6];
-#pragma unroll
-  for (int g = 0; g < 6; ++g) {
-    const int h = g / 3;
-#pragma unroll
-    for (int i = 0; i < 2; ++i) {
-      group_scale[i][g] = g % 3 != 0 && (ws.second >> g & 1u) ? s[i][2 * h + 1] : s[i][2 * h];
-    }
-  }
+// acc += scale x partial, each 32-column group (chunks 4g .. 4g + 3 of the fragment) scaled
+// by its weight block's scale (ws.group_scales): one FFMA per accumulator. (A first block
+// written as partial x scale instead made ptxas issue a predicated FMUL beside every FFMA,
+// twice the promotion's instructions.)
+template <int kRegs, class Scales>
+__device__ __forceinline__ void promote_block_scaled(float (&acc)[kRegs],
+                                                     const float (&partial)[kRegs],
+                                                     const float (&s)[2][Scales::kCodes],
+                                                     const Scales& ws) {
+  constexpr int kGroups = kRegs / 16;
+  float g[2][kGroups];
+  ws.template group_scales<kGroups>(s, g);
 #pragma unroll
   for (int j = 0; j < kRegs / 4; ++j) {
 #pragma unroll
@@ -392,7 +390,7 @@ __device__ __forceinline__ void promote_block_scaled(
 #pragma unroll
       for (int c = 0; c < 2; ++c) {
         const int x = 4 * j + 2 * i + c;
-        acc[x] = __fmaf_rn(partial[x], group_scale[i][j / 4], acc[x]);
+        acc[x] = __fmaf_rn(partial[x], g[i][j / 4], acc[x]);
       }
     }
   }

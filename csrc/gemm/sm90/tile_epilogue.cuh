@@ -35,9 +35,8 @@
 namespace mok::sm90 {
 
 // Rows one consumer warpgroup stages, and its buffer: kGemmBlockN bf16 columns as boxes of
-// 64 rows x 64 columns (one 128-byte swizzle row each).
+// 64 rows x 64 columns (one 128-byte swizzle row each: kStagedBoxBytes, below).
 constexpr int kStagedRows = kGemmWarpgroupRows;
-constexpr int kStagedBoxBytes = kStagedRows * 128;
 
 // A staged box of 64 rows x kBoxCols bf16 columns, each row one TMA swizzle span: 64 columns
 // (128-byte swizzle), or 32 (64-byte swizzle) for a tile whose columns are not whole 64s - the
@@ -56,14 +55,11 @@ struct StagedBox {
     return (c / kChunks) * kBytes + r * kRowBytes + ((c % kChunks) ^ swizzle(r)) * 16;
   }
 };
-static_assert(StagedBox<64>::kBytes == kStagedBoxBytes, "the 64-column box is the default");
+constexpr int kStagedBoxBytes = StagedBox<64>::kBytes;
 
-// The box width a staged tile of kCols columns is stored in.
-template <int kCols>
-constexpr int staged_box_cols() {
-  static_assert(kCols % 32 == 0, "staged tiles are whole 32-column boxes");
-  return kCols % 64 == 0 ? 64 : 32;
-}
+// The box width a staged tile of `cols` columns (a multiple of 32) is stored in - on the
+// device and for the host's tensor maps (staged_rows_map's box_cols).
+constexpr int staged_box_cols(int cols) { return cols % 64 == 0 ? 64 : 32; }
 // Scattered rows (store_rows_scattered) are staged unswizzled, one row of kGemmBlockN bf16 per
 // kScatterRowBytes: the 16 bytes of padding put the 8 rows one warp store touches in 8
 // different bank groups. The buffer holds either layout; 33 KiB keeps it 1024-aligned.
@@ -127,7 +123,9 @@ struct EpilogueTensor {
 // b * StagedBox::kBytes. `t` is the thread's index in its consumer warpgroup.
 template <int kCols, class Value>
 __device__ __forceinline__ void write_staged(uint8_t* buf, int t, Value value) {
-  using Box = StagedBox<staged_box_cols<kCols>()>;
+  static_assert(kCols % 32 == 0, "staged tiles are whole 32-column boxes");
+  constexpr int kBoxCols = staged_box_cols(kCols);
+  using Box = StagedBox<kBoxCols>;
   const int warp = t / 32, lane = t % 32;
   // Chunk j of row r sits in box j / kChunks at chunk (j % kChunks) ^ swizzle(r); rows r and
   // r + 8 share the swizzle, so kChunks base addresses plus immediates cover every store and
@@ -138,7 +136,7 @@ __device__ __forceinline__ void write_staged(uint8_t* buf, int t, Value value) {
   for (int jj = 0; jj < Box::kChunks; ++jj) {
     uint8_t* base = row_base + ((jj ^ Box::swizzle(r0)) * 16);
 #pragma unroll
-    for (int box = 0; box < kCols / (8 * Box::kChunks); ++box) {
+    for (int box = 0; box < kCols / kBoxCols; ++box) {
 #pragma unroll
       for (int i = 0; i < 2; ++i) {
         *reinterpret_cast<__nv_bfloat162*>(base + box * Box::kBytes + i * 8 * Box::kRowBytes) =
@@ -191,7 +189,7 @@ __device__ __forceinline__ void copy_staged_rows(const uint8_t* buf, const Epilo
     const int col = col0 + 8 * c;
     if (col >= n_out) continue;
     const uint4 v = *reinterpret_cast<const uint4*>(
-        buf + StagedBox<staged_box_cols<kCols>()>::offset(r, c));
+        buf + StagedBox<staged_box_cols(kCols)>::offset(r, c));
     *reinterpret_cast<uint4*>(dst.base + int64_t(row0 + r) * dst.stride +
                               int64_t(half) * n_out + col) = v;
   }
@@ -212,7 +210,7 @@ __device__ __forceinline__ void store_round(uint8_t* buf, const EpilogueTensor& 
   fence_proxy_async_shared();
   named_barrier_sync(kStagingBarrier + consumer, 128);
   if (full) {
-    constexpr int kBoxCols = staged_box_cols<kCols>();
+    constexpr int kBoxCols = staged_box_cols(kCols);
     if (leader) {
       issue_staged_boxes<kBoxCols>(dst, buf, kCols / kBoxCols, half, row0, col0, n_out);
     }
