@@ -13,7 +13,8 @@
 //   static         minimal+scales with the stage index a compile-time constant: the k-loop
 //                  unrolled over the ring, a tile a whole number of ring turns
 //   engine         the engine's consumer (fp8_mainloop.cuh: consume_fp8_tile) over its own
-//                  ring (E8M0 row-scale codes in the stage, weight codes from global memory)
+//                  ring (E8M0 row-scale codes in the stage, the weight groups' fp32 scales
+//                  decoded into it by the producer from codes in global memory)
 //   engine-n192    the same with the grouped GEMM's 192-column tiles (4 stages)
 // If `engine` sits well below `minimal+scales`, the consumer's own code is what the engine
 // loses; if all rungs sit together, the loss is outside the consumer (the producer's tensor
@@ -71,13 +72,23 @@ struct RingOf<kEngineN192> {
 };
 
 template <class Ring>
-__device__ void produce(Ring& ring, const uint8_t* src, int tiles, int k_blocks) {
+__device__ void produce(Ring& ring, const uint8_t* src, const uint8_t* w_codes, int tiles,
+                        int k_blocks) {
   constexpr bool kEngineRing = !std::is_same_v<Ring, Minimal>;
   int it = 0;
   for (int tile = 0; tile < tiles; ++tile) {
     for (int kb = 0; kb < k_blocks; ++kb, ++it) {
       const int stage = it % Ring::kStageCount;
       mbar_wait_unbounded(&ring.empty[stage], ((it / Ring::kStageCount) & 1) ^ 1);
+      if constexpr (kEngineRing) {
+        using Scales = WeightBlockScales<false, Ring::kTileN>;
+        const Scales ws(w_codes, 0, 2, k_blocks, Ring::kTileN, 0);
+        uint8_t codes[Scales::kCodes];
+        float g[Scales::kGroups];
+        ws.load(kb, codes);
+        ws.group_factors(codes, g);
+        store_group_scales(ring.group_scales(stage), g);
+      }
       uint64_t* full = &ring.full[stage];
       mbar_arrive_expect_tx(full, Ring::kTxBytes);
       const uint8_t* chunk = src + (it % kSourceChunks) * kChunkBytes;
@@ -122,9 +133,8 @@ __device__ __forceinline__ float fold(const float (&acc)[kRegs]) {
 }
 
 template <int kMode>
-__device__ void consume(typename RingOf<kMode>::T& ring, const float* w_scales_f32,
-                        const uint8_t* w_codes, int tiles, int k_blocks, int consumer,
-                        float* sink, int* report) {
+__device__ void consume(typename RingOf<kMode>::T& ring, const float* w_scales_f32, int tiles,
+                        int k_blocks, int consumer, float* sink, int* report) {
   constexpr int kTileN = kMode == kEngineN192 ? kFp8WideBlockN : kFp8BlockN;
   const bool leader = threadIdx.x % 128 == 0;
   const int t = threadIdx.x % 128;
@@ -134,9 +144,8 @@ __device__ void consume(typename RingOf<kMode>::T& ring, const float* w_scales_f
   float check = 0.f;
   for (int tile = 0; tile < tiles; ++tile) {
     if constexpr (kMode == kEngine || kMode == kEngineN192) {
-      const WeightBlockScales<false, kTileN> ws(w_codes, 0, 2, k_blocks, kTileN, 0);
-      consume_fp8_tile<false>(ring, it, k_blocks, tile, consumer, leader, ws, 0, acc, partial,
-                              kTimeoutNs, report);
+      consume_fp8_tile(ring, it, k_blocks, tile, consumer, leader, 0, acc, partial, kTimeoutNs,
+                       report);
     } else {
 #pragma unroll
       for (int x = 0; x < 64; ++x) acc[x] = 0.f;
@@ -191,12 +200,12 @@ __global__ void __launch_bounds__(kGemmThreads, 1)
   const int warpgroup = threadIdx.x / 128;
   if (warpgroup == 0) {
     warpgroup_reg_dealloc<kGemmProducerRegs>();
-    if (threadIdx.x == 0) produce(ring, src, tiles, k_blocks);
+    if (threadIdx.x == 0) produce(ring, src, w_codes, tiles, k_blocks);
     return;
   }
   warpgroup_reg_alloc<kGemmConsumerRegs>();
   const int consumer = __shfl_sync(0xffffffffu, warpgroup - 1, 0);
-  consume<kMode>(ring, w_scales_f32, w_codes, tiles, k_blocks, consumer, sink, report);
+  consume<kMode>(ring, w_scales_f32, tiles, k_blocks, consumer, sink, report);
 }
 
 template <int kMode>

@@ -129,7 +129,8 @@ __global__ void __launch_bounds__(kGemmThreads, 1)
   const int first_unit = blockIdx.x / kCtas, unit_stride = gridDim.x / kCtas;
 
   if (warpgroup == 0) {
-    // Producer: one thread streams A, its scales and W through the stage ring.
+    // Producer: one thread streams A, its scales, W and its blocks' scales (decoded per 32
+    // weight rows) through the stage ring.
     warpgroup_reg_dealloc<kGemmProducerRegs>();
     if (threadIdx.x != 0) return;
     prefetch_tensor_map(&a_map);
@@ -140,13 +141,16 @@ __global__ void __launch_bounds__(kGemmThreads, 1)
       const OwnTile o =
           own_tile<kCtas>(mblock_begin, num_experts, n_blocks, num_tiles, m_group, u, rank);
       const int row0 = row_begin[o.tc.expert] + o.tc.m_block * kGemmBlockM;
+      const int n0 = o.tc.n_block * kTileN;
+      const WeightBlockScales<kGated, kTileCols> ws(w.scales, o.tc.expert, w.row_blocks, k_blocks,
+                                                    w.half_rows, n0);
       if constexpr (kCtas == 1) {
-        produce_fp8_tile<kGated>(s.ring, it, k_blocks, o.tile, &a_map, &a_scales_map, &w_map,
-                                 row0, o.tc.n_block * kTileN, o.tc.expert, timeout_ns, report);
+        produce_fp8_tile<kGated>(s.ring, it, k_blocks, o.tile, &a_map, &a_scales_map, &w_map, ws,
+                                 row0, n0, o.tc.expert, timeout_ns, report);
       } else {
         produce_fp8_tile_pair<kGated>(s.ring, it, k_blocks, o.tile, &a_map, &a_scales_map,
-                                      &w_map, row0, o.tc.n_block * kTileN, o.tc.expert, rank,
-                                      o.shared_b, timeout_ns, report);
+                                      &w_map, ws, row0, n0, o.tc.expert, rank, o.shared_b,
+                                      timeout_ns, report);
       }
     }
     // Pairs: no arrive of the peer's is in flight at exit. Wide tiles: their consumers wait
@@ -189,10 +193,8 @@ __global__ void __launch_bounds__(kGemmThreads, 1)
                     report, release);
       continue;
     }
-    const WeightBlockScales<kGated, kTileCols> ws(w.scales, tc.expert, w.row_blocks, k_blocks,
-                                                  w.half_rows, tc.n_block * kTileN);
-    consume_fp8_tile<kGated>(s.ring, it, k_blocks, tile, consumer, leader, ws,
-                             row_begin[tc.expert] + m_row0, acc, timeout_ns, report, release);
+    consume_fp8_tile(s.ring, it, k_blocks, tile, consumer, leader, row_begin[tc.expert] + m_row0,
+                     acc, timeout_ns, report, release);
     store_rows_staged<kAct, kTileCols>(acc, s.staged[consumer],
                                         EpilogueTensor{&out_map, out, out_stride},
                                         EpilogueTensor{&h_map, h_out, h_stride}, row0,

@@ -310,18 +310,30 @@ __global__ void __launch_bounds__(kGemmThreads, 1)
       if constexpr (kFp8) {
         if (w.kind == kFc1 || w.kind == kDgrad2 || w.kind == kDgrad1) {
           Fp8RingOverStages fp8_ring = Fp8RingOverStages::over(s.ring);
+          const int k_blocks = k_blocks_of(w);
           if (w.kind == kFc1) {
-            produce_fp8_tile<kGated>(fp8_ring, it, k_blocks_of(w), tile, &m.rows_k,
-                                     &m.rows_k_scales, &m.w1_k, w.row0, w.n_block * kFc1Cols,
-                                     w.expert, a.timeout_ns, a.report);
+            const int n0 = w.n_block * kFc1Cols;
+            const WeightBlockScales<kGated> ws(a.w1_block_scales, w.expert,
+                                               ceil_div(a.f1, kFp8ScaleBlock), k_blocks, a.ffn,
+                                               n0);
+            produce_fp8_tile<kGated>(fp8_ring, it, k_blocks, tile, &m.rows_k, &m.rows_k_scales,
+                                     &m.w1_k, ws, w.row0, n0, w.expert, a.timeout_ns, a.report);
           } else if (w.kind == kDgrad2) {
-            produce_fp8_tile<false>(fp8_ring, it, k_blocks_of(w), tile, &m.dout_rows,
-                                    &m.dout_k_scales, &m.w2_dgrad, w.row0,
-                                    w.n_block * kDgrad2Cols, w.expert, a.timeout_ns, a.report);
+            const int n0 = w.n_block * kDgrad2Cols;
+            const WeightBlockScales<false> ws(a.w2_t_block_scales, w.expert,
+                                              ceil_div(a.ffn, kFp8ScaleBlock), k_blocks, a.ffn,
+                                              n0);
+            produce_fp8_tile<false>(fp8_ring, it, k_blocks, tile, &m.dout_rows, &m.dout_k_scales,
+                                    &m.w2_dgrad, ws, w.row0, n0, w.expert, a.timeout_ns,
+                                    a.report);
           } else {
-            produce_fp8_tile<false>(fp8_ring, it, k_blocks_of(w), tile, &m.dh_rows,
-                                    &m.dh_k_scales, &m.w1_dgrad, w.row0,
-                                    w.n_block * kDgrad1Cols, w.expert, a.timeout_ns, a.report);
+            const int n0 = w.n_block * kDgrad1Cols;
+            const WeightBlockScales<false> ws(a.w1_t_block_scales, w.expert,
+                                              ceil_div(a.hidden, kFp8ScaleBlock), k_blocks,
+                                              a.hidden, n0);
+            produce_fp8_tile<false>(fp8_ring, it, k_blocks, tile, &m.dh_rows, &m.dh_k_scales,
+                                    &m.w1_dgrad, ws, w.row0, n0, w.expert, a.timeout_ns,
+                                    a.report);
           }
           trace.stamp(seq, kBtLoadsIssued);
           continue;
@@ -549,11 +561,8 @@ __global__ void __launch_bounds__(kGemmThreads, 1)
           // (kFp8: the FP8 engine's tile of the separate path's FC1, act kept bf16 here for
           // dW2's rounding tile).
           if constexpr (kFp8) {
-            const WeightBlockScales<kGated> ws(a.w1_block_scales, w.expert,
-                                               ceil_div(a.f1, kFp8ScaleBlock), k_blocks, a.ffn,
-                                               w.n_block * kFc1Cols);
-            consume_fp8_tile<kGated>(fp8_ring, it, k_blocks, w.tile, consumer, leader, ws,
-                                     w.row0, acc8, partial8, a.timeout_ns, a.report);
+            consume_fp8_tile(fp8_ring, it, k_blocks, w.tile, consumer, leader, w.row0, acc8,
+                             partial8, a.timeout_ns, a.report);
             trace.stamp(seq, kBtMainloopEnd);
             uint8_t* slots = acquire();
             // Gated: the 64 gate columns in slot 0, the up columns at the same place in
@@ -575,11 +584,8 @@ __global__ void __launch_bounds__(kGemmThreads, 1)
           // 0; the storer brings the tile's h into slot 1 (its m-block's FC1 count, when
           // recomputing, was complete before the producer loaded this tile's first stage).
           if constexpr (kFp8) {
-            const WeightBlockScales<false> ws(a.w2_t_block_scales, w.expert,
-                                              ceil_div(a.ffn, kFp8ScaleBlock), k_blocks, a.ffn,
-                                              w.n_block * kDgrad2Cols);
-            consume_fp8_tile<false>(fp8_ring, it, k_blocks, w.tile, consumer, leader, ws,
-                                    w.row0, acc8, partial8, a.timeout_ns, a.report);
+            consume_fp8_tile(fp8_ring, it, k_blocks, w.tile, consumer, leader, w.row0, acc8,
+                             partial8, a.timeout_ns, a.report);
             trace.stamp(seq, kBtMainloopEnd);
             write_staged_rounded<kDgrad2Cols>(acquire(), t, acc8);
           } else {
@@ -592,11 +598,8 @@ __global__ void __launch_bounds__(kGemmThreads, 1)
         } else {
           // dX rows, unswizzled: each leaves as one bulk store to its (token, k) slot.
           if constexpr (kFp8) {
-            const WeightBlockScales<false> ws(a.w1_t_block_scales, w.expert,
-                                              ceil_div(a.hidden, kFp8ScaleBlock), k_blocks,
-                                              a.hidden, w.n_block * kDgrad1Cols);
-            consume_fp8_tile<false>(fp8_ring, it, k_blocks, w.tile, consumer, leader, ws,
-                                    w.row0, acc8, partial8, a.timeout_ns, a.report);
+            consume_fp8_tile(fp8_ring, it, k_blocks, w.tile, consumer, leader, w.row0, acc8,
+                             partial8, a.timeout_ns, a.report);
             trace.stamp(seq, kBtMainloopEnd);
             write_scatter_staged<kDgrad1Cols>(acc8, acquire(), t);
           } else {

@@ -341,14 +341,17 @@ __global__ void __launch_bounds__(kGemmThreads, 1)
         if (w.fc1) {
           // Pass p: the weight rows of activation columns n0 .. n0 + 63 (gated) or all 128.
           for (int pass = 0; pass < kFc1Passes; ++pass) {
+            const int n0 = w.n_block * kFc1Cols + pass * (kFp8BlockN / 2);
+            const WeightBlockScales<kGated> ws(a.w1_block_scales, w.expert, a.w1_row_blocks,
+                                               fc1_kblocks, a.ffn, n0);
             produce_fp8_tile<kGated>(s.ring, it, fc1_kblocks, tile, &rows_map, &rows_scales_map,
-                                     &w1_map, w.slot0,
-                                     w.n_block * kFc1Cols + pass * (kFp8BlockN / 2),
-                                     w.expert, a.timeout_ns, a.report);
+                                     &w1_map, ws, w.slot0, n0, w.expert, a.timeout_ns, a.report);
           }
         } else {
+          const WeightBlockScales<false> ws(a.w2_block_scales, w.expert, a.w2_row_blocks,
+                                            fc2_kblocks, a.hidden, w.n_block * kFc2Cols);
           produce_fp8_tile<false>(s.ring, it, fc2_kblocks, tile, &act_map, &act_scales_map,
-                                  &w2_map, w.slot0, w.n_block * kFc2Cols, w.expert,
+                                  &w2_map, ws, w.slot0, w.n_block * kFc2Cols, w.expert,
                                   a.timeout_ns, a.report);
         }
         trace.stamp(seq, kTrLoadsIssued);
@@ -426,11 +429,8 @@ __global__ void __launch_bounds__(kGemmThreads, 1)
                           a.timeout_ns, a.report);
             continue;
           }
-          const WeightBlockScales<kGated> ws(a.w1_block_scales, t.expert, a.w1_row_blocks,
-                                             fc1_kblocks, a.ffn,
-                                             t.n_block * kFc1Cols + pass * (kFp8BlockN / 2));
-          consume_fp8_tile<kGated>(s.ring, it, fc1_kblocks, t.tile, consumer, leader, ws,
-                                   t.slot0, acc, a.timeout_ns, a.report);
+          consume_fp8_tile(s.ring, it, fc1_kblocks, t.tile, consumer, leader, t.slot0, acc,
+                           a.timeout_ns, a.report);
           if (pass == 0) slots = staging.acquire(2, t.tile, a.timeout_ns, a.report);
           write_staged_rounded<kFp8BlockN>(slots + pass * kStagedSlotBytes, t_in_wg, acc);
         }
@@ -449,10 +449,8 @@ __global__ void __launch_bounds__(kGemmThreads, 1)
           pass_fp8_tile(s.ring, it, fc2_kblocks, t.tile, leader, kStagingBarrier + consumer,
                         a.timeout_ns, a.report);
         } else {
-          const WeightBlockScales<false> ws(a.w2_block_scales, t.expert, a.w2_row_blocks,
-                                            fc2_kblocks, a.hidden, t.n_block * kFc2Cols);
-          consume_fp8_tile<false>(s.ring, it, fc2_kblocks, t.tile, consumer, leader, ws,
-                                  t.slot0, acc, a.timeout_ns, a.report);
+          consume_fp8_tile(s.ring, it, fc2_kblocks, t.tile, consumer, leader, t.slot0, acc,
+                           a.timeout_ns, a.report);
         }
         trace.stamp(seq, kTrMainloopEnd);
         const StagedRecord r{kStagedFc2, 2, !idle, t.row0 + kStagedRows * consumer, 0, nvalid,

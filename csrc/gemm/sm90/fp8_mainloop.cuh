@@ -6,7 +6,8 @@
 // with a row x column scale per accumulator cost more than the conversion (docs/perf-log.md, MXFP8, 2026-12-03/04).
 //
 // A stage is 128 codes of K: the A tile (kGemmBlockM rows), the B tile (kFp8BlockN weight
-// rows), both 128-byte swizzled by TMA, and the A rows' scale codes of the stage's scale blocks.
+// rows), both 128-byte swizzled by TMA, the A rows' scale codes of the stage's scale blocks,
+// and the weight blocks' scales of the B tile's 32-row groups, decoded to fp32 by the producer.
 // A consumer warpgroup multiplies its 64 rows one scale block at a time (k32 wgmmas into fresh
 // partial sums) and adds the partial sums to its fp32 accumulators times (row scale x weight
 // scale) on the CUDA cores: the tensor cores' own accumulation never spans more than one scale
@@ -31,6 +32,12 @@ struct Fp8BlockScales {
   static constexpr int kScaleK = kFp8ScaleBlock;
 };
 
+// A stage's weight scales: one fp32 factor per 32 weight rows of its B tile (the widest tile's
+// six, padded to whole 16-byte stores).
+constexpr int kWeightGroupRows = 32;
+constexpr int kStageGroupScales = 8;
+static_assert(kFp8WideBlockN / kWeightGroupRows <= kStageGroupScales, "the widest tile's groups");
+
 constexpr int kFp8ATileBytes = kGemmBlockM * kFp8BlockK;  // one byte per code
 constexpr int kFp8BTileBytes = kFp8BlockN * kFp8BlockK;
 constexpr int kFp8AccRegs = kFp8BlockN / 2;  // m64 x n128 fp32 over 128 threads
@@ -49,18 +56,29 @@ struct Fp8StageRing {
   static constexpr int kBTileBytes = kTileN * kFp8BlockK;
   static constexpr uint32_t kTxBytes = kFp8ATileBytes + kBTileBytes + kRowScaleBytes;
 
+  // A stage's scale slot: the rows' E8M0 codes, then (in the slot's padding) the weight
+  // groups' fp32 scales.
+  static constexpr int kGroupScalesAt = (kRowScaleBytes + 15) / 16 * 16;
+  static constexpr int kScaleSlotBytes =
+      (kGroupScalesAt + kStageGroupScales * 4 + 127) / 128 * 128;
+
   uint8_t a[kStages][kFp8ATileBytes];  // each 1024-aligned: the swizzle atom
   uint8_t b[kStages][kBTileBytes];
-  alignas(128) uint8_t a_scales[kStages][(kRowScaleBytes + 127) / 128 * 128];  // E8M0
+  alignas(128) uint8_t a_scales[kStages][kScaleSlotBytes];
   uint64_t full[kStages];
   uint64_t empty[kStages];
+
+  __device__ float* group_scales(int stage) {
+    return reinterpret_cast<float*>(a_scales[stage] + kGroupScalesAt);
+  }
 };
 
 // The FP8 engine's stages laid over the tile engine's ring (tile_engine.cuh: StageRing), for a
 // launch whose FP8 tiles and BF16 tiles take turns (the backward megakernel under the blockwise
-// recipe): a stage's A codes in its A tile, its B codes in the first half of its B tile and
-// the row scales after them; the ring's barriers, stage count and k-block counter `it`, so a
-// tile of either engine follows one of the other without draining the ring.
+// recipe): a stage's A codes in its A tile, its B codes in the first half of its B tile, the
+// row scales after them and the weight groups' scales after those; the ring's barriers, stage
+// count and k-block counter `it`, so a tile of either engine follows one of the other without
+// draining the ring.
 struct StageBytes {
   uint8_t* first;
   int stride;
@@ -74,7 +92,9 @@ struct Fp8RingOverStages {
   static constexpr uint32_t kTxBytes =
       kFp8ATileBytes + kFp8BTileBytes + kFp8RowScaleBox * kScaleBlocks;
 
-  StageBytes a, b, a_scales;
+  static constexpr int kGroupScalesAt = kFp8BTileBytes + 256;  // in the B tile
+
+  StageBytes a, b, a_scales, w_group_scales;
   uint64_t* full;
   uint64_t* empty;
 
@@ -82,14 +102,19 @@ struct Fp8RingOverStages {
     return {{ring.a[0], kATileBytes},
             {ring.b[0], kBTileBytes},
             {ring.b[0] + kFp8BTileBytes, kBTileBytes},
+            {ring.b[0] + kGroupScalesAt, kBTileBytes},
             ring.full,
             ring.empty};
   }
+  __device__ float* group_scales(int stage) const {
+    return reinterpret_cast<float*>(w_group_scales[stage]);
+  }
 };
-static_assert(kFp8ATileBytes <= kATileBytes && kFp8BTileBytes + kFp8RowScaleBox <= kBTileBytes &&
-                  kFp8BTileBytes % 1024 == 0,
-              "an FP8 stage fits a tile-engine stage, its B tile swizzle-atom aligned and the "
-              "row scales 128-byte aligned after it");
+static_assert(kFp8ATileBytes <= kATileBytes && kFp8BTileBytes % 1024 == 0 &&
+                  kFp8RowScaleBox <= Fp8RingOverStages::kGroupScalesAt - kFp8BTileBytes &&
+                  Fp8RingOverStages::kGroupScalesAt + kStageGroupScales * 4 <= kBTileBytes,
+              "an FP8 stage fits a tile-engine stage: its B tile swizzle-atom aligned, the row "
+              "scales 128-byte aligned after it and the weight groups' scales after them");
 
 // kCtas: the CTAs whose consumers release each stage (2 when a pair's producers both write it:
 // gemm/sm90/cluster.cuh).
@@ -116,17 +141,125 @@ struct PairRelease {
   }
 };
 
-// The producer's start of k-block kb (ring counter it): waits until the stage is free, arms its
-// full barrier for the stage's bytes and loads the A codes at (k0, row0) and the A rows' scale
-// codes of the stage's blocks; returns the stage.
-template <class Ring>
+// The weight-block scales of a tile (blockwise), which its producer decodes per k-block
+// into each stage's 32-row group scales: for every k-block, the E8M0 codes of the block
+// holding the tile's first kFp8BlockN / halves rows of each half (w_scales [E, ceil(rows /
+// 128), k_blocks], rows = halves x the half's rows). A wide (kFp8WideBlockN-row) plain tile
+// (n0 a multiple of 192, so of 64) spans two blocks: half0 is the one its first rows are in,
+// half1 the next (the last block again past the weight's rows), and `wide_first` says the
+// first block holds 128 of its rows (n0 % 128 == 0), else 64. (A wide gated tile: the
+// specialization below.)
+template <bool kGatedWeights, int kTileN = kFp8BlockN>
+struct WeightBlockScales {
+  static constexpr int kCodes = 2;  // per k-block
+  static constexpr int kGroups = kTileN / kWeightGroupRows;
+  const uint8_t* half0;
+  const uint8_t* half1;
+  bool wide_first;
+
+  __device__ WeightBlockScales(const uint8_t* w_scales, int expert, int row_blocks,
+                               int k_blocks, int half_rows, int n0) {
+    const uint8_t* e = w_scales + int64_t(expert) * row_blocks * k_blocks;
+    const int first = n0 / kFp8ScaleBlock;
+    half0 = e + first * k_blocks;
+    if constexpr (kTileN == kFp8WideBlockN) {
+      half1 = e + min(first + 1, row_blocks - 1) * k_blocks;
+    } else {
+      half1 = kGatedWeights ? e + ((half_rows + n0) / kFp8ScaleBlock) * k_blocks : half0;
+    }
+    wide_first = n0 % kFp8ScaleBlock == 0;
+  }
+
+  __device__ void load(int kb, uint8_t (&codes)[kCodes]) const {
+    codes[0] = __ldg(half0 + kb);
+    codes[1] = __ldg(half1 + kb);
+  }
+
+  // The factor of each 32-row group: groups 0-1 in the first block and the last two in the
+  // second; 2-3 in the second on a 128-row tile (a gated tile's up half), on a wide one in the
+  // block it holds 128 rows of (wide_first).
+  __device__ void group_factors(const uint8_t (&codes)[kCodes], float (&g)[kGroups]) const {
+    const float first = e8m0_factor(codes[0]), second = e8m0_factor(codes[1]);
+    const float mid = kTileN == kFp8WideBlockN && wide_first ? first : second;
+#pragma unroll
+    for (int grp = 0; grp < kGroups; ++grp) g[grp] = grp < 2 ? first : grp < 4 ? mid : second;
+  }
+};
+
+// A wide gated tile: 96 gate rows from n0 (a multiple of 96, so of 32) and the 96 up rows
+// half_rows further (F, a multiple of 64). Each half spans up to two 128-row blocks, in
+// 32-row groups that never straddle one: codes [gate's first block, the next, up's first, the
+// next] per k-block (a next block past the weight's rows is the last again: its rows read as
+// zero), and bit g of `second` says group g (gate 0-2, up 3-5) is in its half's next block.
+template <>
+struct WeightBlockScales<true, kFp8WideBlockN> {
+  static constexpr int kCodes = 4;
+  static constexpr int kGroups = kFp8WideBlockN / kWeightGroupRows;
+  const uint8_t* block[kCodes];
+  uint32_t second;
+
+  __device__ WeightBlockScales(const uint8_t* w_scales, int expert, int row_blocks,
+                               int k_blocks, int half_rows, int n0) {
+    const uint8_t* e = w_scales + int64_t(expert) * row_blocks * k_blocks;
+    second = 0;
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const int row = h * half_rows + n0, first = row / kFp8ScaleBlock;
+      block[2 * h] = e + first * k_blocks;
+      block[2 * h + 1] = e + min(first + 1, row_blocks - 1) * k_blocks;
+#pragma unroll
+      for (int g = 1; g < 3; ++g) {
+        if ((row + 32 * g) / kFp8ScaleBlock != first) second |= 1u << (3 * h + g);
+      }
+    }
+  }
+
+  __device__ void load(int kb, uint8_t (&codes)[kCodes]) const {
+#pragma unroll
+    for (int c = 0; c < kCodes; ++c) codes[c] = __ldg(block[c] + kb);
+  }
+
+  // Group g's factor: its half's first or next block (`second`).
+  __device__ void group_factors(const uint8_t (&codes)[kCodes], float (&g)[kGroups]) const {
+#pragma unroll
+    for (int grp = 0; grp < kGroups; ++grp) {
+      const int c = 2 * (grp / 3) + (second >> grp & 1u);
+      g[grp] = e8m0_factor(codes[c]);
+    }
+  }
+};
+
+// A stage's group scales: written by the producer before the arrive that, with TMA's bytes,
+// completes the stage (its release orders them for the consumers' acquiring wait), and read
+// by the consumers as two vector loads at the stage's fixed offset.
+template <int kGroups>
+__device__ __forceinline__ void store_group_scales(float* p, const float (&g)[kGroups]) {
+  static_assert(kGroups == 4 || kGroups == 6, "128 or 192 weight rows");
+  st_shared_f32x4(p, g[0], g[1], g[2], g[3]);
+  if constexpr (kGroups == 6) st_shared_f32x2(p + 4, g[4], g[5]);
+}
+
+template <int kGroups>
+__device__ __forceinline__ void load_group_scales(const float* p, float (&g)[kGroups]) {
+  static_assert(kGroups == 4 || kGroups == 6, "128 or 192 weight rows");
+  ld_shared_f32x4(p, g[0], g[1], g[2], g[3]);
+  if constexpr (kGroups == 6) ld_shared_f32x2(p + 4, g[4], g[5]);
+}
+
+// The producer's start of k-block kb (ring counter it): waits until the stage is free, stores
+// the weight groups' scales `w_group`, arms its full barrier for the stage's bytes and loads
+// the A codes at (k0, row0) and the A rows' scale codes of the stage's blocks; returns the
+// stage.
+template <class Ring, int kGroups>
 __device__ __forceinline__ int start_fp8_stage(Ring& ring, int it, int kb, int tile,
                                                const CUtensorMap* a_map,
                                                const CUtensorMap* a_scales_map, int row0,
+                                               const float (&w_group)[kGroups],
                                                uint64_t timeout_ns, int* report) {
   const int stage = it % Ring::kStageCount;
   mbar_wait(&ring.empty[stage], ((it / Ring::kStageCount) & 1) ^ 1, timeout_ns, kWaitProducer,
             tile, stage, report);
+  store_group_scales(ring.group_scales(stage), w_group);
   uint64_t* full = &ring.full[stage];
   mbar_arrive_expect_tx(full, Ring::kTxBytes);
   tma_load_4d(ring.a[stage], a_map, full, kb * kFp8BlockK, row0, 0, 0);
@@ -135,18 +268,38 @@ __device__ __forceinline__ int start_fp8_stage(Ring& ring, int it, int kb, int t
   return stage;
 }
 
+// A producer's weight group scales for each k-block of a tile: block kb + 1's codes are read
+// while kb's stage is waited for.
+template <class Scales>
+struct GroupScaleStream {
+  const Scales& ws;
+  int k_blocks;
+  uint8_t codes[Scales::kCodes];
+
+  __device__ GroupScaleStream(const Scales& s, int kbs) : ws(s), k_blocks(kbs) {
+    ws.load(0, codes);
+  }
+  __device__ void next(int kb, float (&g)[Scales::kGroups]) {
+    ws.group_factors(codes, g);
+    if (kb + 1 < k_blocks) ws.load(kb + 1, codes);
+  }
+};
+
 // Producer side of one tile (tile_engine.cuh: produce_tile, over the FP8 ring): per k-block the
-// A codes and row scales (start_fp8_stage) and the weight rows' codes of expert e (the
-// weight-block scales are read by the consumers from global memory).
+// weight groups' scales, the A codes and row scales (start_fp8_stage) and the weight rows'
+// codes of expert e.
 template <bool kGatedWeights, class Ring>
-__device__ __forceinline__ void produce_fp8_tile(Ring& ring, int& it, int k_blocks, int tile,
-                                                 const CUtensorMap* a_map,
-                                                 const CUtensorMap* a_scales_map,
-                                                 const CUtensorMap* w_map, int row0, int n0,
-                                                 int expert, uint64_t timeout_ns, int* report) {
+__device__ __forceinline__ void produce_fp8_tile(
+    Ring& ring, int& it, int k_blocks, int tile, const CUtensorMap* a_map,
+    const CUtensorMap* a_scales_map, const CUtensorMap* w_map,
+    const WeightBlockScales<kGatedWeights, Ring::kTileN>& ws, int row0, int n0, int expert,
+    uint64_t timeout_ns, int* report) {
+  GroupScaleStream<WeightBlockScales<kGatedWeights, Ring::kTileN>> scales(ws, k_blocks);
   for (int kb = 0; kb < k_blocks; ++kb, ++it) {
+    float g[WeightBlockScales<kGatedWeights, Ring::kTileN>::kGroups];
+    scales.next(kb, g);
     const int stage =
-        start_fp8_stage(ring, it, kb, tile, a_map, a_scales_map, row0, timeout_ns, report);
+        start_fp8_stage(ring, it, kb, tile, a_map, a_scales_map, row0, g, timeout_ns, report);
     uint64_t* full = &ring.full[stage];
     const int k0 = kb * kFp8BlockK;
     tma_load_4d(ring.b[stage], w_map, full, k0, n0, 0, expert);
@@ -162,17 +315,18 @@ __device__ __forceinline__ void produce_fp8_tile(Ring& ring, int& it, int k_bloc
 // per pair; otherwise both boxes into this CTA's stage alone. Either way the whole B tile
 // lands in each CTA's stage. Gated weights: box 0 the gate rows, box 1 the up rows.
 template <bool kGatedWeights, class Ring>
-__device__ __forceinline__ void produce_fp8_tile_pair(Ring& ring, int& it, int k_blocks, int tile,
-                                                      const CUtensorMap* a_map,
-                                                      const CUtensorMap* a_scales_map,
-                                                      const CUtensorMap* w_half_map, int row0,
-                                                      int n0, int expert, uint32_t rank,
-                                                      bool shared_b, uint64_t timeout_ns,
-                                                      int* report) {
+__device__ __forceinline__ void produce_fp8_tile_pair(
+    Ring& ring, int& it, int k_blocks, int tile, const CUtensorMap* a_map,
+    const CUtensorMap* a_scales_map, const CUtensorMap* w_half_map,
+    const WeightBlockScales<kGatedWeights, Ring::kTileN>& ws, int row0, int n0, int expert,
+    uint32_t rank, bool shared_b, uint64_t timeout_ns, int* report) {
   constexpr int kBoxRows = Ring::kTileN / 2, kBoxBytes = kBoxRows * kFp8BlockK;
+  GroupScaleStream<WeightBlockScales<kGatedWeights, Ring::kTileN>> scales(ws, k_blocks);
   for (int kb = 0; kb < k_blocks; ++kb, ++it) {
+    float g[WeightBlockScales<kGatedWeights, Ring::kTileN>::kGroups];
+    scales.next(kb, g);
     const int stage =
-        start_fp8_stage(ring, it, kb, tile, a_map, a_scales_map, row0, timeout_ns, report);
+        start_fp8_stage(ring, it, kb, tile, a_map, a_scales_map, row0, g, timeout_ns, report);
     uint64_t* full = &ring.full[stage];
     const int k0 = kb * kFp8BlockK;
 #pragma unroll
@@ -267,103 +421,6 @@ __device__ __forceinline__ void pass_fp8_tile(Ring& ring, int& it, int k_blocks,
   named_barrier_sync(barrier_id, 128);
 }
 
-// The weight-block scales one consumer thread applies (blockwise): for every k-block, the
-// E8M0 codes of the block holding the tile's first kFp8BlockN / halves rows of each half
-// (w_scales [E, ceil(rows / 128), k_blocks], rows = halves x the half's rows). A wide
-// (kFp8WideBlockN-row) plain tile (n0 a multiple of 192, so of 64) spans two blocks: half0 is
-// the one its first rows are in, half1 the next (the last block again past the weight's rows),
-// and `wide_first` says the first block holds 128 of its rows (n0 % 128 == 0), else 64. (A
-// wide gated tile: the specialization below.)
-template <bool kGatedWeights, int kTileN = kFp8BlockN>
-struct WeightBlockScales {
-  static constexpr int kCodes = 2;  // per k-block
-  const uint8_t* half0;
-  const uint8_t* half1;
-  bool wide_first;
-
-  __device__ WeightBlockScales(const uint8_t* w_scales, int expert, int row_blocks,
-                               int k_blocks, int half_rows, int n0) {
-    const uint8_t* e = w_scales + int64_t(expert) * row_blocks * k_blocks;
-    const int first = n0 / kFp8ScaleBlock;
-    half0 = e + first * k_blocks;
-    if constexpr (kTileN == kFp8WideBlockN) {
-      half1 = e + min(first + 1, row_blocks - 1) * k_blocks;
-    } else {
-      half1 = kGatedWeights ? e + ((half_rows + n0) / kFp8ScaleBlock) * k_blocks : half0;
-    }
-    wide_first = n0 % kFp8ScaleBlock == 0;
-  }
-
-  __device__ void load(int kb, uint8_t (&codes)[kCodes]) const {
-    codes[0] = __ldg(half0 + kb);
-    codes[1] = __ldg(half1 + kb);
-  }
-
-  // The scale of each 32-column group of this thread's rows, from s[i][c] (row scale x code
-  // c's): groups 0-1 in the first block and the last two in the second; 2-3 in the second on a
-  // 128-column tile (a gated tile's up half), on a wide one in the block it holds 128 rows of
-  // (wide_first): one select per row and k-block.
-  template <int kGroups>
-  __device__ void group_scales(const float (&s)[2][kCodes], float (&g)[2][kGroups]) const {
-#pragma unroll
-    for (int i = 0; i < 2; ++i) {
-      const float mid = kGroups == kFp8WideBlockN / 32 && wide_first ? s[i][0] : s[i][1];
-#pragma unroll
-      for (int grp = 0; grp < kGroups; ++grp) {
-        g[i][grp] = grp < 2 ? s[i][0] : grp < 4 ? mid : s[i][1];
-      }
-    }
-  }
-};
-
-// A wide gated tile: 96 gate rows from n0 (a multiple of 96, so of 32) and the 96 up rows
-// half_rows further (F, a multiple of 64). Each half spans up to two 128-row blocks, in
-// 32-row groups that never straddle one: codes [gate's first block, the next, up's first, the
-// next] per k-block (a next block past the weight's rows is the last again: its rows read as
-// zero), and bit g of `second` says group g (gate 0-2, up 3-5) is in its half's next block.
-template <>
-struct WeightBlockScales<true, kFp8WideBlockN> {
-  static constexpr int kCodes = 4;
-  const uint8_t* block[kCodes];
-  uint32_t second;
-
-  __device__ WeightBlockScales(const uint8_t* w_scales, int expert, int row_blocks,
-                               int k_blocks, int half_rows, int n0) {
-    const uint8_t* e = w_scales + int64_t(expert) * row_blocks * k_blocks;
-    second = 0;
-#pragma unroll
-    for (int h = 0; h < 2; ++h) {
-      const int row = h * half_rows + n0, first = row / kFp8ScaleBlock;
-      block[2 * h] = e + first * k_blocks;
-      block[2 * h + 1] = e + min(first + 1, row_blocks - 1) * k_blocks;
-#pragma unroll
-      for (int g = 1; g < 3; ++g) {
-        if ((row + 32 * g) / kFp8ScaleBlock != first) second |= 1u << (3 * h + g);
-      }
-    }
-  }
-
-  __device__ void load(int kb, uint8_t (&codes)[kCodes]) const {
-#pragma unroll
-    for (int c = 0; c < kCodes; ++c) codes[c] = __ldg(block[c] + kb);
-  }
-
-  // Group g's scale: its half's first or next block (`second`; the first group of each half
-  // is in its first block). One select per row, group and k-block.
-  template <int kGroups>
-  __device__ void group_scales(const float (&s)[2][kCodes], float (&g)[2][kGroups]) const {
-    static_assert(kGroups == 6, "96 gate and 96 up columns");
-#pragma unroll
-    for (int grp = 0; grp < kGroups; ++grp) {
-      const int h = grp / 3;
-#pragma unroll
-      for (int i = 0; i < 2; ++i) {
-        g[i][grp] = grp % 3 != 0 && (second >> grp & 1u) ? s[i][2 * h + 1] : s[i][2 * h];
-      }
-    }
-  }
-};
-
 // This thread's rows r, r + 8 of the tile, as an index into a stage's row-scale box.
 __device__ __forceinline__ int row_scale_index(int tile_row0, int consumer) {
   const int t = threadIdx.x % 128;
@@ -371,18 +428,14 @@ __device__ __forceinline__ int row_scale_index(int tile_row0, int consumer) {
          (t % 32) / 4;
 }
 
-// acc += scale x partial, each 32-column group (chunks 4g .. 4g + 3 of the fragment) scaled
-// by its weight block's scale (ws.group_scales): one FFMA per accumulator. (A first block
-// written as partial x scale instead made ptxas issue a predicated FMUL beside every FFMA,
-// twice the promotion's instructions.)
-template <int kRegs, class Scales>
+// acc += scale x partial, each 32-column group g (chunks 4g .. 4g + 3 of the fragment) of row
+// i scaled by s[i][g]: one FFMA per accumulator. (A first block written as partial x scale
+// instead made ptxas issue a predicated FMUL beside every FFMA, twice the promotion's
+// instructions.)
+template <int kRegs>
 __device__ __forceinline__ void promote_block_scaled(float (&acc)[kRegs],
                                                      const float (&partial)[kRegs],
-                                                     const float (&s)[2][Scales::kCodes],
-                                                     const Scales& ws) {
-  constexpr int kGroups = kRegs / 16;
-  float g[2][kGroups];
-  ws.template group_scales<kGroups>(s, g);
+                                                     const float (&s)[2][kRegs / 16]) {
 #pragma unroll
   for (int j = 0; j < kRegs / 4; ++j) {
 #pragma unroll
@@ -390,7 +443,7 @@ __device__ __forceinline__ void promote_block_scaled(float (&acc)[kRegs],
 #pragma unroll
       for (int c = 0; c < 2; ++c) {
         const int x = 4 * j + 2 * i + c;
-        acc[x] = __fmaf_rn(partial[x], g[i][j / 4], acc[x]);
+        acc[x] = __fmaf_rn(partial[x], s[i][j / 4], acc[x]);
       }
     }
   }
@@ -407,19 +460,17 @@ __device__ __forceinline__ void row_scale_codes(const Ring& ring, int stage, int
   for (int i = 0; i < 2; ++i) codes[i] = ld_shared_u8(ring.a_scales[stage] + r + 8 * i);
 }
 
-// The scales of a k-block for this thread's rows r, r + 8 and the weight blocks:
-// s[i][h] = row scale x weight scale (from the rows' codes a and the weight codes w).
-template <int kCodes>
-__device__ __forceinline__ void block_scales(const uint8_t (&a)[2], const uint8_t (&w)[kCodes],
-                                             float (&s)[2][kCodes]) {
-  float w_scale[kCodes];
-#pragma unroll
-  for (int h = 0; h < kCodes; ++h) w_scale[h] = e8m0_factor(w[h]);
+// The scales of a k-block for this thread's rows r, r + 8 and the weight groups:
+// s[i][g] = row scale x group g's weight scale (from the rows' codes a and the stage's group
+// scales w).
+template <int kGroups>
+__device__ __forceinline__ void block_scales(const uint8_t (&a)[2], const float (&w)[kGroups],
+                                             float (&s)[2][kGroups]) {
 #pragma unroll
   for (int i = 0; i < 2; ++i) {
     const float a_scale = e8m0_factor(a[i]);
 #pragma unroll
-    for (int h = 0; h < kCodes; ++h) s[i][h] = a_scale * w_scale[h];
+    for (int g = 0; g < kGroups; ++g) s[i][g] = a_scale * w[g];
   }
 }
 
@@ -430,8 +481,8 @@ __device__ __forceinline__ void block_scales(const uint8_t (&a)[2], const uint8_
 // The promotion of block kb waits for its MMAs, and the MMAs of kb + 1 reuse its partial sums,
 // so what lies between one block's MMAs and the next's is this warpgroup's critical path (the
 // other consumer's MMAs fill the tensor cores meanwhile): the promotion's FFMAs, the next
-// stage's wait, its rows' scale codes and the next MMAs' descriptors. kb's scales are decoded
-// and kb + 1's weight codes read while kb's MMAs run.
+// stage's wait, its rows' scale codes and the next MMAs' descriptors. kb's scales (the rows'
+// codes decoded, times the stage's weight group scales) are made while kb's MMAs run.
 // The k-loop is unrolled over the ring's stages, so each copy's stage is a constant: its
 // barriers' and tiles' shared-memory addresses, and so the MMAs' descriptors, are fixed
 // offsets from the ring's base (uniform registers) rather than arithmetic on a stage index
@@ -444,20 +495,15 @@ __device__ __forceinline__ void block_scales(const uint8_t (&a)[2], const uint8_
 // stay live (the backward megakernel's BF16 n256 tiles) lends their registers for it.
 // The tile is as wide as the ring's B tiles (Ring::kTileN: 128, or the grouped GEMM's wide
 // tiles).
-template <bool kGatedWeights, class Ring, class Release = LocalRelease>
+template <class Ring, class Release = LocalRelease>
 __device__ __forceinline__ void consume_fp8_tile(
-    Ring& ring, int& it, int k_blocks, int tile, int consumer, bool leader,
-    const WeightBlockScales<kGatedWeights, Ring::kTileN>& ws, int tile_row0,
+    Ring& ring, int& it, int k_blocks, int tile, int consumer, bool leader, int tile_row0,
     float (&acc)[Ring::kTileN / 2], float (&partial)[Ring::kTileN / 2], uint64_t timeout_ns,
     int* report, const Release& release = Release{}) {
-  constexpr int kStages = Ring::kStageCount;
+  constexpr int kStages = Ring::kStageCount, kGroups = Ring::kTileN / kWeightGroupRows;
   const int r = row_scale_index(tile_row0, consumer);
 #pragma unroll
   for (int x = 0; x < Ring::kTileN / 2; ++x) acc[x] = 0.f;
-  const int last = k_blocks - 1;
-  using Scales = WeightBlockScales<kGatedWeights, Ring::kTileN>;
-  uint8_t w_codes[Scales::kCodes];
-  ws.load(0, w_codes);
   uint32_t phase = (it / kStages) & 1;
   int first = it % kStages;  // the first turn's first stage
   int kb = 0;
@@ -468,14 +514,15 @@ __device__ __forceinline__ void consume_fp8_tile(
         wait_stage_full<Ring>(&ring.full[stage], phase, timeout_ns, tile, stage, report);
         uint8_t a_codes[2];
         row_scale_codes(ring, stage, r, a_codes);
+        float w_group[kGroups];
+        load_group_scales(ring.group_scales(stage), w_group);
         issue_stage_mmas(stage_descs(ring, stage, consumer), partial);
-        float s[2][Scales::kCodes];
-        block_scales(a_codes, w_codes, s);
-        ws.load(min(kb + 1, last), w_codes);
+        float s[2][kGroups];
+        block_scales(a_codes, w_group, s);
         wgmma_wait<0>();
         fence_accumulators(partial);
         if (leader) release(&ring.empty[stage]);
-        promote_block_scaled(acc, partial, s, ws);
+        promote_block_scaled(acc, partial, s);
         ++kb;
       }
     }
@@ -486,15 +533,15 @@ __device__ __forceinline__ void consume_fp8_tile(
   it += k_blocks;
 }
 
-template <bool kGatedWeights, class Ring, class Release = LocalRelease>
-__device__ __forceinline__ void consume_fp8_tile(
-    Ring& ring, int& it, int k_blocks, int tile, int consumer, bool leader,
-    const WeightBlockScales<kGatedWeights, Ring::kTileN>& ws, int tile_row0,
-    float (&acc)[Ring::kTileN / 2], uint64_t timeout_ns, int* report,
-    const Release& release = Release{}) {
+template <class Ring, class Release = LocalRelease>
+__device__ __forceinline__ void consume_fp8_tile(Ring& ring, int& it, int k_blocks, int tile,
+                                                 int consumer, bool leader, int tile_row0,
+                                                 float (&acc)[Ring::kTileN / 2],
+                                                 uint64_t timeout_ns, int* report,
+                                                 const Release& release = Release{}) {
   float partial[Ring::kTileN / 2];
-  consume_fp8_tile<kGatedWeights>(ring, it, k_blocks, tile, consumer, leader, ws, tile_row0, acc,
-                                  partial, timeout_ns, report, release);
+  consume_fp8_tile(ring, it, k_blocks, tile, consumer, leader, tile_row0, acc, partial,
+                   timeout_ns, report, release);
 }
 
 }  // namespace mok::sm90

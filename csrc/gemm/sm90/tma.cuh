@@ -18,9 +18,9 @@ __device__ __forceinline__ uint32_t smem_addr(const void* p) {
   return static_cast<uint32_t>(__cvta_generic_to_shared(p));
 }
 
-// Shared-space loads of 16 bytes and of one byte (a generic pointer into dynamic shared memory
-// otherwise compiles to a generic load). Volatile: each stays after the barrier wait that made
-// the bytes visible.
+// Shared-space loads of 16 bytes, of one byte and of fp32 vectors (a generic pointer into
+// dynamic shared memory otherwise compiles to a generic load). Volatile: each stays after the
+// barrier wait that made the bytes visible.
 __device__ __forceinline__ uint4 ld_shared_16(const void* p) {
   uint4 v;
   asm volatile("ld.shared.v4.u32 {%0, %1, %2, %3}, [%4];"
@@ -33,6 +33,29 @@ __device__ __forceinline__ uint8_t ld_shared_u8(const void* p) {
   uint16_t v;
   asm volatile("ld.shared.u8 %0, [%1];" : "=h"(v) : "r"(smem_addr(p)));
   return static_cast<uint8_t>(v);
+}
+
+__device__ __forceinline__ void ld_shared_f32x4(const float* p, float& a, float& b, float& c,
+                                                float& d) {
+  asm volatile("ld.shared.v4.f32 {%0, %1, %2, %3}, [%4];"
+               : "=f"(a), "=f"(b), "=f"(c), "=f"(d)
+               : "r"(smem_addr(p)));
+}
+
+__device__ __forceinline__ void ld_shared_f32x2(const float* p, float& a, float& b) {
+  asm volatile("ld.shared.v2.f32 {%0, %1}, [%2];" : "=f"(a), "=f"(b) : "r"(smem_addr(p)));
+}
+
+// Shared-space stores, ordered before a later barrier arrive (volatile, memory clobber).
+__device__ __forceinline__ void st_shared_f32x4(float* p, float a, float b, float c, float d) {
+  asm volatile("st.shared.v4.f32 [%0], {%1, %2, %3, %4};" ::"r"(smem_addr(p)), "f"(a), "f"(b),
+               "f"(c), "f"(d)
+               : "memory");
+}
+
+__device__ __forceinline__ void st_shared_f32x2(float* p, float a, float b) {
+  asm volatile("st.shared.v2.f32 [%0], {%1, %2};" ::"r"(smem_addr(p)), "f"(a), "f"(b)
+               : "memory");
 }
 
 __device__ __forceinline__ void mbar_init(uint64_t* bar, uint32_t count) {
