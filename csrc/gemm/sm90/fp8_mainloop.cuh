@@ -59,6 +59,7 @@ struct Fp8StageRing {
   // A stage's scale slot: the rows' E8M0 codes, then (in the slot's padding) the weight
   // groups' fp32 scales.
   static constexpr int kGroupScalesAt = (kRowScaleBytes + 15) / 16 * 16;
+  static constexpr bool kGroupScalesInTmaBytes = false;  // no TMA load writes them
   static constexpr int kScaleSlotBytes =
       (kGroupScalesAt + kStageGroupScales * 4 + 127) / 128 * 128;
 
@@ -93,6 +94,9 @@ struct Fp8RingOverStages {
       kFp8ATileBytes + kFp8BTileBytes + kFp8RowScaleBox * kScaleBlocks;
 
   static constexpr int kGroupScalesAt = kFp8BTileBytes + 256;  // in the B tile
+  // The BF16 tiles' B loads write these bytes too: the producer's stores are fenced before
+  // its later TMA loads (a write by the generic proxy, then one by the async proxy).
+  static constexpr bool kGroupScalesInTmaBytes = true;
 
   StageBytes a, b, a_scales, w_group_scales;
   uint64_t* full;
@@ -260,6 +264,7 @@ __device__ __forceinline__ int start_fp8_stage(Ring& ring, int it, int kb, int t
   mbar_wait(&ring.empty[stage], ((it / Ring::kStageCount) & 1) ^ 1, timeout_ns, kWaitProducer,
             tile, stage, report);
   store_group_scales(ring.group_scales(stage), w_group);
+  if constexpr (Ring::kGroupScalesInTmaBytes) fence_proxy_async_shared();
   uint64_t* full = &ring.full[stage];
   mbar_arrive_expect_tx(full, Ring::kTxBytes);
   tma_load_4d(ring.a[stage], a_map, full, kb * kFp8BlockK, row0, 0, 0);
