@@ -47,6 +47,7 @@ constexpr int kMinimalStages = 6;  // the minimal rungs' ring; the static rung's
 template <int kStages>
 struct MinimalRing {
   static constexpr int kStageCount = kStages;
+  static constexpr int kTileN = kFp8BlockN;
   uint8_t a[kStages][kFp8ATileBytes];
   uint8_t b[kStages][kFp8BTileBytes];
   float a_scales[kStages][kGemmBlockM];
@@ -75,20 +76,19 @@ template <class Ring>
 __device__ void produce(Ring& ring, const uint8_t* src, const uint8_t* w_codes, int tiles,
                         int k_blocks) {
   constexpr bool kEngineRing = !std::is_same_v<Ring, Minimal>;
+  using Scales = WeightBlockScales<false, Ring::kTileN>;
   int it = 0;
   for (int tile = 0; tile < tiles; ++tile) {
+    // The engine's producer's weight scales (two 128-row blocks of codes); unused by the
+    // minimal rings.
+    const Scales ws(Fp8Weights{w_codes, 2, Ring::kTileN}, 0, k_blocks, 0);
+    GroupScaleStream<Scales> scales(ws, k_blocks);
     for (int kb = 0; kb < k_blocks; ++kb, ++it) {
       const int stage = it % Ring::kStageCount;
+      float g[Scales::kGroups];
+      scales.next(kb, g);
       mbar_wait_unbounded(&ring.empty[stage], ((it / Ring::kStageCount) & 1) ^ 1);
-      if constexpr (kEngineRing) {
-        using Scales = WeightBlockScales<false, Ring::kTileN>;
-        const Scales ws(w_codes, 0, 2, k_blocks, Ring::kTileN, 0);
-        uint8_t codes[Scales::kCodes];
-        float g[Scales::kGroups];
-        ws.load(kb, codes);
-        ws.group_factors(codes, g);
-        store_group_scales(ring.group_scales(stage), g);
-      }
+      if constexpr (kEngineRing) store_group_scales(ring.group_scales(stage), g);
       uint64_t* full = &ring.full[stage];
       mbar_arrive_expect_tx(full, Ring::kTxBytes);
       const uint8_t* chunk = src + (it % kSourceChunks) * kChunkBytes;

@@ -58,11 +58,6 @@ static_assert(fp8_smem_bytes<kFp8WideStages, kFp8WideBlockN>(kGemmMaxExperts) <=
                   fp8_smem_bytes<kFp8WideStages + 1, kFp8WideBlockN>(0) > kMaxDynamicSmemBytes,
               "the wide tiles' ring is the deepest that fits, with every expert count");
 
-struct Fp8Weights {
-  const uint8_t* scales;  // block scales: [E, row_blocks, k_blocks] E8M0
-  int row_blocks, half_rows;
-};
-
 // This CTA's tile of unit u of the walk: the tile u itself (kCtas = 1), or tile 2u + rank of
 // pair u - adjacent in the grouped order, so mostly the same n-block of one expert's adjacent
 // m-blocks; a rank 1 past the last tile shadows its peer's (loads for the multicast, computes
@@ -142,14 +137,12 @@ __global__ void __launch_bounds__(kGemmThreads, 1)
           own_tile<kCtas>(mblock_begin, num_experts, n_blocks, num_tiles, m_group, u, rank);
       const int row0 = row_begin[o.tc.expert] + o.tc.m_block * kGemmBlockM;
       const int n0 = o.tc.n_block * kTileN;
-      const WeightBlockScales<kGated, kTileCols> ws(w.scales, o.tc.expert, w.row_blocks, k_blocks,
-                                                    w.half_rows, n0);
       if constexpr (kCtas == 1) {
-        produce_fp8_tile<kGated>(s.ring, it, k_blocks, o.tile, &a_map, &a_scales_map, &w_map, ws,
+        produce_fp8_tile<kGated>(s.ring, it, k_blocks, o.tile, &a_map, &a_scales_map, &w_map, w,
                                  row0, n0, o.tc.expert, timeout_ns, report);
       } else {
         produce_fp8_tile_pair<kGated>(s.ring, it, k_blocks, o.tile, &a_map, &a_scales_map,
-                                      &w_map, ws, row0, n0, o.tc.expert, rank, o.shared_b,
+                                      &w_map, w, row0, n0, o.tc.expert, rank, o.shared_b,
                                       timeout_ns, report);
       }
     }

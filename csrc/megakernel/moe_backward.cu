@@ -310,30 +310,21 @@ __global__ void __launch_bounds__(kGemmThreads, 1)
       if constexpr (kFp8) {
         if (w.kind == kFc1 || w.kind == kDgrad2 || w.kind == kDgrad1) {
           Fp8RingOverStages fp8_ring = Fp8RingOverStages::over(s.ring);
-          const int k_blocks = k_blocks_of(w);
           if (w.kind == kFc1) {
-            const int n0 = w.n_block * kFc1Cols;
-            const WeightBlockScales<kGated> ws(a.w1_block_scales, w.expert,
-                                               ceil_div(a.f1, kFp8ScaleBlock), k_blocks, a.ffn,
-                                               n0);
-            produce_fp8_tile<kGated>(fp8_ring, it, k_blocks, tile, &m.rows_k, &m.rows_k_scales,
-                                     &m.w1_k, ws, w.row0, n0, w.expert, a.timeout_ns, a.report);
+            produce_fp8_tile<kGated>(
+                fp8_ring, it, k_blocks_of(w), tile, &m.rows_k, &m.rows_k_scales, &m.w1_k,
+                Fp8Weights{a.w1_block_scales, ceil_div(a.f1, kFp8ScaleBlock), a.ffn}, w.row0,
+                w.n_block * kFc1Cols, w.expert, a.timeout_ns, a.report);
           } else if (w.kind == kDgrad2) {
-            const int n0 = w.n_block * kDgrad2Cols;
-            const WeightBlockScales<false> ws(a.w2_t_block_scales, w.expert,
-                                              ceil_div(a.ffn, kFp8ScaleBlock), k_blocks, a.ffn,
-                                              n0);
-            produce_fp8_tile<false>(fp8_ring, it, k_blocks, tile, &m.dout_rows, &m.dout_k_scales,
-                                    &m.w2_dgrad, ws, w.row0, n0, w.expert, a.timeout_ns,
-                                    a.report);
+            produce_fp8_tile<false>(
+                fp8_ring, it, k_blocks_of(w), tile, &m.dout_rows, &m.dout_k_scales, &m.w2_dgrad,
+                Fp8Weights{a.w2_t_block_scales, ceil_div(a.ffn, kFp8ScaleBlock), a.ffn}, w.row0,
+                w.n_block * kDgrad2Cols, w.expert, a.timeout_ns, a.report);
           } else {
-            const int n0 = w.n_block * kDgrad1Cols;
-            const WeightBlockScales<false> ws(a.w1_t_block_scales, w.expert,
-                                              ceil_div(a.hidden, kFp8ScaleBlock), k_blocks,
-                                              a.hidden, n0);
-            produce_fp8_tile<false>(fp8_ring, it, k_blocks, tile, &m.dh_rows, &m.dh_k_scales,
-                                    &m.w1_dgrad, ws, w.row0, n0, w.expert, a.timeout_ns,
-                                    a.report);
+            produce_fp8_tile<false>(
+                fp8_ring, it, k_blocks_of(w), tile, &m.dh_rows, &m.dh_k_scales, &m.w1_dgrad,
+                Fp8Weights{a.w1_t_block_scales, ceil_div(a.hidden, kFp8ScaleBlock), a.hidden},
+                w.row0, w.n_block * kDgrad1Cols, w.expert, a.timeout_ns, a.report);
           }
           trace.stamp(seq, kBtLoadsIssued);
           continue;

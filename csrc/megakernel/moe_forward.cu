@@ -340,18 +340,17 @@ __global__ void __launch_bounds__(kGemmThreads, 1)
       if constexpr (kFp8) {
         if (w.fc1) {
           // Pass p: the weight rows of activation columns n0 .. n0 + 63 (gated) or all 128.
+          const Fp8Weights w1{a.w1_block_scales, a.w1_row_blocks, a.ffn};
           for (int pass = 0; pass < kFc1Passes; ++pass) {
-            const int n0 = w.n_block * kFc1Cols + pass * (kFp8BlockN / 2);
-            const WeightBlockScales<kGated> ws(a.w1_block_scales, w.expert, a.w1_row_blocks,
-                                               fc1_kblocks, a.ffn, n0);
             produce_fp8_tile<kGated>(s.ring, it, fc1_kblocks, tile, &rows_map, &rows_scales_map,
-                                     &w1_map, ws, w.slot0, n0, w.expert, a.timeout_ns, a.report);
+                                     &w1_map, w1, w.slot0,
+                                     w.n_block * kFc1Cols + pass * (kFp8BlockN / 2),
+                                     w.expert, a.timeout_ns, a.report);
           }
         } else {
-          const WeightBlockScales<false> ws(a.w2_block_scales, w.expert, a.w2_row_blocks,
-                                            fc2_kblocks, a.hidden, w.n_block * kFc2Cols);
+          const Fp8Weights w2{a.w2_block_scales, a.w2_row_blocks, a.hidden};
           produce_fp8_tile<false>(s.ring, it, fc2_kblocks, tile, &act_map, &act_scales_map,
-                                  &w2_map, ws, w.slot0, w.n_block * kFc2Cols, w.expert,
+                                  &w2_map, w2, w.slot0, w.n_block * kFc2Cols, w.expert,
                                   a.timeout_ns, a.report);
         }
         trace.stamp(seq, kTrLoadsIssued);

@@ -145,10 +145,17 @@ struct PairRelease {
   }
 };
 
+// A stacked weight's block scales as the kernels take them: E8M0 codes [E, row_blocks,
+// k_blocks], one per 128 x 128 block, and the rows of one half (a gated weight's gate or up
+// rows; all of them otherwise).
+struct Fp8Weights {
+  const uint8_t* scales;
+  int row_blocks, half_rows;
+};
+
 // The weight-block scales of a tile (blockwise), which its producer decodes per k-block
 // into each stage's 32-row group scales: for every k-block, the E8M0 codes of the block
-// holding the tile's first kFp8BlockN / halves rows of each half (w_scales [E, ceil(rows /
-// 128), k_blocks], rows = halves x the half's rows). A wide (kFp8WideBlockN-row) plain tile
+// holding the tile's first kFp8BlockN / halves rows of each half. A wide (kFp8WideBlockN-row) plain tile
 // (n0 a multiple of 192, so of 64) spans two blocks: half0 is the one its first rows are in,
 // half1 the next (the last block again past the weight's rows), and `wide_first` says the
 // first block holds 128 of its rows (n0 % 128 == 0), else 64. (A wide gated tile: the
@@ -161,15 +168,14 @@ struct WeightBlockScales {
   const uint8_t* half1;
   bool wide_first;
 
-  __device__ WeightBlockScales(const uint8_t* w_scales, int expert, int row_blocks,
-                               int k_blocks, int half_rows, int n0) {
-    const uint8_t* e = w_scales + int64_t(expert) * row_blocks * k_blocks;
+  __device__ WeightBlockScales(const Fp8Weights& w, int expert, int k_blocks, int n0) {
+    const uint8_t* e = w.scales + int64_t(expert) * w.row_blocks * k_blocks;
     const int first = n0 / kFp8ScaleBlock;
     half0 = e + first * k_blocks;
     if constexpr (kTileN == kFp8WideBlockN) {
-      half1 = e + min(first + 1, row_blocks - 1) * k_blocks;
+      half1 = e + min(first + 1, w.row_blocks - 1) * k_blocks;
     } else {
-      half1 = kGatedWeights ? e + ((half_rows + n0) / kFp8ScaleBlock) * k_blocks : half0;
+      half1 = kGatedWeights ? e + ((w.half_rows + n0) / kFp8ScaleBlock) * k_blocks : half0;
     }
     wide_first = n0 % kFp8ScaleBlock == 0;
   }
@@ -202,15 +208,14 @@ struct WeightBlockScales<true, kFp8WideBlockN> {
   const uint8_t* block[kCodes];
   uint32_t second;
 
-  __device__ WeightBlockScales(const uint8_t* w_scales, int expert, int row_blocks,
-                               int k_blocks, int half_rows, int n0) {
-    const uint8_t* e = w_scales + int64_t(expert) * row_blocks * k_blocks;
+  __device__ WeightBlockScales(const Fp8Weights& w, int expert, int k_blocks, int n0) {
+    const uint8_t* e = w.scales + int64_t(expert) * w.row_blocks * k_blocks;
     second = 0;
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
-      const int row = h * half_rows + n0, first = row / kFp8ScaleBlock;
+      const int row = h * w.half_rows + n0, first = row / kFp8ScaleBlock;
       block[2 * h] = e + first * k_blocks;
-      block[2 * h + 1] = e + min(first + 1, row_blocks - 1) * k_blocks;
+      block[2 * h + 1] = e + min(first + 1, w.row_blocks - 1) * k_blocks;
 #pragma unroll
       for (int g = 1; g < 3; ++g) {
         if ((row + 32 * g) / kFp8ScaleBlock != first) second |= 1u << (3 * h + g);
@@ -273,8 +278,8 @@ __device__ __forceinline__ int start_fp8_stage(Ring& ring, int it, int kb, int t
   return stage;
 }
 
-// A producer's weight group scales for each k-block of a tile: block kb + 1's codes are read
-// while kb's stage is waited for.
+// A producer's weight group scales for each k-block of the tile at (expert, n0): block
+// kb + 1's codes are read while kb's stage is waited for.
 template <class Scales>
 struct GroupScaleStream {
   const Scales& ws;
@@ -291,17 +296,20 @@ struct GroupScaleStream {
 };
 
 // Producer side of one tile (tile_engine.cuh: produce_tile, over the FP8 ring): per k-block the
-// weight groups' scales, the A codes and row scales (start_fp8_stage) and the weight rows'
-// codes of expert e.
+// weight groups' scales (from w_scales), the A codes and row scales (start_fp8_stage) and the
+// weight rows' codes of expert e.
 template <bool kGatedWeights, class Ring>
-__device__ __forceinline__ void produce_fp8_tile(
-    Ring& ring, int& it, int k_blocks, int tile, const CUtensorMap* a_map,
-    const CUtensorMap* a_scales_map, const CUtensorMap* w_map,
-    const WeightBlockScales<kGatedWeights, Ring::kTileN>& ws, int row0, int n0, int expert,
-    uint64_t timeout_ns, int* report) {
-  GroupScaleStream<WeightBlockScales<kGatedWeights, Ring::kTileN>> scales(ws, k_blocks);
+__device__ __forceinline__ void produce_fp8_tile(Ring& ring, int& it, int k_blocks, int tile,
+                                                 const CUtensorMap* a_map,
+                                                 const CUtensorMap* a_scales_map,
+                                                 const CUtensorMap* w_map,
+                                                 const Fp8Weights& w_scales, int row0, int n0,
+                                                 int expert, uint64_t timeout_ns, int* report) {
+  using Scales = WeightBlockScales<kGatedWeights, Ring::kTileN>;
+  const Scales ws(w_scales, expert, k_blocks, n0);
+  GroupScaleStream<Scales> scales(ws, k_blocks);
   for (int kb = 0; kb < k_blocks; ++kb, ++it) {
-    float g[WeightBlockScales<kGatedWeights, Ring::kTileN>::kGroups];
+    float g[Scales::kGroups];
     scales.next(kb, g);
     const int stage =
         start_fp8_stage(ring, it, kb, tile, a_map, a_scales_map, row0, g, timeout_ns, report);
@@ -322,13 +330,15 @@ __device__ __forceinline__ void produce_fp8_tile(
 template <bool kGatedWeights, class Ring>
 __device__ __forceinline__ void produce_fp8_tile_pair(
     Ring& ring, int& it, int k_blocks, int tile, const CUtensorMap* a_map,
-    const CUtensorMap* a_scales_map, const CUtensorMap* w_half_map,
-    const WeightBlockScales<kGatedWeights, Ring::kTileN>& ws, int row0, int n0, int expert,
-    uint32_t rank, bool shared_b, uint64_t timeout_ns, int* report) {
+    const CUtensorMap* a_scales_map, const CUtensorMap* w_half_map, const Fp8Weights& w_scales,
+    int row0, int n0, int expert, uint32_t rank, bool shared_b, uint64_t timeout_ns,
+    int* report) {
   constexpr int kBoxRows = Ring::kTileN / 2, kBoxBytes = kBoxRows * kFp8BlockK;
-  GroupScaleStream<WeightBlockScales<kGatedWeights, Ring::kTileN>> scales(ws, k_blocks);
+  using Scales = WeightBlockScales<kGatedWeights, Ring::kTileN>;
+  const Scales ws(w_scales, expert, k_blocks, n0);
+  GroupScaleStream<Scales> scales(ws, k_blocks);
   for (int kb = 0; kb < k_blocks; ++kb, ++it) {
-    float g[WeightBlockScales<kGatedWeights, Ring::kTileN>::kGroups];
+    float g[Scales::kGroups];
     scales.next(kb, g);
     const int stage =
         start_fp8_stage(ring, it, kb, tile, a_map, a_scales_map, row0, g, timeout_ns, report);
